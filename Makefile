@@ -1,0 +1,37 @@
+# Thin wrappers; everything the project needs is installed by `make setup`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# CPU build of torch first (a GPU machine may set TORCH_SPEC to its own build or to "").
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup test test-slow lint demo bench corpus clean
+
+setup:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	if [ -n "$(TORCH_SPEC)" ]; then $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"; fi
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+
+test:
+	$(BIN)/python -m pytest
+
+test-slow:
+	$(BIN)/python -m pytest -m slow
+
+lint:
+	$(BIN)/ruff check nmt tests scripts
+	$(BIN)/ruff format --check nmt tests scripts
+	$(BIN)/mypy
+
+demo:
+	$(BIN)/nmt train configs/demo.yaml
+
+bench:
+	$(BIN)/python scripts/bench.py
+
+corpus:
+	$(BIN)/python scripts/build_corpus.py --out data
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

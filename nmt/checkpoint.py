@@ -1,0 +1,76 @@
+"""Self-describing checkpoints, written atomically (temporary file, fsync, rename)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt import __version__
+from nmt.errors import CheckpointError
+
+FORMAT = 1  # bumped when the checkpoint layout changes incompatibly
+
+
+def atomic_write_bytes(path: Path, write: Any) -> None:
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync, then rename over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, lambda handle: handle.write(text.encode("utf-8")))
+
+
+def save(path: Path, state: dict[str, Any]) -> None:
+    """Write a checkpoint; ``state`` gains the format and package version."""
+    payload = {"format": FORMAT, "version": __version__, **state}
+    atomic_write_bytes(path, lambda handle: torch.save(payload, handle))
+
+
+def resolve(model: Path) -> Path:
+    """A run directory (its best, else last checkpoint) or a checkpoint file."""
+    if model.is_dir():
+        for name in ("best.pt", "last.pt"):
+            if (model / name).is_file():
+                return model / name
+        raise CheckpointError(f"{model}: no best.pt or last.pt in this run directory")
+    if not model.is_file():
+        raise CheckpointError(f"{model}: no such checkpoint file or run directory")
+    return model
+
+
+def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint; truncated, foreign or incompatible files are CheckpointErrors."""
+    path = resolve(path)
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as exc:  # torch raises several types for damaged files
+        raise CheckpointError(
+            f"{path}: cannot read checkpoint ({type(exc).__name__}); the file may be truncated"
+        ) from None
+    if not isinstance(state, dict) or "model" not in state or "format" not in state:
+        raise CheckpointError(f"{path}: not an nmt checkpoint")
+    if state["format"] != FORMAT:
+        raise CheckpointError(
+            f"{path}: checkpoint format {state['format']} (nmt {state.get('version')}) is not "
+            f"readable by nmt {__version__} (format {FORMAT})"
+        )
+    return state

@@ -1,0 +1,151 @@
+"""The `nmt` command line: train | translate | eval.
+
+Each command parses its options and calls one library function. Any NMTError becomes one
+line on stderr and exit status 2 (``--debug`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from nmt import __version__
+from nmt.errors import NMTError
+
+app = typer.Typer(
+    help="Attention-based RNN encoder-decoder machine translation: train, translate, evaluate.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_state = {"debug": False}
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"nmt {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """nmt: Bahdanau and Luong attention models from a YAML config."""
+    _state["debug"] = debug
+
+
+@app.command()
+def train(
+    config: Annotated[Path, typer.Argument(help="YAML config file (see configs/).")],
+    override: Annotated[
+        Optional[list[str]],
+        typer.Option("--override", "-O", help="Set a config key: --override training.epochs=3 (repeatable)."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run in the run directory from its last checkpoint.")
+    ] = False,
+    run_dir: Annotated[
+        Optional[Path], typer.Option("--run-dir", help="Run directory (default: run.dir of the config).")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No log lines on stderr.")] = False,
+) -> None:
+    """Train a model: data, tokenizer, checkpoints, logs and tensorboard go to the run dir."""
+    from nmt.config import load
+    from nmt.train import train as run_training
+
+    cfg = load(config, override or [])
+    try:
+        run_training(cfg, run_dir, resume=resume, quiet=quiet)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: checkpoint saved; continue with --resume", err=True)
+        raise typer.Exit(130) from None
+
+
+@app.command()
+def translate(
+    model: Annotated[Path, typer.Option("--model", "-m", help="Run directory (uses best.pt) or checkpoint file.")],
+    input: Annotated[str, typer.Option("--input", "-i", help="Input text, one sentence a line; - for stdin.")] = "-",
+    output: Annotated[str, typer.Option("--output", "-o", help="Output file; - for stdout.")] = "-",
+    beam: Annotated[Optional[int], typer.Option("--beam", "-b", min=1, help="Beam size (1: greedy); default from the run's config.")] = None,
+    n_best: Annotated[int, typer.Option("--n-best", min=1, help="Write K hypotheses per line as TSV: line, rank, score, text.")] = 1,
+    scores: Annotated[bool, typer.Option("--scores", help="Prefix each line with its length-normalised score and a tab.")] = False,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", min=1, help="Sentences per batch.")] = None,
+    batch_tokens: Annotated[Optional[int], typer.Option("--batch-tokens", min=1, help="Also cap padded source tokens per batch.")] = None,
+    max_len_ratio: Annotated[Optional[float], typer.Option("--max-len-ratio", min=0.01, help="Max output length per source piece.")] = None,
+    max_len_offset: Annotated[Optional[int], typer.Option("--max-len-offset", min=0, help="Added to the max output length.")] = None,
+    length_penalty: Annotated[Optional[float], typer.Option("--length-penalty", min=0.0, help="GNMT alpha.")] = None,
+    attention_dir: Annotated[Optional[Path], typer.Option("--attention-dir", help="Write a heatmap PNG plus .npy/.json per sentence here.")] = None,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+) -> None:
+    """Translate text: exactly one output line per input line (empty in, empty out)."""
+    from nmt.translate import translate_command
+
+    overrides = {
+        "beam_size": beam,
+        "batch_size": batch_size,
+        "max_len_ratio": max_len_ratio,
+        "max_len_offset": max_len_offset,
+        "length_penalty": length_penalty,
+    }
+    translate_command(model, input, output, overrides, n_best, scores, batch_tokens, device, attention_dir)
+
+
+@app.command("eval")
+def eval_(
+    hypotheses: Annotated[Optional[list[Path]], typer.Argument(help="Hypothesis file(s), one system each.")] = None,
+    ref: Annotated[Optional[list[Path]], typer.Option("--ref", "-r", help="Reference file (repeat for several).")] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", "-m", help="Translate a split of this run's data instead.")] = None,
+    split: Annotated[str, typer.Option("--split", help="With --model: dev or test.")] = "test",
+    beam: Annotated[Optional[int], typer.Option("--beam", "-b", min=1, help="With --model: beam size.")] = None,
+    save_hypotheses: Annotated[Optional[Path], typer.Option("--save-hypotheses", help="With --model: write the translations here.")] = None,
+    significance: Annotated[Optional[str], typer.Option("--significance", help="Paired test for 2+ systems: bootstrap or ar.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+) -> None:
+    """Score with sacrebleu (BLEU, chrF, TER and their signatures)."""
+    from nmt.errors import ConfigError
+
+    if model is not None:
+        if hypotheses:
+            raise ConfigError("give either hypothesis files or --model, not both")
+        from nmt.translate import evaluate_split
+
+        report = evaluate_split(model, split, {"beam_size": beam}, device, save_hypotheses)
+    else:
+        from nmt.evaluate import score_files
+
+        if not hypotheses or not ref:
+            raise ConfigError("give hypothesis file(s) and --ref, or --model RUN --split test")
+        report = score_files(list(hypotheses), list(ref), significance=significance)
+    typer.echo(report.to_json() if json_out else report.to_table())
+
+
+def main() -> None:
+    """Console entry point: one-line errors, exit status 2."""
+    try:
+        app(standalone_mode=False)
+    except NMTError as exc:
+        if _state["debug"]:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(2)
+        raise

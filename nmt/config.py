@@ -1,0 +1,309 @@
+"""The config schema: every key, its type, its default and a one-line description.
+
+YAML becomes typed, frozen objects here and nowhere else. Unknown keys are errors with the
+closest match; every problem in a file is reported at once, one per line, as
+``model.attention.score: got 'dott', expected one of ...``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from nmt.errors import ConfigError
+
+SCORES = (
+    "additive",
+    "concat",
+    "mlp",
+    "dot",
+    "general",
+    "bilinear",
+    "multiplicative",
+    "scaled_dot",
+    "cosine",
+    "location",
+    "multihead",
+    "local-m",
+    "local-p",
+)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class DataConfig(_Section):
+    format: Literal["text", "tsv", "jsonl", "hub"] = Field(
+        "text", description="text: {prefix}.{lang} file pair; tsv; jsonl; hub: datasets.load_dataset"
+    )
+    src_lang: str = Field("es", description="source language code (file suffix, JSON/hub key)")
+    trg_lang: str = Field("en", description="target language code (file suffix, JSON/hub key)")
+    train: str = Field("data/bible/train", description="prefix (text), file (tsv/jsonl), split (hub)")
+    dev: str = Field("data/bible/dev", description="development set, same form as train")
+    test: str | None = Field("data/bible/test", description="test set, same form as train")
+    hub_name: str | None = Field(None, description="hub dataset name, e.g. iwslt2017")
+    hub_config: str | None = Field(None, description="hub dataset config, e.g. iwslt2017-de-en")
+    src_field: str | None = Field(None, description="JSON/hub field of the source (default src_lang)")
+    trg_field: str | None = Field(None, description="JSON/hub field of the target (default trg_lang)")
+    max_length: int = Field(100, ge=1, description="drop training pairs longer than this in pieces")
+    dev_max_sentences: int | None = Field(
+        None, ge=1, description="use only the first N dev pairs for validation BLEU"
+    )
+
+
+class TokenizerConfig(_Section):
+    type: Literal["unigram", "bpe"] = Field("unigram", description="sentencepiece model type")
+    vocab_size: int = Field(8000, ge=16, description="pieces per vocabulary (joint or each side)")
+    joint: bool = Field(True, description="one vocabulary for both languages")
+    model: str | None = Field(None, description="existing sentencepiece .model (joint) to reuse")
+    character_coverage: float = Field(1.0, gt=0, le=1, description="sentencepiece coverage")
+    max_train_sentences: int = Field(
+        1_000_000, ge=100, description="sentences sampled to train sentencepiece"
+    )
+
+
+class EncoderConfig(_Section):
+    rnn: Literal["gru", "lstm"] = Field("gru", description="recurrent cell")
+    hidden_size: int = Field(256, ge=1, description="units per direction")
+    layers: int = Field(1, ge=1, description="stacked layers")
+    bidirectional: bool = Field(True, description="read the source both ways")
+    dropout: float = Field(0.2, ge=0, lt=1, description="dropout between layers and on outputs")
+
+
+class DecoderConfig(_Section):
+    style: Literal["bahdanau", "luong"] = Field(
+        "bahdanau", description="bahdanau: attend from s_{i-1} (pre-step); luong: from h_t"
+    )
+    rnn: Literal["gru", "lstm"] = Field("gru", description="recurrent cell")
+    hidden_size: int = Field(256, ge=1, description="decoder state size")
+    layers: int = Field(1, ge=1, description="stacked layers")
+    dropout: float = Field(0.2, ge=0, lt=1, description="dropout between layers and on outputs")
+    input_feeding: bool = Field(True, description="luong: feed h~_{t-1} into the next input")
+    init: Literal["bridge", "final", "zeros"] = Field(
+        "bridge", description="initial state: tanh(W h_enc), the encoder's final states, or zeros"
+    )
+    maxout: bool = Field(False, description="bahdanau: maxout (pool 2) deep output layer")
+    output_size: int | None = Field(
+        None, ge=1, description="bahdanau: size of the deep output layer (default embedding_size)"
+    )
+
+
+class AttentionConfig(_Section):
+    score: str = Field("additive", description=f"score function: {', '.join(SCORES)}")
+    hidden_size: int | None = Field(
+        None, ge=1, description="additive: size of the MLP layer (default decoder hidden_size)"
+    )
+
+    @model_validator(mode="after")
+    def _known_score(self) -> AttentionConfig:
+        if self.score not in SCORES:
+            raise ValueError(f"score: got {self.score!r}, expected one of {', '.join(SCORES)}")
+        return self
+
+
+class ModelConfig(_Section):
+    embedding_size: int = Field(256, ge=1, description="source and target embedding size")
+    embedding_dropout: float = Field(0.2, ge=0, lt=1, description="dropout on embeddings")
+    tie_embeddings: bool = Field(
+        False, description="share the target embedding with the output layer"
+    )
+    encoder: EncoderConfig = EncoderConfig()
+    decoder: DecoderConfig = DecoderConfig()
+    attention: AttentionConfig = AttentionConfig()
+
+
+class TrainingConfig(_Section):
+    optimizer: Literal["adam", "adamw"] = Field("adam", description="optimiser")
+    learning_rate: float = Field(1e-3, gt=0, description="peak learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="weight decay")
+    clip_grad_norm: float | None = Field(1.0, gt=0, description="max gradient norm (null: off)")
+    label_smoothing: float = Field(0.1, ge=0, lt=1, description="label smoothing epsilon")
+    batch_tokens: int = Field(
+        4000, ge=1, description="max padded tokens per batch (sentences x longest side)"
+    )
+    epochs: int = Field(10, ge=1, description="passes over the training data")
+    max_steps: int | None = Field(None, ge=1, description="stop after this many updates")
+    max_minutes: float | None = Field(None, gt=0, description="stop after this wall-clock time")
+    validate_every: int = Field(500, ge=1, description="updates between validations")
+    log_every: int = Field(50, ge=1, description="updates between log lines")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 autocast on a GPU that supports it, else fp32"
+    )
+    schedule: Literal["constant", "warmup", "inverse_sqrt", "plateau"] = Field(
+        "constant", description="constant; linear warmup then constant; inverse square root after warmup; halve on dev plateau"
+    )
+    warmup_steps: int = Field(0, ge=0, description="linear warmup updates")
+    plateau_patience: int = Field(2, ge=1, description="validations without improvement to halve")
+    patience: int | None = Field(
+        None, ge=1, description="stop after this many validations without improvement"
+    )
+    best_metric: Literal["bleu", "loss"] = Field("bleu", description="dev metric for the best model")
+    keep_last: int = Field(1, ge=1, description="last checkpoints kept besides the best")
+    seed: int = Field(1, description="random seed")
+
+
+class DecodingConfig(_Section):
+    beam_size: int = Field(5, ge=1, description="beam width (1: greedy)")
+    length_penalty: float = Field(1.0, ge=0, description="GNMT alpha in ((5+|Y|)/6)^alpha")
+    max_len_ratio: float = Field(1.5, gt=0, description="max output length per source piece")
+    max_len_offset: int = Field(10, ge=0, description="added to the max output length")
+    batch_size: int = Field(64, ge=1, description="sentences per decoding batch")
+
+
+class RunConfig(_Section):
+    dir: str = Field("runs/default", description="run directory (checkpoints, logs, tokenizer)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda if available")
+    threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: all)")
+
+
+class Config(_Section):
+    data: DataConfig = DataConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    model: ModelConfig = ModelConfig()
+    training: TrainingConfig = TrainingConfig()
+    decoding: DecodingConfig = DecodingConfig()
+    run: RunConfig = RunConfig()
+
+    @model_validator(mode="after")
+    def _compatible(self) -> Config:
+        model = self.model
+        enc_out = model.encoder.hidden_size * (2 if model.encoder.bidirectional else 1)
+        dec = model.decoder
+        score = model.attention.score
+        if score in ("dot", "scaled_dot", "cosine") and enc_out != dec.hidden_size:
+            raise ValueError(
+                f"model.attention.score: {score!r} needs equal query and key sizes, but the "
+                f"encoder gives {enc_out} and model.decoder.hidden_size is {dec.hidden_size}; "
+                f"set them equal or use 'general' or 'additive'"
+            )
+        if model.tie_embeddings:
+            out = (
+                dec.hidden_size
+                if dec.style == "luong"
+                else (dec.output_size or model.embedding_size)
+            )
+            if out != model.embedding_size:
+                raise ValueError(
+                    f"model.tie_embeddings: the output layer reads {out} units but "
+                    f"model.embedding_size is {model.embedding_size}; make them equal or set "
+                    f"tie_embeddings: false"
+                )
+        if self.data.format == "hub" and not self.data.hub_name:
+            raise ValueError("data.hub_name: required when data.format is 'hub'")
+        return self
+
+
+def _section_fields(path: tuple[str, ...]) -> list[str]:
+    """Field names valid at a dotted location, for did-you-mean suggestions."""
+    model: Any = Config
+    for part in path:
+        field = model.model_fields.get(part)
+        if field is None or not isinstance(field.annotation, type):
+            return []
+        model = field.annotation
+        if not issubclass(model, BaseModel):
+            return []
+    return list(model.model_fields)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = tuple(str(p) for p in error["loc"])
+    where = ".".join(loc)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        known = _section_fields(loc[:-1])
+        close = difflib.get_close_matches(loc[-1], known, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(known)}"
+        return f"{where}: unknown key; {hint}"
+    message = error["msg"]
+    if kind == "value_error":
+        message = message.removeprefix("Value error, ")
+        return message if not where else f"{'.'.join(loc)}.{message}"
+    got = error.get("input")
+    if isinstance(got, dict):
+        return f"{where}: expected a mapping of keys; {message.lower()}"
+    return f"{where}: got {got!r}; {message[0].lower()}{message[1:]}"
+
+
+def _format_errors(exc: ValidationError, source: str) -> ConfigError:
+    lines = [_describe(e) for e in exc.errors()]
+    return ConfigError(f"{source}: " + "; ".join(lines))
+
+
+def apply_override(raw: dict[str, Any], override: str) -> None:
+    """Set ``a.b.c=value`` in a nested dict; the value is parsed as YAML."""
+    key, sep, value = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--override {override!r}: expected dotted.key=value")
+    parts = key.strip().split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--override {override!r}: {part} is not a section")
+        node = child
+    try:
+        node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError:
+        node[parts[-1]] = value
+
+
+def from_dict(raw: dict[str, Any], source: str = "config") -> Config:
+    """Validate a nested dict; all problems reported in one ConfigError."""
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise _format_errors(exc, source) from None
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping, with file and line in the error."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise ConfigError(f"{path}{line}: not valid YAML: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def load(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load a YAML config file, apply ``--override`` values and validate."""
+    raw = read_yaml(path)
+    for override in overrides:
+        apply_override(raw, override)
+    return from_dict(raw, str(path))
+
+
+def to_yaml(config: Config) -> str:
+    """The resolved config, every key included, as YAML."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def changed_keys(old: Config, new: Config) -> list[str]:
+    """Dotted keys whose values differ between two configs."""
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, prefix: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in a:
+                walk(a[key], b.get(key), f"{prefix}{key}.")
+        elif a != b:
+            out.append(prefix.rstrip("."))
+
+    walk(old.model_dump(mode="json"), new.model_dump(mode="json"), "")
+    return out

@@ -1,0 +1,296 @@
+"""Corpora -> cleaned pairs -> token ids -> length-bucketed token batches.
+
+Every corpus goes through Hugging Face ``datasets``: local files with its ``text``/``json``
+builders, hub datasets with ``load_dataset(name, config, split=...)``. Tokenisation is a
+``Dataset.map`` whose results are cached on disk under the run directory, so corpora larger
+than memory work; only lengths are held in memory for bucketing.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nmt.config import DataConfig
+from nmt.errors import DataError
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+log = logging.getLogger("nmt")
+
+
+def _quiet_datasets() -> Any:
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def _existing(path: Path) -> Path:
+    for candidate in (path, path.with_name(path.name + ".gz")):
+        if candidate.is_file():
+            return candidate
+    raise DataError(f"{path}: no such file (nor {path.name}.gz); check data.* paths in the config")
+
+
+def _first_bad_utf8_line(path: Path) -> int:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return 0
+
+
+def _load_files(builder: str, path: Path, cache_dir: Path | None, **kwargs: Any) -> Any:
+    datasets = _quiet_datasets()
+    try:
+        return datasets.load_dataset(
+            builder,
+            data_files={"rows": str(path)},
+            split="rows",
+            cache_dir=str(cache_dir) if cache_dir else None,
+            **kwargs,
+        )
+    except UnicodeDecodeError:
+        line = _first_bad_utf8_line(path)
+        raise DataError(f"{path}:{line}: not valid UTF-8; convert the file to UTF-8") from None
+    except Exception as exc:  # datasets wraps parser errors in several types
+        cause = exc.__cause__ or exc
+        raise DataError(f"{path}: cannot read ({type(cause).__name__}: {cause})") from None
+
+
+def _read_text_pair(cfg: DataConfig, prefix: str, cache_dir: Path | None) -> Any:
+    datasets = _quiet_datasets()
+    src_path = _existing(Path(f"{prefix}.{cfg.src_lang}"))
+    trg_path = _existing(Path(f"{prefix}.{cfg.trg_lang}"))
+    src = _load_files("text", src_path, cache_dir).rename_column("text", "src")
+    trg = _load_files("text", trg_path, cache_dir).rename_column("text", "trg")
+    if len(src) != len(trg):
+        raise DataError(
+            f"{src_path} has {len(src)} lines but {trg_path} has {len(trg)}; "
+            f"parallel files must have one sentence per line on both sides"
+        )
+    return datasets.concatenate_datasets([src, trg], axis=1)
+
+
+def _split_tsv(batch: dict[str, list[str]], indices: list[int], path: Path) -> dict[str, list]:
+    src, trg = [], []
+    for line, index in zip(batch["text"], indices, strict=True):
+        fields = line.split("\t")
+        if len(fields) != 2 and line.strip():
+            raise DataError(
+                f"{path}:{index + 1}: expected 2 tab-separated fields, found {len(fields)}"
+            )
+        src.append(fields[0])
+        trg.append(fields[1] if len(fields) == 2 else "")
+    return {"src": src, "trg": trg}
+
+
+def _read_tsv(path_str: str, cache_dir: Path | None) -> Any:
+    path = _existing(Path(path_str))
+    rows = _load_files("text", path, cache_dir)
+    return rows.map(
+        _split_tsv,
+        batched=True,
+        with_indices=True,
+        fn_kwargs={"path": path},
+        remove_columns=["text"],
+        load_from_cache_file=False,
+    )
+
+
+def _select_fields(rows: Any, cfg: DataConfig, where: str) -> Any:
+    src_field = cfg.src_field or cfg.src_lang
+    trg_field = cfg.trg_field or cfg.trg_lang
+    columns = rows.column_names
+    if src_field in columns and trg_field in columns:
+        return rows.select_columns([src_field, trg_field]).rename_columns(
+            {src_field: "src", trg_field: "trg"}
+        )
+    if "translation" in columns:
+        return rows.map(
+            lambda b: {
+                "src": [t[src_field] for t in b["translation"]],
+                "trg": [t[trg_field] for t in b["translation"]],
+            },
+            batched=True,
+            remove_columns=columns,
+        )
+    raise DataError(
+        f"{where}: no fields {src_field!r} and {trg_field!r} (found {', '.join(columns)}); "
+        f"set data.src_field and data.trg_field"
+    )
+
+
+def read_pairs(cfg: DataConfig, split: str, cache_dir: Path | None = None) -> Any:
+    """A ``datasets.Dataset`` with string columns ``src`` and ``trg`` for one split."""
+    if cfg.format == "text":
+        return _read_text_pair(cfg, split, cache_dir)
+    if cfg.format == "tsv":
+        return _read_tsv(split, cache_dir)
+    if cfg.format == "jsonl":
+        path = _existing(Path(split))
+        return _select_fields(_load_files("json", path, cache_dir), cfg, str(path))
+    datasets = _quiet_datasets()
+    try:
+        rows = datasets.load_dataset(
+            cfg.hub_name, cfg.hub_config, split=split, cache_dir=str(cache_dir) if cache_dir else None
+        )
+    except Exception as exc:
+        raise DataError(f"data.hub_name {cfg.hub_name!r} split {split!r}: {exc}") from None
+    return _select_fields(rows, cfg, f"{cfg.hub_name} {split}")
+
+
+def drop_empty(rows: Any) -> tuple[Any, int]:
+    """Remove pairs where either side is empty or whitespace; returns (rows, dropped)."""
+    kept = rows.filter(
+        lambda b: [bool(s.strip()) and bool(t.strip()) for s, t in zip(b["src"], b["trg"])],
+        batched=True,
+    )
+    return kept, len(rows) - len(kept)
+
+
+def _fingerprint(*parts: Any) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else repr(part).encode())
+    return digest.hexdigest()[:16]
+
+
+def tokenize(rows: Any, tokenizer: Tokenizer) -> Any:
+    """Add ``src_ids``, ``trg_ids`` and their lengths (a cached ``Dataset.map``)."""
+
+    def encode(batch: dict[str, list[str]]) -> dict[str, list]:
+        src = tokenizer.encode_src(batch["src"])
+        trg = tokenizer.encode_trg(batch["trg"])
+        return {
+            "src_ids": src,
+            "trg_ids": trg,
+            "src_len": [len(s) for s in src],
+            "trg_len": [len(t) + 1 for t in trg],
+        }
+
+    fingerprint = _fingerprint(rows._fingerprint, tokenizer.src_proto, tokenizer.trg_proto)
+    return rows.map(encode, batched=True, batch_size=2000, new_fingerprint=fingerprint)
+
+
+def drop_long(rows: Any, max_length: int) -> tuple[Any, int]:
+    """Remove pairs with more than ``max_length`` pieces on either side."""
+    kept = rows.filter(
+        lambda b: [
+            s <= max_length + 1 and t <= max_length + 1
+            for s, t in zip(b["src_len"], b["trg_len"])
+        ],
+        batched=True,
+    )
+    return kept, len(rows) - len(kept)
+
+
+@dataclass
+class Batch:
+    """A padded batch. src: (B, S) with EOS; trg_in: (B, T) BOS+y; trg_out: (B, T) y+EOS."""
+
+    src: torch.Tensor
+    src_lengths: torch.Tensor
+    trg_in: torch.Tensor
+    trg_out: torch.Tensor
+    indices: np.ndarray
+
+    @property
+    def n_target_tokens(self) -> int:
+        return int((self.trg_out != PAD_ID).sum())
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(
+            self.src.to(device, non_blocking=True),
+            self.src_lengths.to(device, non_blocking=True),
+            self.trg_in.to(device, non_blocking=True),
+            self.trg_out.to(device, non_blocking=True),
+            self.indices,
+        )
+
+
+def pad(sequences: Sequence[Sequence[int]], length: int | None = None) -> torch.Tensor:
+    """(B, L) long tensor, right-padded with PAD_ID."""
+    length = length or max(len(s) for s in sequences)
+    out = torch.full((len(sequences), length), PAD_ID, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        out[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+    return out
+
+
+def make_batch(
+    src_ids: Sequence[Sequence[int]], trg_ids: Sequence[Sequence[int]], indices: np.ndarray
+) -> Batch:
+    src = pad(src_ids)
+    lengths = torch.tensor([len(s) for s in src_ids], dtype=torch.long)
+    trg_in = pad([[BOS_ID, *t] for t in trg_ids])
+    trg_out = pad([[*t, EOS_ID] for t in trg_ids])
+    return Batch(src, lengths, trg_in, trg_out, indices)
+
+
+class TokenizedCorpus:
+    """Random access to tokenised pairs; ids stay in the on-disk Arrow table."""
+
+    def __init__(self, rows: Any):
+        self.rows = rows.select_columns(["src_ids", "trg_ids", "src_len", "trg_len"])
+        self.src_lengths = np.asarray(self.rows["src_len"], dtype=np.int64)
+        self.trg_lengths = np.asarray(self.rows["trg_len"], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.src_lengths)
+
+    def batch(self, indices: np.ndarray) -> Batch:
+        picked = self.rows[[int(i) for i in indices]]
+        return make_batch(picked["src_ids"], picked["trg_ids"], indices)
+
+
+def bucket_batches(
+    src_lengths: np.ndarray, trg_lengths: np.ndarray, batch_tokens: int, seed: int, epoch: int
+) -> list[np.ndarray]:
+    """Token-based batches of similar lengths, in a seeded order for this epoch.
+
+    Pairs are sorted by (target, source) length with ties broken randomly, cut into batches
+    whose padded size (sentences x longest side) stays within ``batch_tokens``, and the batch
+    order is shuffled. The result depends only on (lengths, batch_tokens, seed, epoch), which
+    makes the data order reproducible for exact resume.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    tie_break = rng.permutation(len(src_lengths))
+    order = np.lexsort((tie_break, src_lengths, trg_lengths))
+    batches: list[np.ndarray] = []
+    start, longest = 0, 0
+    for position, index in enumerate(order):
+        size = max(int(src_lengths[index]), int(trg_lengths[index]))
+        longest_if_added = max(longest, size)
+        if position > start and longest_if_added * (position - start + 1) > batch_tokens:
+            batches.append(order[start:position])
+            start, longest_if_added = position, size
+        longest = longest_if_added
+    if start < len(order):
+        batches.append(order[start:])
+    shuffled = rng.permutation(len(batches))
+    return [batches[i] for i in shuffled]
+
+
+def padding_fraction(
+    batches: list[np.ndarray], src_lengths: np.ndarray, trg_lengths: np.ndarray
+) -> float:
+    """Fraction of padded positions over all batches (source and target)."""
+    real = padded = 0
+    for batch in batches:
+        for lengths in (src_lengths[batch], trg_lengths[batch]):
+            real += int(lengths.sum())
+            padded += int(lengths.max()) * len(batch)
+    return 1.0 - real / max(padded, 1)

@@ -1,0 +1,123 @@
+"""The RNN encoder (GRU/LSTM, uni- or bidirectional, stacked, packed) and the bridge that
+initialises the decoder from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from nmt.config import DecoderConfig, EncoderConfig
+from nmt.errors import ConfigError
+from nmt.tokenizer import PAD_ID
+
+RNNS = {"gru": nn.GRU, "lstm": nn.LSTM}
+
+
+@dataclass
+class EncoderOutput:
+    """outputs: (B, S, Ho); mask: (B, S) True at real positions;
+    hidden/cell: (L, D, B, H) final states per layer and direction (cell only for LSTM)."""
+
+    outputs: Tensor
+    mask: Tensor
+    hidden: Tensor
+    cell: Tensor | None
+
+
+class Encoder(nn.Module):
+    """Bahdanau et al. (2015), section 3.2: a bidirectional RNN whose annotation of word j is
+    [h_forward_j; h_backward_j]. Padding never enters the recurrence (packed sequences)."""
+
+    def __init__(
+        self, vocab_size: int, embedding_size: int, embedding_dropout: float, cfg: EncoderConfig
+    ):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, embedding_size, padding_idx=PAD_ID)
+        self.embedding_dropout = nn.Dropout(embedding_dropout)
+        self.directions = 2 if cfg.bidirectional else 1
+        self.layers = cfg.layers
+        self.hidden_size = cfg.hidden_size
+        self.rnn = RNNS[cfg.rnn](
+            embedding_size,
+            cfg.hidden_size,
+            num_layers=cfg.layers,
+            batch_first=True,
+            bidirectional=cfg.bidirectional,
+            dropout=cfg.dropout if cfg.layers > 1 else 0.0,
+        )
+        self.output_dropout = nn.Dropout(cfg.dropout)
+        self.output_size = cfg.hidden_size * self.directions
+
+    def forward(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
+        """src: (B, S) ids; src_lengths: (B,) -> EncoderOutput."""
+        embedded = self.embedding_dropout(self.embed(src))  # (B, S, E)
+        packed = pack_padded_sequence(
+            embedded, src_lengths.cpu(), batch_first=True, enforce_sorted=False
+        )
+        packed_out, final = self.rnn(packed)
+        outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=src.size(1))
+        hidden, cell = final if isinstance(final, tuple) else (final, None)
+        batch = src.size(0)
+        shape = (self.layers, self.directions, batch, self.hidden_size)
+        return EncoderOutput(
+            outputs=self.output_dropout(outputs),  # (B, S, D*H)
+            mask=src != PAD_ID,  # (B, S)
+            hidden=hidden.view(shape),
+            cell=cell.view(shape) if cell is not None else None,
+        )
+
+
+class Bridge(nn.Module):
+    """Initial decoder state from the encoder.
+
+    ``bridge``: s_0 = tanh(W_s h_backward_1) (Bahdanau et al. 2015, appendix A.2.2), the
+    backward RNN's state after reading the whole sentence, for each decoder layer (the forward
+    final state when the encoder is unidirectional). ``final``: the encoder's final states
+    per layer, directions concatenated (Luong et al. 2015, Sutskever et al. 2014). ``zeros``.
+    """
+
+    def __init__(self, encoder: Encoder, cfg: DecoderConfig):
+        super().__init__()
+        self.kind = cfg.init
+        self.layers = cfg.layers
+        self.hidden_size = cfg.hidden_size
+        self.lstm = cfg.rnn == "lstm"
+        enc_final = encoder.hidden_size * encoder.directions
+        if self.kind == "bridge":
+            parts = 2 if self.lstm else 1
+            self.proj = nn.Linear(encoder.hidden_size, parts * cfg.layers * cfg.hidden_size)
+        elif self.kind == "final" and (
+            enc_final != cfg.hidden_size or encoder.layers != cfg.layers
+        ):
+            raise ConfigError(
+                f"model.decoder.init: 'final' needs the decoder ({cfg.layers} layers of "
+                f"{cfg.hidden_size}) to match the encoder ({encoder.layers} layers of "
+                f"{enc_final}); use init: bridge or zeros"
+            )
+
+    def forward(self, enc: EncoderOutput) -> tuple[Tensor, Tensor | None]:
+        """-> hidden (L, B, Hd), cell (L, B, Hd) or None (GRU)."""
+        batch = enc.outputs.size(0)
+        shape = (self.layers, batch, self.hidden_size)
+        if self.kind == "zeros":
+            zeros = enc.outputs.new_zeros(shape)
+            return zeros, (zeros.clone() if self.lstm else None)
+        if self.kind == "final":
+            hidden = enc.hidden.permute(0, 2, 1, 3).reshape(shape)  # (L, B, D*H)
+            cell = None
+            if self.lstm:
+                cell = (
+                    enc.cell.permute(0, 2, 1, 3).reshape(shape)
+                    if enc.cell is not None
+                    else torch.zeros_like(hidden)
+                )
+            return hidden, cell
+        top = enc.hidden[-1, -1]  # (B, H): backward direction when bidirectional
+        states = torch.tanh(self.proj(top))  # (B, parts*L*Hd)
+        states = states.view(batch, -1, self.layers, self.hidden_size).permute(1, 2, 0, 3)
+        hidden = states[0].contiguous()  # (L, B, Hd)
+        cell = states[1].contiguous() if self.lstm else None
+        return hidden, cell

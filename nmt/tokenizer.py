@@ -1,0 +1,134 @@
+"""sentencepiece tokenizers: train, load, encode, decode. Special ids are defined only here."""
+
+from __future__ import annotations
+
+import io
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import sentencepiece as spm
+
+from nmt.errors import CheckpointError, DataError
+
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+
+
+def train_sentencepiece(
+    lines: Iterable[str],
+    vocab_size: int,
+    model_type: str,
+    character_coverage: float,
+    max_sentences: int,
+    seed: int,
+) -> bytes:
+    """Train a sentencepiece model in memory; returns the serialized model proto."""
+    sample = [line for line in lines if line.strip()]
+    if not sample:
+        raise DataError("cannot train the tokenizer: the training text is empty")
+    if len(sample) > max_sentences:
+        sample = random.Random(seed).sample(sample, max_sentences)
+    spm.set_random_generator_seed(seed)
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sample),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            hard_vocab_limit=False,
+            num_threads=2,
+            minloglevel=2,
+            max_sentence_length=8192,
+        )
+    except RuntimeError as exc:
+        raise DataError(f"tokenizer training failed: {exc}") from None
+    return model.getvalue()
+
+
+def _load_proto(proto: bytes) -> spm.SentencePieceProcessor:
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(proto)
+    if processor.pad_id() != PAD_ID or processor.eos_id() != EOS_ID or processor.bos_id() != BOS_ID:
+        raise CheckpointError(
+            f"tokenizer special ids are pad={processor.pad_id()} bos={processor.bos_id()} "
+            f"eos={processor.eos_id()}; nmt needs pad={PAD_ID} bos={BOS_ID} eos={EOS_ID}"
+        )
+    return processor
+
+
+@dataclass
+class Tokenizer:
+    """Source and target sentencepiece models (the same object when joint)."""
+
+    src_proto: bytes
+    trg_proto: bytes
+
+    def __post_init__(self) -> None:
+        self.src = _load_proto(self.src_proto)
+        self.trg = self.src if self.joint else _load_proto(self.trg_proto)
+
+    @property
+    def joint(self) -> bool:
+        return self.src_proto == self.trg_proto
+
+    @property
+    def src_vocab_size(self) -> int:
+        return int(self.src.get_piece_size())
+
+    @property
+    def trg_vocab_size(self) -> int:
+        return int(self.trg.get_piece_size())
+
+    def encode_src(self, lines: Sequence[str]) -> list[list[int]]:
+        """Source ids, each ending in EOS."""
+        return [ids + [EOS_ID] for ids in self.src.encode(list(lines))]
+
+    def encode_trg(self, lines: Sequence[str]) -> list[list[int]]:
+        """Target ids without BOS/EOS (the batcher adds them)."""
+        return [list(ids) for ids in self.trg.encode(list(lines))]
+
+    def decode_trg(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        return [self.trg.decode([int(i) for i in seq]) for seq in ids]
+
+    def src_pieces(self, ids: Sequence[int]) -> list[str]:
+        return [self.src.id_to_piece(int(i)) for i in ids]
+
+    def trg_pieces(self, ids: Sequence[int]) -> list[str]:
+        return [self.trg.id_to_piece(int(i)) for i in ids]
+
+    def state_dict(self) -> dict[str, bytes]:
+        return {"src": self.src_proto, "trg": self.trg_proto}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, bytes]) -> Tokenizer:
+        return cls(state["src"], state["trg"])
+
+    def save(self, run_dir: Path) -> None:
+        """Write the sentencepiece model file(s) for users and other tools."""
+        if self.joint:
+            (run_dir / "spm.model").write_bytes(self.src_proto)
+        else:
+            (run_dir / "spm.src.model").write_bytes(self.src_proto)
+            (run_dir / "spm.trg.model").write_bytes(self.trg_proto)
+
+
+def load_model_file(path: Path) -> bytes:
+    """Read an existing sentencepiece .model file."""
+    if not path.is_file():
+        raise DataError(f"{path}: no such sentencepiece model (tokenizer.model)")
+    proto = path.read_bytes()
+    try:
+        _load_proto(proto)
+    except (RuntimeError, OSError) as exc:
+        raise DataError(f"{path}: not a sentencepiece model ({exc})") from None
+    return proto

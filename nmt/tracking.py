@@ -1,0 +1,70 @@
+"""Metrics to tensorboard and metrics.jsonl; human log lines to train.log and stderr."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("nmt")
+
+
+def setup_logging(run_dir: Path | None, quiet: bool = False) -> None:
+    """Log lines to stderr and, when given, to run_dir/train.log (appending on resume)."""
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+        handler.close()
+    formatter = logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S")
+    if not quiet:
+        stream = logging.StreamHandler(sys.stderr)
+        stream.setFormatter(formatter)
+        log.addHandler(stream)
+    if run_dir is not None:
+        file = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
+        file.setFormatter(formatter)
+        log.addHandler(file)
+
+
+class Tracker:
+    """Writes scalars and images; a no-op off rank 0."""
+
+    def __init__(self, run_dir: Path, enabled: bool = True):
+        self.enabled = enabled
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.writer: Any = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def scalars(self, step: int, values: dict[str, float], split: str) -> None:
+        if not self.enabled:
+            return
+        for name, value in values.items():
+            self.writer.add_scalar(f"{split}/{name}", value, step)
+        record = {"split": split, "step": step, "time": round(time.time(), 3), **values}
+        with self.metrics_path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def image(self, step: int, name: str, rgb: np.ndarray) -> None:
+        if self.enabled:
+            self.writer.add_image(name, rgb, step, dataformats="HWC")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
