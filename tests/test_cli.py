@@ -1,0 +1,136 @@
+"""End to end through the command line, as a user types it: train -> translate -> eval."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+WORDS = "sol luna mar rio casa perro gato libro agua fuego tierra aire".split()
+
+
+def nmt(*args: str, stdin: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "nmt", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
+
+
+def write_corpus(root: Path) -> None:
+    """A copy task with word-level 'translation': reverse word order, upper-case words."""
+    rng = random.Random(7)
+    for split, size in (("train", 1500), ("dev", 60), ("test", 40)):
+        src, trg = [], []
+        for _ in range(size):
+            words = [rng.choice(WORDS) for _ in range(rng.randint(2, 6))]
+            src.append(" ".join(words))
+            trg.append(" ".join(w.upper() for w in reversed(words)))
+        (root / f"{split}.src").write_text("\n".join(src) + "\n", encoding="utf-8")
+        (root / f"{split}.trg").write_text("\n".join(trg) + "\n", encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("e2e")
+    write_corpus(root)
+    config = {
+        "data": {
+            "src_lang": "src",
+            "trg_lang": "trg",
+            "train": str(root / "train"),
+            "dev": str(root / "dev"),
+            "test": str(root / "test"),
+        },
+        "tokenizer": {"vocab_size": 60, "type": "bpe"},
+        "model": {
+            "embedding_size": 32,
+            "embedding_dropout": 0.0,
+            "encoder": {"hidden_size": 32, "dropout": 0.0},
+            "decoder": {"style": "luong", "hidden_size": 32, "input_feeding": False, "dropout": 0.0},
+            "attention": {"score": "general"},
+        },
+        "training": {
+            "epochs": 12,
+            "batch_tokens": 600,
+            "learning_rate": 0.005,
+            "validate_every": 200,
+            "log_every": 50,
+        },
+        "run": {"dir": str(root / "run")},
+    }
+    (root / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    result = nmt("train", str(root / "config.yaml"), "--override", "training.seed=3")
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+def test_train_writes_a_complete_run_dir(trained: Path) -> None:
+    run = trained / "run"
+    for name in ("best.pt", "last.pt", "config.yaml", "spm.model", "train.log", "metrics.jsonl"):
+        assert (run / name).is_file(), name
+    assert list((run / "tensorboard").iterdir())
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["training"]["seed"] == 3  # the override is in the resolved config
+    info = json.loads((run / "environment.json").read_text())
+    assert info["torch_version"] and info["device"] == "cpu"
+
+
+def test_translate_and_eval_from_files(trained: Path) -> None:
+    hyp = trained / "hyp.txt"
+    result = nmt(
+        "translate", "--model", str(trained / "run"), "-i", str(trained / "test.src"), "-o", str(hyp)
+    )
+    assert result.returncode == 0, result.stderr
+    lines = hyp.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 40
+    result = nmt("eval", str(hyp), "--ref", str(trained / "test.trg"), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["systems"][0]["bleu"] > 80, report  # the task is learnable to near-perfect
+    assert report["signatures"]["bleu"].startswith("nrefs:1")
+
+
+def test_translate_stdin_keeps_one_line_per_line(trained: Path) -> None:
+    result = nmt("translate", "--model", str(trained / "run"), stdin="sol luna\n\nmar\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:3] == ["LUNA SOL", "", "MAR"]
+    assert result.stdout.count("\n") == 3
+
+
+def test_eval_split_of_the_run(trained: Path) -> None:
+    result = nmt("eval", "--model", str(trained / "run"), "--split", "test", "--beam", "3")
+    assert result.returncode == 0, result.stderr
+    assert "BLEU" in result.stdout and "signature" in result.stdout
+
+
+def test_existing_run_dir_is_refused_without_resume(trained: Path) -> None:
+    result = nmt("train", str(trained / "config.yaml"))
+    assert result.returncode == 2
+    assert "--resume" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bad_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  decoder:\n    stlye: luong\n", encoding="utf-8")
+    result = nmt("train", str(bad))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"error: {bad}: model.decoder.stlye: unknown key; did you mean 'style'?"
+    )
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["translate"], ["eval"]])
+def test_help(command: list[str]) -> None:
+    result = nmt(*command, "--help")
+    assert result.returncode == 0
+    assert "Usage" in result.stdout

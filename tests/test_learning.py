@@ -1,0 +1,92 @@
+"""Learning is tested by learning: tiny models learn to reverse sequences on CPU."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from nmt.config import from_dict
+from nmt.data import make_batch
+from nmt.model import build_model
+from nmt.search import beam_search, greedy_search
+from nmt.tokenizer import EOS_ID
+
+VOCAB = 14  # 4 specials + 10 symbols
+
+
+def reverse_batch(rng: np.random.Generator, size: int, lo: int = 3, hi: int = 8):
+    src, trg = [], []
+    for _ in range(size):
+        seq = rng.integers(4, VOCAB, size=rng.integers(lo, hi + 1)).tolist()
+        src.append([*seq, EOS_ID])
+        trg.append(seq[::-1])
+    return make_batch(src, trg, np.arange(size))
+
+
+def train_reverse(model_cfg: dict, steps: int, seed: int = 0):
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    cfg = from_dict({"model": model_cfg})
+    model = build_model(cfg.model, VOCAB, VOCAB)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    model.train()
+    for _ in range(steps):
+        batch = reverse_batch(rng, 64)
+        loss, _ = model.loss(batch)
+        optimizer.zero_grad()
+        (loss / batch.n_target_tokens).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    model.eval()
+    return model
+
+
+def exact_match(model, batch, beam: int) -> float:
+    src_lengths = batch.src_lengths
+    if beam == 1:
+        hyps = [h.tokens for h in greedy_search(model, batch.src, src_lengths)]
+    else:
+        hyps = [h[0].tokens for h in beam_search(model, batch.src, src_lengths, beam_size=beam)]
+    gold = [[t for t in row.tolist() if t > EOS_ID] for row in batch.trg_out]
+    return float(np.mean([h == g for h, g in zip(hyps, gold, strict=True)]))
+
+
+SMALL = {"embedding_size": 16, "embedding_dropout": 0.0}
+RECURRENT = {"hidden_size": 32, "dropout": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("name", "model_cfg"),
+    [
+        (
+            "bahdanau-additive-gru",
+            {
+                **SMALL,
+                "encoder": {**RECURRENT, "hidden_size": 24},
+                "decoder": {**RECURRENT, "style": "bahdanau"},
+                "attention": {"score": "additive"},
+            },
+        ),
+        (
+            "luong-general-lstm-no-feeding",
+            {
+                **SMALL,
+                "encoder": {**RECURRENT, "rnn": "lstm", "hidden_size": 24},
+                "decoder": {**RECURRENT, "style": "luong", "rnn": "lstm", "input_feeding": False},
+                "attention": {"score": "general"},
+            },
+        ),
+    ],
+)
+def test_learns_to_reverse(name: str, model_cfg: dict) -> None:
+    started = time.time()
+    model = train_reverse(model_cfg, steps=400)
+    test = reverse_batch(np.random.default_rng(123), 200)
+    greedy = exact_match(model, test, beam=1)
+    beam = exact_match(model, test, beam=4)
+    assert greedy >= 0.95, f"{name}: greedy exact match {greedy:.2f}"
+    assert beam >= 0.95, f"{name}: beam exact match {beam:.2f}"
+    assert time.time() - started < 60
