@@ -31,7 +31,7 @@ bench:
 	$(BIN)/python scripts/bench.py
 
 corpus:
-	$(BIN)/python scripts/build_corpus.py --out data
+	$(BIN)/python scripts/build_corpus.py --out data/bible
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
