@@ -16,9 +16,47 @@ from nmt.tokenizer import PAD_ID
 
 DECODERS = {"bahdanau": BahdanauDecoder, "luong": LuongDecoder}
 
-# Rows of logits computed at once in the loss, so that a (B*T, V) float32 tensor is never
-# materialised whole for large batches and vocabularies.
-LOSS_CHUNK_ELEMENTS = 1 << 24
+# Logits rows handled at once in the loss, so that a (B*T, V) float32 tensor is never
+# materialised whole (and the float32 temporaries stay cache-sized).
+LOSS_CHUNK_ELEMENTS = 1 << 21
+
+
+def _at_least_float32(x: Tensor) -> Tensor:
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+class SmoothedCrossEntropy(torch.autograd.Function):
+    """Label-smoothed cross-entropy summed over rows, fused with its gradient.
+
+    loss = sum_n (1 - eps) * (-log p_n[y_n]) + eps * mean_v(-log p_n[v]), the same as
+    ``F.cross_entropy(..., label_smoothing=eps, reduction="sum")``. The gradient with respect
+    to the logits is softmax - (1 - eps) * onehot(y) - eps / V, computed directly in backward
+    from the saved (possibly bf16) logits and the log-partition, which avoids the separate
+    log-softmax, gather and mean passes of the composed version. Also returns the plain NLL sum
+    (not differentiable) for perplexity.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        x = _at_least_float32(logits)  # (N, V)
+        log_z = torch.logsumexp(x, dim=-1)  # (N,)
+        nll = log_z - x.gather(1, target[:, None]).squeeze(1)  # (N,)
+        smooth = log_z - x.mean(dim=-1)  # (N,)
+        ctx.save_for_backward(logits, target, log_z)
+        ctx.eps = eps
+        nll_sum = nll.sum()
+        ctx.mark_non_differentiable(nll_sum)
+        return ((1.0 - eps) * nll + eps * smooth).sum(), nll_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+        logits, target, log_z = ctx.saved_tensors
+        eps = ctx.eps
+        grad = torch.exp(_at_least_float32(logits) - log_z[:, None])  # (N, V) softmax
+        grad.sub_(eps / logits.size(-1))
+        grad.scatter_add_(1, target[:, None], grad.new_full((target.size(0), 1), eps - 1.0))
+        grad.mul_(grad_loss)
+        return grad.to(logits.dtype), None, None
 
 
 class Seq2Seq(nn.Module):
@@ -83,11 +121,12 @@ class Seq2Seq(nn.Module):
         loss_sum = flat.new_zeros((), dtype=torch.float32)
         nll_sum = flat.new_zeros((), dtype=torch.float32)
         for start in range(0, flat.size(0), rows):
-            log_probs = self.log_probs(flat[start : start + rows])  # (N, V) float32
-            nll = -log_probs.gather(1, gold[start : start + rows, None]).squeeze(1)  # (N,)
-            smooth = -log_probs.mean(dim=-1)  # (N,): uniform share eps/V over the vocabulary
-            loss_sum = loss_sum + ((1 - label_smoothing) * nll + label_smoothing * smooth).sum()
-            nll_sum = nll_sum + nll.detach().sum()
+            logits = self.generator(flat[start : start + rows])  # (N, V)
+            loss, nll = SmoothedCrossEntropy.apply(
+                logits, gold[start : start + rows], label_smoothing
+            )
+            loss_sum = loss_sum + loss
+            nll_sum = nll_sum + nll
         return loss_sum, nll_sum
 
 
