@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -46,14 +46,20 @@ def main_options(
 def train(
     config: Annotated[Path, typer.Argument(help="YAML config file (see configs/).")],
     override: Annotated[
-        Optional[list[str]],
-        typer.Option("--override", "-O", help="Set a config key: --override training.epochs=3 (repeatable)."),
+        list[str] | None,
+        typer.Option(
+            "--override", "-O", help="Set a config key: --override training.epochs=3 (repeatable)."
+        ),
     ] = None,
     resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the run in the run directory from its last checkpoint.")
+        bool,
+        typer.Option(
+            "--resume", help="Continue the run in the run directory from its last checkpoint."
+        ),
     ] = False,
     run_dir: Annotated[
-        Optional[Path], typer.Option("--run-dir", help="Run directory (default: run.dir of the config).")
+        Path | None,
+        typer.Option("--run-dir", help="Run directory (default: run.dir of the config)."),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No log lines on stderr.")] = False,
 ) -> None:
@@ -71,18 +77,55 @@ def train(
 
 @app.command()
 def translate(
-    model: Annotated[Path, typer.Option("--model", "-m", help="Run directory (uses best.pt) or checkpoint file.")],
-    input: Annotated[str, typer.Option("--input", "-i", help="Input text, one sentence a line; - for stdin.")] = "-",
+    model: Annotated[
+        Path, typer.Option("--model", "-m", help="Run directory (uses best.pt) or checkpoint file.")
+    ],
+    input: Annotated[
+        str, typer.Option("--input", "-i", help="Input text, one sentence a line; - for stdin.")
+    ] = "-",
     output: Annotated[str, typer.Option("--output", "-o", help="Output file; - for stdout.")] = "-",
-    beam: Annotated[Optional[int], typer.Option("--beam", "-b", min=1, help="Beam size (1: greedy); default from the run's config.")] = None,
-    n_best: Annotated[int, typer.Option("--n-best", min=1, help="Write K hypotheses per line as TSV: line, rank, score, text.")] = 1,
-    scores: Annotated[bool, typer.Option("--scores", help="Prefix each line with its length-normalised score and a tab.")] = False,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", min=1, help="Sentences per batch.")] = None,
-    batch_tokens: Annotated[Optional[int], typer.Option("--batch-tokens", min=1, help="Also cap padded source tokens per batch.")] = None,
-    max_len_ratio: Annotated[Optional[float], typer.Option("--max-len-ratio", min=0.01, help="Max output length per source piece.")] = None,
-    max_len_offset: Annotated[Optional[int], typer.Option("--max-len-offset", min=0, help="Added to the max output length.")] = None,
-    length_penalty: Annotated[Optional[float], typer.Option("--length-penalty", min=0.0, help="GNMT alpha.")] = None,
-    attention_dir: Annotated[Optional[Path], typer.Option("--attention-dir", help="Write a heatmap PNG plus .npy/.json per sentence here.")] = None,
+    beam: Annotated[
+        int | None,
+        typer.Option(
+            "--beam", "-b", min=1, help="Beam size (1: greedy); default from the run's config."
+        ),
+    ] = None,
+    n_best: Annotated[
+        int,
+        typer.Option(
+            "--n-best", min=1, help="Write K hypotheses per line as TSV: line, rank, score, text."
+        ),
+    ] = 1,
+    scores: Annotated[
+        bool,
+        typer.Option(
+            "--scores", help="Prefix each line with its length-normalised score and a tab."
+        ),
+    ] = False,
+    batch_size: Annotated[
+        int | None, typer.Option("--batch-size", min=1, help="Sentences per batch.")
+    ] = None,
+    batch_tokens: Annotated[
+        int | None,
+        typer.Option("--batch-tokens", min=1, help="Also cap padded source tokens per batch."),
+    ] = None,
+    max_len_ratio: Annotated[
+        float | None,
+        typer.Option("--max-len-ratio", min=0.01, help="Max output length per source piece."),
+    ] = None,
+    max_len_offset: Annotated[
+        int | None,
+        typer.Option("--max-len-offset", min=0, help="Added to the max output length."),
+    ] = None,
+    length_penalty: Annotated[
+        float | None, typer.Option("--length-penalty", min=0.0, help="GNMT alpha.")
+    ] = None,
+    attention_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--attention-dir", help="Write a heatmap PNG plus .npy/.json per sentence here."
+        ),
+    ] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
 ) -> None:
     """Translate text: exactly one output line per input line (empty in, empty out)."""
@@ -95,19 +138,39 @@ def translate(
         "max_len_offset": max_len_offset,
         "length_penalty": length_penalty,
     }
-    translate_command(model, input, output, overrides, n_best, scores, batch_tokens, device, attention_dir)
+    translate_command(
+        model, input, output, overrides, n_best, scores, batch_tokens, device, attention_dir
+    )
 
 
 @app.command("eval")
 def eval_(
-    hypotheses: Annotated[Optional[list[Path]], typer.Argument(help="Hypothesis file(s), one system each.")] = None,
-    ref: Annotated[Optional[list[Path]], typer.Option("--ref", "-r", help="Reference file (repeat for several).")] = None,
-    model: Annotated[Optional[Path], typer.Option("--model", "-m", help="Translate a split of this run's data instead.")] = None,
+    hypotheses: Annotated[
+        list[Path] | None, typer.Argument(help="Hypothesis file(s), one system each.")
+    ] = None,
+    ref: Annotated[
+        list[Path] | None,
+        typer.Option("--ref", "-r", help="Reference file (repeat for several)."),
+    ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option("--model", "-m", help="Translate a split of this run's data instead."),
+    ] = None,
     split: Annotated[str, typer.Option("--split", help="With --model: dev or test.")] = "test",
-    beam: Annotated[Optional[int], typer.Option("--beam", "-b", min=1, help="With --model: beam size.")] = None,
-    save_hypotheses: Annotated[Optional[Path], typer.Option("--save-hypotheses", help="With --model: write the translations here.")] = None,
-    significance: Annotated[Optional[str], typer.Option("--significance", help="Paired test for 2+ systems: bootstrap or ar.")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    beam: Annotated[
+        int | None, typer.Option("--beam", "-b", min=1, help="With --model: beam size.")
+    ] = None,
+    save_hypotheses: Annotated[
+        Path | None,
+        typer.Option("--save-hypotheses", help="With --model: write the translations here."),
+    ] = None,
+    significance: Annotated[
+        str | None,
+        typer.Option("--significance", help="Paired test for 2+ systems: bootstrap or ar."),
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print JSON instead of a table.")
+    ] = False,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
 ) -> None:
     """Score with sacrebleu (BLEU, chrF, TER and their signatures)."""

@@ -62,12 +62,18 @@ def _load_files(builder: str, path: Path, cache_dir: Path | None, **kwargs: Any)
             cache_dir=str(cache_dir) if cache_dir else None,
             **kwargs,
         )
-    except UnicodeDecodeError:
-        line = _first_bad_utf8_line(path)
-        raise DataError(f"{path}:{line}: not valid UTF-8; convert the file to UTF-8") from None
-    except Exception as exc:  # datasets wraps parser errors in several types
-        cause = exc.__cause__ or exc
+    except Exception as exc:  # datasets wraps reader errors in several types
+        cause = _root_cause(exc)
+        if isinstance(cause, UnicodeDecodeError):
+            line = _first_bad_utf8_line(path)
+            raise DataError(f"{path}:{line}: not valid UTF-8; convert the file to UTF-8") from None
         raise DataError(f"{path}: cannot read ({type(cause).__name__}: {cause})") from None
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return exc
 
 
 def _read_text_pair(cfg: DataConfig, prefix: str, cache_dir: Path | None) -> Any:
@@ -145,7 +151,10 @@ def read_pairs(cfg: DataConfig, split: str, cache_dir: Path | None = None) -> An
     datasets = _quiet_datasets()
     try:
         rows = datasets.load_dataset(
-            cfg.hub_name, cfg.hub_config, split=split, cache_dir=str(cache_dir) if cache_dir else None
+            cfg.hub_name,
+            cfg.hub_config,
+            split=split,
+            cache_dir=str(cache_dir) if cache_dir else None,
         )
     except Exception as exc:
         raise DataError(f"data.hub_name {cfg.hub_name!r} split {split!r}: {exc}") from None
@@ -155,7 +164,7 @@ def read_pairs(cfg: DataConfig, split: str, cache_dir: Path | None = None) -> An
 def drop_empty(rows: Any) -> tuple[Any, int]:
     """Remove pairs where either side is empty or whitespace; returns (rows, dropped)."""
     kept = rows.filter(
-        lambda b: [bool(s.strip()) and bool(t.strip()) for s, t in zip(b["src"], b["trg"])],
+        lambda b: [bool(s.strip()) and bool(t.strip()) for s, t in zip(b["src"], b["trg"], strict=False)],
         batched=True,
     )
     return kept, len(rows) - len(kept)
@@ -189,8 +198,7 @@ def drop_long(rows: Any, max_length: int) -> tuple[Any, int]:
     """Remove pairs with more than ``max_length`` pieces on either side."""
     kept = rows.filter(
         lambda b: [
-            s <= max_length + 1 and t <= max_length + 1
-            for s, t in zip(b["src_len"], b["trg_len"])
+            s <= max_length + 1 and t <= max_length + 1 for s, t in zip(b["src_len"], b["trg_len"], strict=False)
         ],
         batched=True,
     )

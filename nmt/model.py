@@ -64,7 +64,9 @@ class Seq2Seq(nn.Module):
 
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, trg_vocab_size: int):
         super().__init__()
-        self.encoder = Encoder(src_vocab_size, cfg.embedding_size, cfg.embedding_dropout, cfg.encoder)
+        self.encoder = Encoder(
+            src_vocab_size, cfg.embedding_size, cfg.embedding_dropout, cfg.encoder
+        )
         self.bridge = Bridge(self.encoder, cfg.decoder)
         attention = build_attention(
             cfg.attention.score,

@@ -46,33 +46,42 @@ def greedy_search(
     max_len_ratio: float = 1.5,
     max_len_offset: int = 10,
     return_attention: bool = False,
+    alpha: float = 1.0,
 ) -> list[Hypothesis]:
-    """Argmax decoding for a batch; the fast path for beam size 1."""
+    """Argmax decoding for a batch; the fast path for beam size 1.
+
+    Like beam search, a sentence at its maximum length may only end (EOS is forced), and the
+    score is the length-normalised log-probability of the output including EOS.
+    """
     batch = src.size(0)
-    limits = max_lengths(src_lengths, max_len_ratio, max_len_offset).tolist()
+    limit_tensor = max_lengths(src_lengths, max_len_ratio, max_len_offset)  # (B,)
+    longest = int(limit_tensor.max())
     memory, state = model.encode(src, src_lengths)
     prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=src.device)
     tokens, scores, alphas = [], [], []
     done = torch.zeros(batch, dtype=torch.bool, device=src.device)
-    for t in range(max(limits)):
-        features, alpha, state = model.decoder.step(prev, memory, state)
+    for t in range(longest):
+        features, alpha_t, state = model.decoder.step(prev, memory, state)
         log_probs = model.log_probs(features)  # (B, V)
         best, prev = log_probs.max(dim=-1)  # (B,), (B,)
+        at_limit = limit_tensor <= t + 1  # (B,) only EOS may follow
+        prev = prev.masked_fill(at_limit, EOS_ID)
+        best = torch.where(at_limit, log_probs[:, EOS_ID], best)
         tokens.append(prev)
         scores.append(best.masked_fill(done, 0.0))
         if return_attention:
-            alphas.append(alpha)
+            alphas.append(alpha_t)
         done = done | (prev == EOS_ID)
-        if bool(done.all()) or t + 1 >= max(limits):
+        if bool(done.all()):
             break
-    return _collect_greedy(tokens, scores, alphas, limits, return_attention)
+    return _collect_greedy(tokens, scores, alphas, alpha, return_attention)
 
 
 def _collect_greedy(
     tokens: list[Tensor],
     scores: list[Tensor],
     alphas: list[Tensor],
-    limits: list[int],
+    alpha: float,
     return_attention: bool,
 ) -> list[Hypothesis]:
     ids = torch.stack(tokens, dim=1).tolist()  # (B, T)
@@ -80,12 +89,12 @@ def _collect_greedy(
     attention = torch.stack(alphas, dim=1).cpu() if return_attention else None  # (B, T, S)
     out = []
     for row, seq in enumerate(ids):
-        length = seq.index(EOS_ID) + 1 if EOS_ID in seq else len(seq)
-        length = min(length, limits[row])
-        kept = [token for token in seq[:length] if token != EOS_ID]
-        total = float(score_rows[row, :length].sum())
+        length = seq.index(EOS_ID) + 1  # every row ends in EOS by its limit
+        total = float(score_rows[row, :length].sum()) / length_penalty(length, alpha)
         out.append(
-            Hypothesis(kept, total, attention[row, :length] if attention is not None else None)
+            Hypothesis(
+                seq[: length - 1], total, attention[row, :length] if attention is not None else None
+            )
         )
     return out
 
@@ -144,7 +153,12 @@ def _finalise(
 
 
 def _is_done(
-    finished: list[Hypothesis], best_alive: float, length: int, limit: int, beam_size: int, alpha: float
+    finished: list[Hypothesis],
+    best_alive: float,
+    length: int,
+    limit: int,
+    beam_size: int,
+    alpha: float,
 ) -> bool:
     if length >= limit:
         return True
@@ -168,7 +182,9 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns the ``n_best`` hypotheses per sentence, best first."""
     if beam_size == 1 and n_best == 1:
-        hyps = greedy_search(model, src, src_lengths, max_len_ratio, max_len_offset, return_attention)
+        hyps = greedy_search(
+            model, src, src_lengths, max_len_ratio, max_len_offset, return_attention
+        )
         return [[h] for h in hyps]
     batch, device = src.size(0), src.device
     limits = max_lengths(src_lengths, max_len_ratio, max_len_offset).tolist()
@@ -191,7 +207,16 @@ def beam_search(
         log_probs = model.log_probs(features)  # (B*K, V)
         _force_eos_at_limit(log_probs, limits, length, beam_size)
         scores, origins, tokens = _top_candidates(beams, log_probs, beam_size)
-        _finalise(finished, beams, step_alphas if return_attention else None, scores, origins, tokens, done, alpha)
+        _finalise(
+            finished,
+            beams,
+            step_alphas if return_attention else None,
+            scores,
+            origins,
+            tokens,
+            done,
+            alpha,
+        )
         scores = scores.masked_fill(tokens == EOS_ID, -math.inf)
         alive_scores, pick = scores.topk(beam_size, dim=-1)  # (B, K) best non-EOS
         origins, tokens = origins.gather(1, pick), tokens.gather(1, pick)

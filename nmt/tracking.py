@@ -14,6 +14,18 @@ import numpy as np
 log = logging.getLogger("nmt")
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time, so a live progress bar can sit below."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def setup_logging(run_dir: Path | None, quiet: bool = False) -> None:
     """Log lines to stderr and, when given, to run_dir/train.log (appending on resume)."""
     log.setLevel(logging.INFO)
@@ -23,7 +35,7 @@ def setup_logging(run_dir: Path | None, quiet: bool = False) -> None:
         handler.close()
     formatter = logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S")
     if not quiet:
-        stream = logging.StreamHandler(sys.stderr)
+        stream = _StderrHandler()
         stream.setFormatter(formatter)
         log.addHandler(stream)
     if run_dir is not None:
@@ -68,3 +80,52 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+class ProgressBar:
+    """A progress bar for the epoch on stderr with loss and target tokens/s; only on a terminal."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> ProgressBar:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+
+            self.bar = Progress(
+                TextColumn("epoch {task.fields[epoch]}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]:.3f}"),
+                TextColumn("{task.fields[speed]:,.0f} tok/s"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+            )
+            self.bar.__enter__()
+        return self
+
+    def start_epoch(self, epoch: int, total: int, done: int) -> None:
+        if self.bar is None:
+            return
+        if self.task is not None:
+            self.bar.remove_task(self.task)
+        self.task = self.bar.add_task(
+            "train", total=total, completed=done, epoch=epoch, loss=0.0, speed=0.0
+        )
+
+    def update(self, loss: float, speed: float) -> None:
+        if self.bar is not None and self.task is not None:
+            self.bar.update(self.task, advance=1, loss=loss, speed=speed)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)

@@ -29,14 +29,21 @@ from nmt.data import (
 )
 from nmt.errors import CheckpointError, ConfigError, NMTError
 from nmt.model import Seq2Seq, build_model, count_parameters
-from nmt.runtime import autocast, choose_device, choose_precision, eval_mode, seed_everything, set_threads
+from nmt.runtime import (
+    autocast,
+    choose_device,
+    choose_precision,
+    eval_mode,
+    seed_everything,
+    set_threads,
+)
 from nmt.tokenizer import Tokenizer, load_model_file, train_sentencepiece
-from nmt.tracking import Tracker, setup_logging
+from nmt.tracking import ProgressBar, Tracker, setup_logging
 from nmt.translate import Translator
 
 log = logging.getLogger("nmt")
 
-MAX_BAD_STEPS = 10  # consecutive non-finite losses before training stops
+MAX_BAD_STEPS = 10  # consecutive non-finite steps before training stops
 
 
 @dataclass
@@ -50,6 +57,7 @@ class Progress:
     bad_validations: int = 0
     lr_scale: float = 1.0
     skipped_steps: int = 0
+    bad_steps_in_a_row: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -118,7 +126,9 @@ def write_run_info(run_dir: Path, config: Config, device: torch.device, precisio
         "torch_version": torch.__version__,
         "python": platform.python_version(),
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+        "device_name": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor(),
         "threads": torch.get_num_threads(),
         "precision": precision,
     }
@@ -133,14 +143,21 @@ def build_tokenizer(config: Config, train_rows: Any) -> Tokenizer:
     if cfg.model:
         proto = load_model_file(Path(cfg.model))
         return Tokenizer(proto, proto)
-    args = (cfg.vocab_size, cfg.type, cfg.character_coverage, cfg.max_train_sentences, config.training.seed)
+    args = (
+        cfg.vocab_size,
+        cfg.type,
+        cfg.character_coverage,
+        cfg.max_train_sentences,
+        config.training.seed,
+    )
     started = time.time()
     if cfg.joint:
         proto = train_sentencepiece([*train_rows["src"], *train_rows["trg"]], *args)
         tokenizer = Tokenizer(proto, proto)
     else:
         tokenizer = Tokenizer(
-            train_sentencepiece(train_rows["src"], *args), train_sentencepiece(train_rows["trg"], *args)
+            train_sentencepiece(train_rows["src"], *args),
+            train_sentencepiece(train_rows["trg"], *args),
         )
     log.info(
         "tokenizer: %s %s, vocab %d/%d, trained in %.1fs",
@@ -162,7 +179,9 @@ class Corpora:
     dev_src_ids: list[list[int]]
 
 
-def load_corpora(config: Config, run_dir: Path, tokenizer: Tokenizer | None) -> tuple[Corpora, Tokenizer]:
+def load_corpora(
+    config: Config, run_dir: Path, tokenizer: Tokenizer | None
+) -> tuple[Corpora, Tokenizer]:
     cache = run_dir / "cache"
     train_rows, empty = drop_empty(read_pairs(config.data, config.data.train, cache))
     if empty:
@@ -172,7 +191,9 @@ def load_corpora(config: Config, run_dir: Path, tokenizer: Tokenizer | None) -> 
     tokenizer = tokenizer or build_tokenizer(config, train_rows)
     train_ids, long = drop_long(tokenize(train_rows, tokenizer), config.data.max_length)
     if long:
-        log.info("train: dropped %d pairs longer than data.max_length=%d", long, config.data.max_length)
+        log.info(
+            "train: dropped %d pairs longer than data.max_length=%d", long, config.data.max_length
+        )
     if len(train_ids) == 0:
         raise NMTError("data.max_length: every training pair is longer than this; raise it")
     dev_rows, _ = drop_empty(read_pairs(config.data, config.data.dev, cache))
@@ -196,7 +217,9 @@ def load_corpora(config: Config, run_dir: Path, tokenizer: Tokenizer | None) -> 
 
 
 @torch.no_grad()
-def dev_loss(model: Seq2Seq, dev: TokenizedCorpus, batch_tokens: int, device: torch.device, precision: str) -> float:
+def dev_loss(
+    model: Seq2Seq, dev: TokenizedCorpus, batch_tokens: int, device: torch.device, precision: str
+) -> float:
     total, tokens = 0.0, 0
     with eval_mode(model), autocast(device, precision):
         for indices in bucket_batches(dev.src_lengths, dev.trg_lengths, batch_tokens, 0, 0):
@@ -339,7 +362,34 @@ class _StopFlag:
             signal.signal(sig, handler)
 
 
-def train(config: Config, run_dir: Path | None = None, resume: bool = False, quiet: bool = False) -> Path:
+@dataclass
+class Run:
+    """Everything one training run works on: a plain bundle, passed to small functions."""
+
+    config: Config
+    run_dir: Path
+    model: Seq2Seq
+    optimizer: torch.optim.Optimizer
+    scaler: Any
+    progress: Progress
+    tokenizer: Tokenizer
+    corpora: Corpora
+    tracker: Tracker
+    device: torch.device
+    precision: str
+    schedule: Schedule
+    started: float
+
+    def save(self, is_best: bool) -> None:
+        state = _state(
+            self.model, self.optimizer, self.scaler, self.progress, self.config, self.tokenizer
+        )
+        save_checkpoints(self.run_dir, state, self.config.training.keep_last, is_best)
+
+
+def train(
+    config: Config, run_dir: Path | None = None, resume: bool = False, quiet: bool = False
+) -> Path:
     """Train a model as configured; returns the run directory."""
     run_dir = Path(run_dir or config.run.dir)
     resume_from = prepare_run_dir(run_dir, resume)
@@ -364,9 +414,7 @@ def train(config: Config, run_dir: Path | None = None, resume: bool = False, qui
     model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size).to(device)
     optimizer = _optimizer(config, model)
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
-    progress = Progress()
-    if saved is not None:
-        progress = _restore(saved, model, optimizer, scaler)
+    progress = _restore(saved, model, optimizer, scaler) if saved is not None else Progress()
     log.info(
         "model: %s decoder, %s attention, %d parameters; %s, %s",
         config.model.decoder.style,
@@ -375,10 +423,27 @@ def train(config: Config, run_dir: Path | None = None, resume: bool = False, qui
         device,
         precision,
     )
+    cfg = config.training
+    schedule = Schedule(cfg.schedule, cfg.learning_rate, cfg.warmup_steps, cfg.plateau_patience)
     tracker = Tracker(run_dir)
+    run = Run(
+        config,
+        run_dir,
+        model,
+        optimizer,
+        scaler,
+        progress,
+        tokenizer,
+        corpora,
+        tracker,
+        device,
+        precision,
+        schedule,
+        started,
+    )
     try:
-        with _StopFlag() as stop:
-            _loop(config, model, optimizer, scaler, progress, tokenizer, corpora, tracker, run_dir, device, precision, stop, started)
+        with _StopFlag() as stop, ProgressBar(enabled=not quiet) as bar:
+            _loop(run, stop, bar)
     finally:
         tracker.close()
     return run_dir
@@ -390,7 +455,9 @@ def _optimizer(config: Config, model: Seq2Seq) -> torch.optim.Optimizer:
     return cls(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
 
 
-def _restore(saved: dict[str, Any], model: Seq2Seq, optimizer: torch.optim.Optimizer, scaler: Any) -> Progress:
+def _restore(
+    saved: dict[str, Any], model: Seq2Seq, optimizer: torch.optim.Optimizer, scaler: Any
+) -> Progress:
     try:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
@@ -406,107 +473,129 @@ def _restore(saved: dict[str, Any], model: Seq2Seq, optimizer: torch.optim.Optim
     return Progress(**saved["progress"])
 
 
-def _loop(
-    config: Config,
-    model: Seq2Seq,
-    optimizer: torch.optim.Optimizer,
-    scaler: Any,
-    progress: Progress,
-    tokenizer: Tokenizer,
-    corpora: Corpora,
-    tracker: Tracker,
-    run_dir: Path,
-    device: torch.device,
-    precision: str,
-    stop: _StopFlag,
-    started: float,
-) -> None:
-    cfg = config.training
-    schedule = Schedule(cfg.schedule, cfg.learning_rate, cfg.warmup_steps, cfg.plateau_patience)
-    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": time.time(), "steps": 0}
-    bad_steps = 0
+@dataclass
+class _Window:
+    """Training statistics since the last log line."""
+
+    loss: float = 0.0
+    nll: float = 0.0
+    tokens: int = 0
+    started: float = field(default_factory=time.time)
+
+
+def _loop(run: Run, stop: _StopFlag, bar: ProgressBar) -> None:
+    """Epochs of bucketed batches; validate and checkpoint at the interval and at the end."""
+    cfg, progress, corpora = run.config.training, run.progress, run.corpora
+    window = _Window()
     validated_at = -1
-    finished = False
-    model.train()
-    while progress.epoch < cfg.epochs and not finished:
+    run.model.train()
+    while progress.epoch < cfg.epochs:
         batches = bucket_batches(
-            corpora.train.src_lengths, corpora.train.trg_lengths, cfg.batch_tokens, cfg.seed, progress.epoch
+            corpora.train.src_lengths,
+            corpora.train.trg_lengths,
+            cfg.batch_tokens,
+            cfg.seed,
+            progress.epoch,
         )
-        if progress.batch_in_epoch == 0:
-            log.info(
-                "epoch %d: %d batches, %.1f%% padding",
-                progress.epoch + 1,
-                len(batches),
-                100 * padding_fraction(batches, corpora.train.src_lengths, corpora.train.trg_lengths),
-            )
+        _log_epoch(run, batches)
+        bar.start_epoch(progress.epoch + 1, len(batches), progress.batch_in_epoch)
         while progress.batch_in_epoch < len(batches):
-            batch = corpora.train.batch(batches[progress.batch_in_epoch]).to(device)
-            lr = schedule.lr(progress.step + 1, progress)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss, nll, grad_norm, ok = _train_step(model, optimizer, scaler, batch, cfg, device, precision)
+            batch = corpora.train.batch(batches[progress.batch_in_epoch]).to(run.device)
             progress.batch_in_epoch += 1
-            if not ok:
-                bad_steps += 1
-                progress.skipped_steps += 1
-                log.info("step %d: non-finite loss or gradient, update skipped", progress.step + 1)
-                if bad_steps >= MAX_BAD_STEPS:
-                    raise NMTError(
-                        f"training diverged: {bad_steps} non-finite steps in a row at step "
-                        f"{progress.step}; lower training.learning_rate or use precision fp32/bf16 "
-                        f"(the last good checkpoint is {run_dir / 'last.pt'})"
-                    )
+            if not _update(run, batch, window, bar):
                 continue
-            bad_steps = 0
-            progress.step += 1
-            window["loss"] += loss
-            window["nll"] += nll
-            window["tokens"] += batch.n_target_tokens
-            window["steps"] += 1
-            if progress.step % cfg.log_every == 0:
-                _log_window(window, progress, lr, grad_norm, tracker)
-            out_of_time = cfg.max_minutes is not None and (time.time() - started) / 60 >= cfg.max_minutes
-            out_of_steps = cfg.max_steps is not None and progress.step >= cfg.max_steps
-            if progress.step % cfg.validate_every == 0 or out_of_time or out_of_steps or stop.signal:
-                if stop.signal:
-                    _save(run_dir, model, optimizer, scaler, progress, config, tokenizer, False)
-                    log.info("stopped by signal %d at step %d; resume with --resume", stop.signal, progress.step)
-                    raise KeyboardInterrupt
-                improved = _validate_and_save(model, optimizer, scaler, progress, config, tokenizer, corpora, tracker, run_dir, device, precision, schedule)
+            if stop.signal:
+                run.save(is_best=False)
+                log.info(
+                    "stopped by signal %d at step %d; continue with --resume",
+                    stop.signal,
+                    progress.step,
+                )
+                raise KeyboardInterrupt
+            reason = _stop_reason(run)
+            if progress.step % cfg.validate_every == 0 or reason:
+                _validate_and_save(run)
                 validated_at = progress.step
-                if out_of_time or out_of_steps or _early_stop(progress, cfg.patience):
-                    reason = "time limit" if out_of_time else "max_steps" if out_of_steps else "early stopping"
-                    log.info("stopping at step %d (%s)", progress.step, reason)
-                    finished = True
-                    break
-                del improved
-        if not finished:
-            progress.epoch += 1
-            progress.batch_in_epoch = 0
+                reason = reason or (
+                    "early stopping" if _early_stop(progress, cfg.patience) else None
+                )
+            if reason:
+                log.info("stopping at step %d (%s)", progress.step, reason)
+                _finish(run)
+                return
+        progress.epoch += 1
+        progress.batch_in_epoch = 0
     if validated_at != progress.step:
-        _validate_and_save(model, optimizer, scaler, progress, config, tokenizer, corpora, tracker, run_dir, device, precision, schedule)
+        _validate_and_save(run)
+    _finish(run)
+
+
+def _log_epoch(run: Run, batches: list[np.ndarray]) -> None:
+    if run.progress.batch_in_epoch == 0:
+        train = run.corpora.train
+        log.info(
+            "epoch %d: %d batches, %.1f%% padding",
+            run.progress.epoch + 1,
+            len(batches),
+            100 * padding_fraction(batches, train.src_lengths, train.trg_lengths),
+        )
+
+
+def _stop_reason(run: Run) -> str | None:
+    cfg = run.config.training
+    if cfg.max_minutes is not None and (time.time() - run.started) / 60 >= cfg.max_minutes:
+        return "training.max_minutes reached"
+    if cfg.max_steps is not None and run.progress.step >= cfg.max_steps:
+        return "training.max_steps reached"
+    return None
+
+
+def _finish(run: Run) -> None:
     log.info(
         "done: %d steps, best dev %s %.3f, %.1f minutes; run dir %s",
-        progress.step,
-        cfg.best_metric,
-        progress.best_score or 0.0,
-        (time.time() - started) / 60,
-        run_dir,
+        run.progress.step,
+        run.config.training.best_metric,
+        run.progress.best_score or 0.0,
+        (time.time() - run.started) / 60,
+        run.run_dir,
     )
 
 
-def _train_step(
-    model: Seq2Seq,
-    optimizer: torch.optim.Optimizer,
-    scaler: Any,
-    batch: Any,
-    cfg: Any,
-    device: torch.device,
-    precision: str,
-) -> tuple[float, float, float, bool]:
-    """One update; returns (loss sum, nll sum, grad norm, applied)."""
+def _update(run: Run, batch: Any, window: _Window, bar: ProgressBar) -> bool:
+    """One optimiser update with its bookkeeping; False when the step was skipped."""
+    progress = run.progress
+    lr = run.schedule.lr(progress.step + 1, progress)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    loss, nll, grad_norm, applied = _train_step(run, batch)
+    if not applied:
+        progress.skipped_steps += 1
+        progress.bad_steps_in_a_row += 1
+        log.info("step %d: non-finite loss or gradient, update skipped", progress.step + 1)
+        if progress.bad_steps_in_a_row >= MAX_BAD_STEPS:
+            raise NMTError(
+                f"training diverged: {progress.bad_steps_in_a_row} non-finite steps in a row after "
+                f"step {progress.step}; lower training.learning_rate or use precision fp32/bf16 "
+                f"(the last good checkpoint is {run.run_dir / 'last.pt'})"
+            )
+        return False
+    progress.bad_steps_in_a_row = 0
+    progress.step += 1
+    window.loss += loss
+    window.nll += nll
+    window.tokens += batch.n_target_tokens
+    elapsed = max(time.time() - window.started, 1e-9)
+    bar.update(loss / batch.n_target_tokens, window.tokens / elapsed)
+    if progress.step % run.config.training.log_every == 0:
+        _log_window(run, window, lr, grad_norm)
+    return True
+
+
+def _train_step(run: Run, batch: Any) -> tuple[float, float, float, bool]:
+    """Forward, backward, clip, step; returns (loss sum, nll sum, grad norm, applied)."""
+    cfg, model, optimizer, scaler = run.config.training, run.model, run.optimizer, run.scaler
     optimizer.zero_grad(set_to_none=True)
-    with autocast(device, precision):
+    with autocast(run.device, run.precision):
         loss_sum, nll_sum = model.loss(batch, cfg.label_smoothing)
     loss = loss_sum / batch.n_target_tokens
     if not torch.isfinite(loss):
@@ -520,30 +609,30 @@ def _train_step(
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
     if scaler is not None:
         scale = scaler.get_scale()
-        scaler.step(optimizer)
+        scaler.step(optimizer)  # skips the update itself when gradients overflowed
         scaler.update()
-        if scaler.get_scale() < scale:
-            return float(loss_sum.detach()), float(nll_sum), grad_norm, False
-    elif not math.isfinite(grad_norm):
-        return float("nan"), float("nan"), grad_norm, False
+        applied = scaler.get_scale() >= scale
     else:
-        optimizer.step()
-    return float(loss_sum.detach()), float(nll_sum), grad_norm, True
+        applied = math.isfinite(grad_norm)
+        if applied:
+            optimizer.step()
+    return float(loss_sum.detach()), float(nll_sum), grad_norm, applied
 
 
-def _log_window(window: dict[str, float], progress: Progress, lr: float, grad_norm: float, tracker: Tracker) -> None:
-    elapsed = max(time.time() - window["time"], 1e-9)
-    tokens = max(window["tokens"], 1)
+def _log_window(run: Run, window: _Window, lr: float, grad_norm: float) -> None:
+    elapsed = max(time.time() - window.started, 1e-9)
+    tokens = max(window.tokens, 1)
+    progress = run.progress
     metrics = {
-        "loss": window["loss"] / tokens,
-        "nll": window["nll"] / tokens,
-        "ppl": math.exp(min(window["nll"] / tokens, 50.0)),
+        "loss": window.loss / tokens,
+        "nll": window.nll / tokens,
+        "ppl": math.exp(min(window.nll / tokens, 50.0)),
         "lr": lr,
         "grad_norm": grad_norm,
-        "target_tokens_per_s": window["tokens"] / elapsed,
+        "target_tokens_per_s": window.tokens / elapsed,
         "skipped_steps": progress.skipped_steps,
     }
-    tracker.scalars(progress.step, metrics, "train")
+    run.tracker.scalars(progress.step, metrics, "train")
     log.info(
         "epoch %d step %d: loss %.3f ppl %.2f lr %.2e |g| %.2f %.0f tok/s%s",
         progress.epoch + 1,
@@ -555,43 +644,38 @@ def _log_window(window: dict[str, float], progress: Progress, lr: float, grad_no
         metrics["target_tokens_per_s"],
         f" skipped {progress.skipped_steps}" if progress.skipped_steps else "",
     )
-    window.update(loss=0.0, nll=0.0, tokens=0, time=time.time(), steps=0)
+    window.loss, window.nll, window.tokens, window.started = 0.0, 0.0, 0, time.time()
 
 
-def _save(run_dir: Path, model: Seq2Seq, optimizer: Any, scaler: Any, progress: Progress, config: Config, tokenizer: Tokenizer, is_best: bool) -> None:
-    state = _state(model, optimizer, scaler, progress, config, tokenizer)
-    save_checkpoints(run_dir, state, config.training.keep_last, is_best)
-
-
-def _validate_and_save(
-    model: Seq2Seq,
-    optimizer: Any,
-    scaler: Any,
-    progress: Progress,
-    config: Config,
-    tokenizer: Tokenizer,
-    corpora: Corpora,
-    tracker: Tracker,
-    run_dir: Path,
-    device: torch.device,
-    precision: str,
-    schedule: Schedule,
-) -> bool:
-    metrics = validate(model, tokenizer, config, corpora, device, precision, tracker, progress.step)
-    score = metrics[config.training.best_metric]
-    improved = _better(score, progress.best_score, config.training.best_metric)
+def _validate_and_save(run: Run) -> None:
+    progress, metric = run.progress, run.config.training.best_metric
+    metrics = validate(
+        run.model,
+        run.tokenizer,
+        run.config,
+        run.corpora,
+        run.device,
+        run.precision,
+        run.tracker,
+        progress.step,
+    )
+    score = metrics[metric]
+    improved = _better(score, progress.best_score, metric)
     if improved:
         progress.best_score = score
         progress.bad_validations = 0
     else:
         progress.bad_validations += 1
-        if schedule.kind == "plateau" and progress.bad_validations % schedule.patience == 0:
+        if run.schedule.kind == "plateau" and progress.bad_validations % run.schedule.patience == 0:
             progress.lr_scale *= 0.5
-            log.info("dev %s did not improve: learning rate halved", config.training.best_metric)
+            log.info(
+                "dev %s has not improved for %d validations: learning rate halved",
+                metric,
+                run.schedule.patience,
+            )
     progress.history.append({"step": progress.step, **metrics})
-    _save(run_dir, model, optimizer, scaler, progress, config, tokenizer, improved)
-    model.train()
-    return improved
+    run.save(improved)
+    run.model.train()
 
 
 def _early_stop(progress: Progress, patience: int | None) -> bool:

@@ -65,7 +65,9 @@ class Translator:
         self.precision = precision
 
     @classmethod
-    def from_checkpoint(cls, path: Path, device: str = "auto", precision: str = "fp32") -> Translator:
+    def from_checkpoint(
+        cls, path: Path, device: str = "auto", precision: str = "fp32"
+    ) -> Translator:
         target = choose_device(device)
         state = checkpoint.load(path)
         config = from_dict(state["config"], f"{path} (saved config)")
@@ -158,7 +160,9 @@ def _read_input(path: str) -> list[str]:
     return read_lines(Path(path))
 
 
-def _format(translator: Translator, index: int, item: Translation, n_best: int, scores: bool) -> list[str]:
+def _format(
+    translator: Translator, index: int, item: Translation, n_best: int, scores: bool
+) -> list[str]:
     if n_best > 1:
         rows = [
             f"{index}\t{rank}\t{hyp.score:.4f}\t{translator.detokenize(hyp)}"
@@ -172,7 +176,9 @@ def _format(translator: Translator, index: int, item: Translation, n_best: int, 
     return [text]
 
 
-def _write_attention(translator: Translator, directory: Path, index: int, item: Translation) -> None:
+def _write_attention(
+    translator: Translator, directory: Path, index: int, item: Translation
+) -> None:
     from nmt.plots import save_attention
 
     if not item.hypotheses or item.hypotheses[0].alphas is None:

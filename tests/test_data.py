@@ -1,0 +1,355 @@
+"""Corpora, batching and the tokenizer: every format, every failure path, the bucketing
+invariants."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nmt.config import DataConfig
+from nmt.data import (
+    TokenizedCorpus,
+    bucket_batches,
+    drop_empty,
+    drop_long,
+    make_batch,
+    padding_fraction,
+    read_pairs,
+    tokenize,
+)
+from nmt.errors import DataError
+from nmt.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    load_model_file,
+    train_sentencepiece,
+)
+
+# ----------------------------------------------------------------------------- bucketing
+
+
+def _realistic_lengths(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Log-normal target lengths (median ~20, tail to 200), source ~1.1x the target."""
+    rng = np.random.default_rng(seed)
+    trg = np.clip(rng.lognormal(3.0, 0.6, n).astype(np.int64), 1, 200)
+    src = np.clip((trg * rng.normal(1.1, 0.15, n)).astype(np.int64), 1, 250)
+    return src, trg
+
+
+def test_bucket_batches_cover_every_index_once_within_budget() -> None:
+    src, trg = _realistic_lengths(3000, seed=0)
+    src[[5, 77]] = [900, 10]  # over-long items, on either side
+    trg[[5, 77]] = [3, 1200]
+    batch_tokens = 800
+    batches = bucket_batches(src, trg, batch_tokens, seed=1, epoch=0)
+    everything = np.concatenate(batches)
+    assert sorted(everything.tolist()) == list(range(3000))
+    for batch in batches:
+        padded = max(int(src[batch].max()), int(trg[batch].max())) * len(batch)
+        assert padded <= batch_tokens or len(batch) == 1
+    singles = {int(b[0]) for b in batches if len(b) == 1}
+    assert {5, 77} <= singles
+
+
+def test_bucket_batches_are_full() -> None:
+    src, trg = _realistic_lengths(5000, seed=2)
+    batch_tokens = 2000
+    batches = bucket_batches(src, trg, batch_tokens, seed=1, epoch=0)
+    used = sum(max(int(src[b].max()), int(trg[b].max())) * len(b) for b in batches)
+    assert used / (len(batches) * batch_tokens) > 0.9
+
+
+def test_bucket_batches_deterministic_per_seed_and_epoch() -> None:
+    src, trg = _realistic_lengths(2000, seed=3)
+
+    def run(seed: int, epoch: int) -> list[list[int]]:
+        return [b.tolist() for b in bucket_batches(src, trg, 500, seed=seed, epoch=epoch)]
+
+    assert run(1, 0) == run(1, 0)
+    assert run(1, 3) == run(1, 3)
+    assert run(1, 0) != run(1, 1)
+    assert run(1, 0) != run(2, 0)
+    # a new epoch reshuffles the batch order, and ties inside equal lengths
+    assert [b[0] for b in run(1, 0)] != [b[0] for b in run(1, 1)]
+
+
+def test_bucket_batches_group_similar_lengths() -> None:
+    src, trg = _realistic_lengths(20000, seed=4)
+    batches = bucket_batches(src, trg, 4000, seed=1, epoch=0)
+    bucketed = padding_fraction(batches, src, trg)
+    rng = np.random.default_rng(0)
+    shuffled = np.array_split(rng.permutation(len(src)), len(batches))
+    random = padding_fraction(shuffled, src, trg)
+    assert bucketed < 0.15 and random > 0.5  # sorting by target leaves some source padding
+
+
+def test_padding_fraction_by_hand() -> None:
+    src, trg = np.array([3, 5, 2]), np.array([4, 4, 1])
+    # real 3+5+2 + 4+4+1 = 19; padded (5*2 + 2*1) + (4*2 + 1*1) = 21
+    assert padding_fraction([np.array([0, 1]), np.array([2])], src, trg) == pytest.approx(
+        1 - 19 / 21
+    )
+    assert padding_fraction([np.array([0]), np.array([1]), np.array([2])], src, trg) == 0.0
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def test_make_batch_layout() -> None:
+    src_ids = [[7, 8, 9, EOS_ID], [5, EOS_ID]]
+    trg_ids = [[11], [12, 13, 14]]
+    batch = make_batch(src_ids, trg_ids, np.array([4, 9]))
+    assert batch.src.tolist() == [[7, 8, 9, EOS_ID], [5, EOS_ID, PAD_ID, PAD_ID]]
+    assert batch.src_lengths.tolist() == [4, 2]
+    assert batch.trg_in.tolist() == [[BOS_ID, 11, PAD_ID, PAD_ID], [BOS_ID, 12, 13, 14]]
+    assert batch.trg_out.tolist() == [[11, EOS_ID, PAD_ID, PAD_ID], [12, 13, 14, EOS_ID]]
+    assert batch.n_target_tokens == 2 + 4
+    assert batch.indices.tolist() == [4, 9]
+
+
+# ----------------------------------------------------------------------------- corpora
+
+
+def _lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+ES = ["hola mundo", "buenos días", "adiós"]
+EN = ["hello world", "good morning", "goodbye"]
+
+
+def _pairs(rows) -> list[tuple[str, str]]:
+    return list(zip(rows["src"], rows["trg"], strict=True))
+
+
+def test_read_text_pair(tmp_path: Path) -> None:
+    _lines(tmp_path / "train.es", ES)
+    _lines(tmp_path / "train.en", EN)
+    rows = read_pairs(DataConfig(format="text"), str(tmp_path / "train"), tmp_path / "cache")
+    assert _pairs(rows) == list(zip(ES, EN, strict=True))
+
+
+def test_read_text_pair_gzip(tmp_path: Path) -> None:
+    with gzip.open(tmp_path / "train.es.gz", "wt", encoding="utf-8") as handle:
+        handle.write("".join(line + "\n" for line in ES))
+    _lines(tmp_path / "train.en", EN)  # one side compressed, the other not
+    rows = read_pairs(DataConfig(format="text"), str(tmp_path / "train"), tmp_path / "cache")
+    assert _pairs(rows) == list(zip(ES, EN, strict=True))
+
+
+def test_read_text_keeps_unicode_line_separators_in_the_line(tmp_path: Path) -> None:
+    (tmp_path / "c.es").write_bytes("a\u2028b\r\nc\u0085d\x0ce\r\n".encode())
+    (tmp_path / "c.en").write_bytes(b"one\ntwo")  # no final newline
+    rows = read_pairs(DataConfig(format="text"), str(tmp_path / "c"), tmp_path / "cache")
+    assert _pairs(rows) == [("a\u2028b", "one"), ("c\u0085d\x0ce", "two")]
+
+
+def test_mismatched_line_counts_name_both_files(tmp_path: Path) -> None:
+    _lines(tmp_path / "train.es", ES)
+    _lines(tmp_path / "train.en", EN[:2])
+    with pytest.raises(DataError) as info:
+        read_pairs(DataConfig(format="text"), str(tmp_path / "train"), tmp_path / "cache")
+    message = str(info.value)
+    assert "train.es" in message and "train.en" in message
+    assert "3" in message and "2" in message
+
+
+@pytest.mark.parametrize("fmt", ["text", "tsv", "jsonl"])
+def test_missing_file(tmp_path: Path, fmt: str) -> None:
+    with pytest.raises(DataError, match="no such file") as info:
+        read_pairs(DataConfig(format=fmt), str(tmp_path / "absent"), tmp_path / "cache")
+    assert "absent" in str(info.value)
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "train.es").write_bytes(
+        b"hola\nbuenos d\xedas\nadi\xc3\xb3s\n"
+    )  # latin-1 on line 2
+    _lines(tmp_path / "train.en", EN)
+    with pytest.raises(DataError) as info:
+        read_pairs(DataConfig(format="text"), str(tmp_path / "train"), tmp_path / "cache")
+    assert f"{tmp_path / 'train.es'}:2" in str(info.value)
+
+
+def test_invalid_utf8_is_a_data_error(tmp_path: Path) -> None:
+    (tmp_path / "train.es").write_bytes(b"hola\nbuenos d\xedas\n")
+    _lines(tmp_path / "train.en", EN[:2])
+    with pytest.raises(DataError, match="train.es"):
+        read_pairs(DataConfig(format="text"), str(tmp_path / "train"), tmp_path / "cache")
+
+
+def test_read_tsv(tmp_path: Path) -> None:
+    path = _lines(tmp_path / "c.tsv", [f"{s}\t{t}" for s, t in zip(ES, EN, strict=True)])
+    rows = read_pairs(DataConfig(format="tsv"), str(path), tmp_path / "cache")
+    assert _pairs(rows) == list(zip(ES, EN, strict=True))
+
+
+def test_bad_tsv_line_names_file_and_line(tmp_path: Path) -> None:
+    path = _lines(tmp_path / "c.tsv", ["a\tb", "c\td", "only one field", "e\tf"])
+    with pytest.raises(DataError) as info:
+        read_pairs(DataConfig(format="tsv"), str(path), tmp_path / "cache")
+    assert f"{path}:3" in str(info.value)
+    path = _lines(tmp_path / "d.tsv", ["a\tb", "x\ty\tz"])
+    with pytest.raises(DataError, match=f"{path}:2"):
+        read_pairs(DataConfig(format="tsv"), str(path), tmp_path / "cache")
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
+    return path
+
+
+def test_read_jsonl_flat_fields(tmp_path: Path) -> None:
+    path = _jsonl(
+        tmp_path / "c.jsonl",
+        [{"es": s, "en": t, "id": i} for i, (s, t) in enumerate(zip(ES, EN, strict=True))],
+    )
+    rows = read_pairs(DataConfig(format="jsonl"), str(path), tmp_path / "cache")
+    assert _pairs(rows) == list(zip(ES, EN, strict=True))
+    named = _jsonl(
+        tmp_path / "d.jsonl", [{"source": s, "target": t} for s, t in zip(ES, EN, strict=True)]
+    )
+    cfg = DataConfig(format="jsonl", src_field="source", trg_field="target")
+    assert _pairs(read_pairs(cfg, str(named), tmp_path / "cache")) == list(zip(ES, EN, strict=True))
+
+
+def test_read_jsonl_translation_style(tmp_path: Path) -> None:
+    rows = [{"translation": {"en": t, "es": s}} for s, t in zip(ES, EN, strict=True)]
+    path = _jsonl(tmp_path / "c.jsonl", rows)
+    pairs = read_pairs(DataConfig(format="jsonl"), str(path), tmp_path / "cache")
+    assert _pairs(pairs) == list(zip(ES, EN, strict=True))
+    reverse = DataConfig(format="jsonl", src_lang="en", trg_lang="es")
+    assert _pairs(read_pairs(reverse, str(path), tmp_path / "cache")) == list(
+        zip(EN, ES, strict=True)
+    )
+
+
+def test_jsonl_without_the_fields_lists_what_it_found(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "c.jsonl", [{"de": "hallo", "fr": "salut"}])
+    with pytest.raises(DataError) as info:
+        read_pairs(DataConfig(format="jsonl"), str(path), tmp_path / "cache")
+    message = str(info.value)
+    assert "'es'" in message and "de" in message and "fr" in message and "src_field" in message
+
+
+def test_drop_empty_counts(tmp_path: Path) -> None:
+    _lines(tmp_path / "c.es", ["uno", "", "tres", "  ", "cinco"])
+    _lines(tmp_path / "c.en", ["one", "two", "", "four", "five"])
+    rows = read_pairs(DataConfig(format="text"), str(tmp_path / "c"), tmp_path / "cache")
+    kept, dropped = drop_empty(rows)
+    assert dropped == 3
+    assert _pairs(kept) == [("uno", "one"), ("cinco", "five")]
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+WORDS = (
+    "el la los gato perro casa sol luna agua fuego the a cat dog house sun moon water fire".split()
+)
+
+
+def _synthetic_text(n: int = 300) -> list[str]:
+    rng = np.random.default_rng(0)
+    return [" ".join(rng.choice(WORDS, size=rng.integers(2, 9))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    proto = train_sentencepiece(_synthetic_text(), 40, "unigram", 1.0, 1000, seed=1)
+    return Tokenizer(proto, proto)
+
+
+def test_special_ids(tokenizer: Tokenizer) -> None:
+    sp = tokenizer.src
+    assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
+    assert len({PAD_ID, UNK_ID, BOS_ID, EOS_ID}) == 4
+    assert tokenizer.joint and tokenizer.src_vocab_size == tokenizer.trg_vocab_size
+    assert 20 <= tokenizer.src_vocab_size <= 40
+
+
+def test_encode_decode_round_trip(tokenizer: Tokenizer) -> None:
+    lines = ["el gato la luna", "the dog house", "agua fuego sol"]
+    src = tokenizer.encode_src(lines)
+    trg = tokenizer.encode_trg(lines)
+    for s, t in zip(src, trg, strict=True):
+        assert s[-1] == EOS_ID and s[:-1] == t
+        assert not {PAD_ID, BOS_ID, EOS_ID} & set(t)
+    assert tokenizer.decode_trg(trg) == lines
+    assert UNK_ID in tokenizer.encode_trg(["el ñu"])[0]  # a character never seen in training
+
+
+def test_state_dict_round_trip(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    copy = Tokenizer.from_state_dict(tokenizer.state_dict())
+    lines = ["los perros", "the sun and the moon"]
+    assert copy.encode_src(lines) == tokenizer.encode_src(lines)
+    assert copy.joint
+    tokenizer.save(tmp_path)
+    assert load_model_file(tmp_path / "spm.model") == tokenizer.src_proto
+
+
+def test_separate_vocabularies(tmp_path: Path) -> None:
+    text = _synthetic_text(200)
+    src = train_sentencepiece([t for t in text if "el" in t], 30, "bpe", 1.0, 1000, seed=1)
+    trg = train_sentencepiece(text, 40, "unigram", 1.0, 1000, seed=1)
+    tok = Tokenizer(src, trg)
+    assert not tok.joint and tok.trg.eos_id() == EOS_ID
+    again = Tokenizer.from_state_dict(tok.state_dict())
+    assert again.encode_trg(["the cat"]) == tok.encode_trg(["the cat"])
+    tok.save(tmp_path)
+    assert (tmp_path / "spm.src.model").read_bytes() == src
+    assert (tmp_path / "spm.trg.model").read_bytes() == trg
+
+
+def test_training_is_deterministic() -> None:
+    text = _synthetic_text(150)
+    assert train_sentencepiece(text, 30, "unigram", 1.0, 100, seed=3) == train_sentencepiece(
+        text, 30, "unigram", 1.0, 100, seed=3
+    )
+
+
+def test_empty_training_text_is_a_data_error() -> None:
+    with pytest.raises(DataError, match="empty"):
+        train_sentencepiece(["", "   "], 30, "unigram", 1.0, 100, seed=1)
+
+
+def test_not_a_sentencepiece_model(tmp_path: Path) -> None:
+    with pytest.raises(DataError):
+        load_model_file(tmp_path / "absent.model")
+    (tmp_path / "junk.model").write_bytes(b"not a model")
+    with pytest.raises(DataError, match="junk.model"):
+        load_model_file(tmp_path / "junk.model")
+
+
+def test_corpus_to_batches(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    """read -> drop empty -> tokenize -> drop long -> bucket -> batch, ids decoding back."""
+    es = ["el gato", "", "la casa del sol y la luna y el agua", "los perros"]
+    en = ["the cat", "x", "the house of the sun and the moon and the water", "the dogs"]
+    _lines(tmp_path / "c.es", es)
+    _lines(tmp_path / "c.en", en)
+    rows, dropped = drop_empty(
+        read_pairs(DataConfig(format="text"), str(tmp_path / "c"), tmp_path / "cache")
+    )
+    assert dropped == 1
+    rows = tokenize(rows, tokenizer)
+    long_trg = len(tokenizer.encode_trg([en[2]])[0])
+    kept, too_long = drop_long(rows, max_length=long_trg - 1)
+    assert too_long == 1 and len(kept) == 2
+    corpus = TokenizedCorpus(rows)
+    assert corpus.src_lengths.tolist() == [
+        len(s) for s in tokenizer.encode_src([es[0], es[2], es[3]])
+    ]
+    batches = bucket_batches(corpus.src_lengths, corpus.trg_lengths, 10_000, seed=1, epoch=0)
+    (only,) = batches
+    batch = corpus.batch(np.sort(only))
+    assert batch.src.shape == (3, int(corpus.src_lengths.max()))
+    assert batch.trg_in.shape == batch.trg_out.shape == (3, int(corpus.trg_lengths.max()))
+    targets = [row[row != PAD_ID][:-1].tolist() for row in batch.trg_out]
+    assert tokenizer.decode_trg(targets) == [en[0], en[2], en[3]]
