@@ -1,6 +1,6 @@
 """Attention score functions behind one call signature.
 
-Every module turns a query (decoder state) and the encoder states into weights over source
+Every module turns queries (decoder states) and the encoder states into weights over source
 positions and a context vector:
 
     alphas = softmax_s(score(q_t, k_s)) over real (non-padded) positions s
@@ -8,7 +8,11 @@ positions and a context vector:
 
 Keys are projected once per batch in ``prepare`` (not once per decoder step); ``forward``
 takes any number of query steps T at once, so a decoder that does not need step-by-step
-attention can attend for the whole target in one batched matmul.
+attention can attend for the whole target in one batched matmul. ``positions`` are the target
+step indices of the T queries (0-based); only Luong's local-m attention reads them.
+
+The weights are computed in (at least) float32 whatever the autocast dtype, and a float64
+module stays float64 end to end, so references can be checked to round-off.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from nmt.config import CONTENT_SCORES, SCORES, AttentionConfig
 from nmt.errors import ConfigError
 
 
@@ -26,30 +31,49 @@ from nmt.errors import ConfigError
 class Memory:
     """Encoder states prepared for attention.
 
-    values: (B, S, Hk) encoder outputs; keys: (B, S, A) projected keys; mask: (B, S) True at
-    real positions.
+    values: (B, S, Hk) encoder outputs; keys: (B, S, A) projected keys ((B, h, S, Hk/h) for
+    multihead); mask: (B, S) True at real positions; projected_values: multihead's per-head
+    values (B, h, S, Hk/h), else None.
     """
 
     values: Tensor
     keys: Tensor
     mask: Tensor
+    projected_values: Tensor | None = None
 
     def index_select(self, index: Tensor) -> Memory:
-        return Memory(self.values[index], self.keys[index], self.mask[index])
+        projected = self.projected_values
+        return Memory(
+            self.values[index],
+            self.keys[index],
+            self.mask[index],
+            projected[index] if projected is not None else None,
+        )
+
+
+def _wide(x: Tensor) -> Tensor:
+    """x in float32, or in float64 if it already is (never narrower than float32)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def masked_softmax(energies: Tensor, mask: Tensor) -> Tensor:
-    """Softmax over the last axis in float32; masked positions get exactly zero weight.
+    """Softmax over the last axis in float32 (float64 stays float64); masked positions get
+    exactly zero weight.
 
-    energies: (B, T, S); mask: (B, S) True where real. The fill value is the float32 minimum,
-    so no mask constant can overflow in fp16/bf16.
+    energies: (B, ..., S); mask: (B, S), or the full shape of ``energies``, True where real.
+    The fill value is the minimum of the dtype the softmax runs in, so no mask constant can
+    overflow in fp16/bf16. Every row must keep at least one real position.
     """
-    energies = energies.float().masked_fill(~mask[:, None, :], torch.finfo(torch.float32).min)
+    energies = _wide(energies)
+    if mask.dim() < energies.dim():
+        mask = mask.view(mask.size(0), *[1] * (energies.dim() - mask.dim()), mask.size(-1))
+    energies = energies.masked_fill(~mask, torch.finfo(energies.dtype).min)
     return torch.softmax(energies, dim=-1)
 
 
 class Attention(nn.Module):
-    """Base class: subclasses define ``project_keys`` and ``energies``."""
+    """Base class: subclasses define ``project_keys`` and ``energies`` (content scores) or
+    override ``alphas`` / ``forward`` (location, local, multihead)."""
 
     def __init__(self, query_size: int, key_size: int):
         super().__init__()
@@ -67,15 +91,23 @@ class Attention(nn.Module):
         """(B, T, Hq) -> (B, T, S) unnormalised scores."""
         raise NotImplementedError
 
-    def forward(self, query: Tensor, memory: Memory) -> tuple[Tensor, Tensor]:
-        """query: (B, T, Hq) -> context (B, T, Hk), alphas (B, T, S) float32."""
-        alphas = masked_softmax(self.energies(query, memory), memory.mask)  # (B, T, S)
+    def alphas(self, query: Tensor, memory: Memory, positions: Tensor | None) -> Tensor:
+        """(B, T, Hq) -> (B, T, S) float32 weights, zero at padding."""
+        return masked_softmax(self.energies(query, memory), memory.mask)
+
+    def forward(
+        self, query: Tensor, memory: Memory, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """query: (B, T, Hq); positions: (T,) target steps or None (0..T-1)
+        -> context (B, T, Hk), alphas (B, T, S) float32."""
+        alphas = self.alphas(query, memory, positions)  # (B, T, S)
         context = torch.bmm(alphas.to(memory.values.dtype), memory.values)  # (B, T, Hk)
         return context, alphas
 
 
 class AdditiveAttention(Attention):
-    """Bahdanau et al. (2015), eq. 6 / appendix A.1.2: e = v^T tanh(W_q q + W_k k)."""
+    """Bahdanau et al. (2015), eq. 6 / appendix A.1.2: e = v^T tanh(W_q q + W_k k); Luong
+    et al. (2015), eq. 8 'concat'."""
 
     def __init__(self, query_size: int, key_size: int, hidden_size: int):
         super().__init__(query_size, key_size)
@@ -93,49 +125,257 @@ class AdditiveAttention(Attention):
 
 
 class DotAttention(Attention):
-    """Luong et al. (2015), eq. 8 'dot': e = q^T k; with ``scale`` q^T k / sqrt(d)."""
+    """Luong et al. (2015), eq. 8 'dot': e = g q^T k.
 
-    def __init__(self, query_size: int, key_size: int, scaled: bool = False):
+    ``scale``: none (g = 1); fixed (g = 1/sqrt(d), Vaswani et al. 2017, eq. 1; the
+    ``scaled_dot`` score); learned (a scalar g initialised to 1, as Keras' ``use_scale``).
+    A fixed scale is folded into the keys once per batch.
+    """
+
+    def __init__(self, query_size: int, key_size: int, scale: str = "none"):
         super().__init__(query_size, key_size)
-        self.scale = 1.0 / math.sqrt(key_size) if scaled else 1.0
+        self.fixed_scale = 1.0 / math.sqrt(query_size) if scale == "fixed" else 1.0
+        self.scale = nn.Parameter(torch.ones(())) if scale == "learned" else None
 
     def project_keys(self, values: Tensor) -> Tensor:
-        return values * self.scale if self.scale != 1.0 else values
+        return values * self.fixed_scale if self.fixed_scale != 1.0 else values
 
     def energies(self, query: Tensor, memory: Memory) -> Tensor:
-        return torch.bmm(query, memory.keys.transpose(1, 2))  # (B, T, S)
+        energies = torch.bmm(query, memory.keys.transpose(1, 2))  # (B, T, S)
+        return energies * self.scale if self.scale is not None else energies
 
 
 class GeneralAttention(Attention):
-    """Luong et al. (2015), eq. 8 'general' (bilinear): e = q^T W_a k, with W_a k precomputed."""
+    """Luong et al. (2015), eq. 8 'general' (bilinear): e = g q^T W_a k, W_a k precomputed.
 
-    def __init__(self, query_size: int, key_size: int):
+    ``scale`` as for :class:`DotAttention`, with d the query size.
+    """
+
+    def __init__(self, query_size: int, key_size: int, scale: str = "none"):
         super().__init__(query_size, key_size)
         self.key_proj = nn.Linear(key_size, query_size, bias=False)
+        self.fixed_scale = 1.0 / math.sqrt(query_size) if scale == "fixed" else 1.0
+        self.scale = nn.Parameter(torch.ones(())) if scale == "learned" else None
 
     def project_keys(self, values: Tensor) -> Tensor:
-        return self.key_proj(values)  # (B, S, Hq)
+        keys = self.key_proj(values)  # (B, S, Hq)
+        return keys * self.fixed_scale if self.fixed_scale != 1.0 else keys
 
     def energies(self, query: Tensor, memory: Memory) -> Tensor:
-        return torch.bmm(query, memory.keys.transpose(1, 2))  # (B, T, S)
+        energies = torch.bmm(query, memory.keys.transpose(1, 2))  # (B, T, S)
+        return energies * self.scale if self.scale is not None else energies
+
+
+def _unit(x: Tensor, eps: float) -> Tensor:
+    """x / max(||x||, eps) along the last axis, the norm in float32 (fp16 would underflow)."""
+    wide = _wide(x)
+    return (wide / torch.linalg.vector_norm(wide, dim=-1, keepdim=True).clamp(min=eps)).to(x.dtype)
+
+
+class CosineAttention(Attention):
+    """Content-based addressing of Neural Turing Machines (Graves et al. 2014, eq. 5-6):
+    e = beta * cos(q, k) = beta * q^T k / (||q|| ||k||), each norm clamped below at ``eps``
+    so that a zero vector scores 0 instead of NaN.
+
+    cos is bounded by 1, so beta sets how peaked the weights can get; it is fixed or, with
+    ``learn_beta``, a scalar parameter initialised to ``beta``. Keys are normalised once per
+    batch.
+    """
+
+    def __init__(
+        self,
+        query_size: int,
+        key_size: int,
+        beta: float = 5.0,
+        learn_beta: bool = False,
+        eps: float = 1e-8,
+    ):
+        super().__init__(query_size, key_size)
+        self.beta: Tensor | float = nn.Parameter(torch.tensor(float(beta))) if learn_beta else beta
+        self.eps = eps
+
+    def project_keys(self, values: Tensor) -> Tensor:
+        return _unit(values, self.eps)  # (B, S, Hk) unit rows
+
+    def energies(self, query: Tensor, memory: Memory) -> Tensor:
+        cosines = torch.bmm(_unit(query, self.eps), memory.keys.transpose(1, 2))  # (B, T, S)
+        return self.beta * cosines
+
+
+class LocationAttention(Attention):
+    """Luong et al. (2015), eq. 8 'location': a_t = softmax(W_a h_t), W_a with one row per
+    source position up to ``max_source_length``, truncated to each sentence's length (the
+    softmax runs over its real positions only). Positions at or beyond ``max_source_length``
+    get no weight: the model cannot address them.
+    """
+
+    def __init__(self, query_size: int, key_size: int, max_source_length: int):
+        super().__init__(query_size, key_size)
+        self.max_source_length = max_source_length
+        self.location_proj = nn.Linear(query_size, max_source_length, bias=False)  # W_a
+
+    def alphas(self, query: Tensor, memory: Memory, positions: Tensor | None) -> Tensor:
+        width = memory.mask.size(1)
+        energies = self.location_proj(query)  # (B, T, L)
+        mask = memory.mask  # (B, S)
+        if width <= self.max_source_length:
+            energies = energies[..., :width]  # (B, T, S)
+        else:
+            energies = nn.functional.pad(energies, (0, width - self.max_source_length))
+            reachable = torch.arange(width, device=mask.device) < self.max_source_length
+            mask = mask & reachable  # (B, S)
+        return masked_softmax(energies, mask)
+
+
+class MultiHeadAttention(Attention):
+    """Vaswani et al. (2017), section 3.2.2: head_i = softmax(Q W^Q_i (K W^K_i)^T / sqrt(d_k))
+    V W^V_i, output Concat(head_1..head_h) W^O; here K = V = the encoder states, Q the decoder
+    state, d_k = key size / h, and W^O maps back to the key size so decoders keep their shapes.
+    Keys and values are projected once per batch. The returned alphas (for plots) are the
+    mean of the heads' weights; the context is not sum_s alphas h_s.
+    """
+
+    def __init__(self, query_size: int, key_size: int, heads: int):
+        super().__init__(query_size, key_size)
+        if key_size % heads:
+            raise ConfigError(
+                f"model.attention.heads: {heads} heads do not divide the key size {key_size}; "
+                f"use one of {', '.join(map(str, _divisors(key_size)))}"
+            )
+        self.heads = heads
+        self.head_size = key_size // heads
+        self.query_proj = nn.Linear(query_size, key_size, bias=False)  # W^Q_1..h stacked
+        self.key_proj = nn.Linear(key_size, key_size, bias=False)  # W^K_1..h
+        self.value_proj = nn.Linear(key_size, key_size, bias=False)  # W^V_1..h
+        self.output_proj = nn.Linear(key_size, key_size, bias=False)  # W^O
+
+    def _split(self, x: Tensor) -> Tensor:
+        """(B, L, h*d) -> (B, h, L, d)."""
+        return x.view(x.size(0), x.size(1), self.heads, self.head_size).transpose(1, 2)
+
+    def prepare(self, values: Tensor, mask: Tensor) -> Memory:
+        keys = self._split(self.key_proj(values)) / math.sqrt(self.head_size)  # (B, h, S, d)
+        return Memory(values, keys, mask, self._split(self.value_proj(values)))
+
+    def forward(
+        self, query: Tensor, memory: Memory, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """query: (B, T, Hq) -> context (B, T, Hk), alphas (B, T, S) mean over heads."""
+        assert memory.projected_values is not None
+        batch, steps = query.size(0), query.size(1)
+        q = self._split(self.query_proj(query))  # (B, h, T, d)
+        weights = masked_softmax(q @ memory.keys.transpose(2, 3), memory.mask)  # (B, h, T, S)
+        heads = weights.to(memory.projected_values.dtype) @ memory.projected_values  # (B, h, T, d)
+        concat = heads.transpose(1, 2).reshape(batch, steps, self.key_size)  # (B, T, Hk)
+        return self.output_proj(concat), weights.mean(dim=1)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class LocalAttention(Attention):
+    """Luong et al. (2015), section 3.2: attend only inside the window [p_t - D, p_t + D].
+
+    The alignment is the softmax of an inner content score over the real source positions s
+    with |s - p_t| <= D (eq. 7 restricted to the window); outside it the weight is exactly 0.
+
+    - ``local-m`` (monotonic): p_t = t, the target step, clamped to the last source word so that
+      a target longer than its source keeps a non-empty window.
+    - ``local-p`` (predictive): p_t = S * sigmoid(v_p^T tanh(W_p h_t)) (eq. 9), S the length of
+      each sentence, and a_t(s) = align(h_t, h_s) exp(-(s - p_t)^2 / (2 sigma^2)), sigma = D/2
+      (eq. 10). As in the paper the Gaussian is not renormalised: rows sum to at most 1.
+
+    Source positions s are 0-based. The inner energies are computed for all S positions and
+    masked, which is cheaper than gathering windows for the sentence lengths NMT sees.
+    """
+
+    def __init__(
+        self, inner: Attention, query_size: int, window: int, predictive: bool, hidden_size: int
+    ):
+        super().__init__(query_size, inner.key_size)
+        self.inner = inner
+        self.window = window
+        self.predictive = predictive
+        if predictive:
+            self.position_proj = nn.Linear(query_size, hidden_size, bias=False)  # W_p
+            self.position_v = nn.Linear(hidden_size, 1, bias=False)  # v_p
+
+    def project_keys(self, values: Tensor) -> Tensor:
+        return self.inner.project_keys(values)
+
+    def centres(self, query: Tensor, memory: Memory, positions: Tensor | None) -> Tensor:
+        """p_t: (B, T), in float32 (float64 for a float64 query)."""
+        lengths = memory.mask.sum(dim=1)  # (B,)
+        dtype = torch.promote_types(query.dtype, torch.float32)
+        if self.predictive:
+            logits = self.position_v(torch.tanh(self.position_proj(query))).squeeze(-1)  # (B, T)
+            return lengths[:, None].to(dtype) * torch.sigmoid(logits.to(dtype))
+        if positions is None:
+            positions = torch.arange(query.size(1), device=query.device)
+        steps = positions.to(query.device)[None, :]  # (1, T)
+        return torch.minimum(steps, lengths[:, None] - 1).to(dtype)  # (B, T)
+
+    def alignment(
+        self, query: Tensor, memory: Memory, positions: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """-> window softmax align(h_t, h_s) (B, T, S), and s - p_t (B, T, S)."""
+        centres = self.centres(query, memory, positions)  # (B, T)
+        source = torch.arange(memory.mask.size(1), device=query.device)  # (S,)
+        distance = source.to(centres.dtype) - centres[..., None]  # (B, T, S)
+        inside = memory.mask[:, None, :] & (distance.abs() <= self.window)  # (B, T, S)
+        return masked_softmax(self.inner.energies(query, memory), inside), distance
+
+    def alphas(self, query: Tensor, memory: Memory, positions: Tensor | None) -> Tensor:
+        align, distance = self.alignment(query, memory, positions)  # (B, T, S) each
+        if not self.predictive:
+            return align
+        sigma = self.window / 2
+        return align * torch.exp(-distance.square() / (2 * sigma**2)).to(align.dtype)
+
+
+def _check_equal(score: str, key: str, query_size: int, key_size: int) -> None:
+    if query_size != key_size:
+        raise ConfigError(
+            f"{key}: {score!r} needs equal query ({query_size}) and key ({key_size}) sizes; "
+            f"use 'general' or 'additive'"
+        )
+
+
+def _content_attention(
+    score: str, cfg: AttentionConfig, query_size: int, key_size: int, key: str
+) -> Attention:
+    """The scores of one query and one key; ``key`` names the config key in errors."""
+    if score in ("additive", "concat", "mlp"):
+        return AdditiveAttention(query_size, key_size, cfg.hidden_size or query_size)
+    if score in ("dot", "scaled_dot"):
+        _check_equal(score, key, query_size, key_size)
+        scale = "fixed" if score == "scaled_dot" else cfg.scale
+        return DotAttention(query_size, key_size, scale)
+    if score in ("general", "bilinear", "multiplicative"):
+        return GeneralAttention(query_size, key_size, cfg.scale)
+    if score == "cosine":
+        _check_equal(score, key, query_size, key_size)
+        return CosineAttention(query_size, key_size, cfg.beta, cfg.learn_beta)
+    names = SCORES if key.endswith(".score") else CONTENT_SCORES
+    raise ConfigError(f"{key}: {score!r} is not available; expected one of {', '.join(names)}")
 
 
 def build_attention(
-    score: str, query_size: int, key_size: int, hidden_size: int | None = None
+    cfg: AttentionConfig | str, query_size: int, key_size: int, hidden_size: int | None = None
 ) -> Attention:
-    """Map a config score name to its module; list the valid names on error."""
-    if score in ("additive", "concat", "mlp"):
-        return AdditiveAttention(query_size, key_size, hidden_size or query_size)
-    if score in ("dot", "scaled_dot"):
-        if query_size != key_size:
-            raise ConfigError(
-                f"model.attention.score: {score!r} needs equal query ({query_size}) and key "
-                f"({key_size}) sizes; use 'general' or 'additive'"
-            )
-        return DotAttention(query_size, key_size, scaled=score == "scaled_dot")
-    if score in ("general", "bilinear", "multiplicative"):
-        return GeneralAttention(query_size, key_size)
-    raise ConfigError(
-        f"model.attention.score: {score!r} is not available; "
-        f"expected one of additive, concat, mlp, dot, scaled_dot, general, bilinear, multiplicative"
-    )
+    """Map the attention config (or a bare score name, with every other key at its default) to
+    its module; list the valid names on error."""
+    if isinstance(cfg, str):  # unvalidated on purpose: a bad name gets the ConfigError below
+        cfg = AttentionConfig.model_construct(score=cfg, hidden_size=hidden_size)
+    if cfg.score == "location":
+        return LocationAttention(query_size, key_size, cfg.max_source_length)
+    if cfg.score == "multihead":
+        return MultiHeadAttention(query_size, key_size, cfg.heads)
+    if cfg.score in ("local-m", "local-p"):
+        inner = _content_attention(
+            cfg.local_score, cfg, query_size, key_size, "model.attention.local_score"
+        )
+        hidden = cfg.hidden_size or query_size
+        return LocalAttention(inner, query_size, cfg.window, cfg.score == "local-p", hidden)
+    return _content_attention(cfg.score, cfg, query_size, key_size, "model.attention.score")

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from nmt.errors import ConfigError
 
-SCORES = (
+# Scores of one query and one key: usable on their own and inside Luong's local window.
+CONTENT_SCORES = (
     "additive",
     "concat",
     "mlp",
@@ -26,11 +27,12 @@ SCORES = (
     "multiplicative",
     "scaled_dot",
     "cosine",
-    "location",
-    "multihead",
-    "local-m",
-    "local-p",
 )
+SCORES = (*CONTENT_SCORES, "location", "multihead", "local-m", "local-p")
+# Scores that take a dot product of the query with a key, so need equal sizes.
+EQUAL_SIZE_SCORES = ("dot", "scaled_dot", "cosine")
+# Scores whose energies ``model.attention.scale`` multiplies.
+SCALABLE_SCORES = ("dot", "general", "bilinear", "multiplicative", "scaled_dot")
 
 
 class _Section(BaseModel):
@@ -38,18 +40,27 @@ class _Section(BaseModel):
 
 
 class DataConfig(_Section):
+    """Where the parallel corpus comes from and which pairs are used for training."""
+
     format: Literal["text", "tsv", "jsonl", "hub"] = Field(
-        "text", description="text: {prefix}.{lang} file pair; tsv; jsonl; hub: datasets.load_dataset"
+        "text",
+        description="text: {prefix}.{lang} file pair; tsv; jsonl; hub: datasets.load_dataset",
     )
     src_lang: str = Field("es", description="source language code (file suffix, JSON/hub key)")
     trg_lang: str = Field("en", description="target language code (file suffix, JSON/hub key)")
-    train: str = Field("data/bible/train", description="prefix (text), file (tsv/jsonl), split (hub)")
+    train: str = Field(
+        "data/bible/train", description="prefix (text), file (tsv/jsonl), split (hub)"
+    )
     dev: str = Field("data/bible/dev", description="development set, same form as train")
     test: str | None = Field("data/bible/test", description="test set, same form as train")
     hub_name: str | None = Field(None, description="hub dataset name, e.g. iwslt2017")
     hub_config: str | None = Field(None, description="hub dataset config, e.g. iwslt2017-de-en")
-    src_field: str | None = Field(None, description="JSON/hub field of the source (default src_lang)")
-    trg_field: str | None = Field(None, description="JSON/hub field of the target (default trg_lang)")
+    src_field: str | None = Field(
+        None, description="JSON/hub field of the source (default src_lang)"
+    )
+    trg_field: str | None = Field(
+        None, description="JSON/hub field of the target (default trg_lang)"
+    )
     max_length: int = Field(100, ge=1, description="drop training pairs longer than this in pieces")
     dev_max_sentences: int | None = Field(
         None, ge=1, description="use only the first N dev pairs for validation BLEU"
@@ -57,6 +68,8 @@ class DataConfig(_Section):
 
 
 class TokenizerConfig(_Section):
+    """The sentencepiece model(s), trained on the training split unless `model` is given."""
+
     type: Literal["unigram", "bpe"] = Field("unigram", description="sentencepiece model type")
     vocab_size: int = Field(8000, ge=16, description="pieces per vocabulary (joint or each side)")
     joint: bool = Field(True, description="one vocabulary for both languages")
@@ -68,6 +81,8 @@ class TokenizerConfig(_Section):
 
 
 class EncoderConfig(_Section):
+    """The recurrent encoder over source embeddings."""
+
     rnn: Literal["gru", "lstm"] = Field("gru", description="recurrent cell")
     hidden_size: int = Field(256, ge=1, description="units per direction")
     layers: int = Field(1, ge=1, description="stacked layers")
@@ -76,6 +91,8 @@ class EncoderConfig(_Section):
 
 
 class DecoderConfig(_Section):
+    """The attention decoder: Bahdanau (pre-step) or Luong (post-step)."""
+
     style: Literal["bahdanau", "luong"] = Field(
         "bahdanau", description="bahdanau: attend from s_{i-1} (pre-step); luong: from h_t"
     )
@@ -94,19 +111,49 @@ class DecoderConfig(_Section):
 
 
 class AttentionConfig(_Section):
+    """The score function that weighs the source positions at each target step (every variant,
+    its equation and its paper: docs/models.md)."""
+
     score: str = Field("additive", description=f"score function: {', '.join(SCORES)}")
     hidden_size: int | None = Field(
-        None, ge=1, description="additive: size of the MLP layer (default decoder hidden_size)"
+        None,
+        ge=1,
+        description="additive: MLP size; local-p: size of W_p (default decoder hidden_size)",
+    )
+    scale: Literal["none", "fixed", "learned"] = Field(
+        "none",
+        description="dot/general energies times 1, 1/sqrt(d), or a learned scalar (init 1)",
+    )
+    beta: float = Field(5.0, gt=0, description="cosine: sharpening factor beta * cos(q, k)")
+    learn_beta: bool = Field(False, description="cosine: learn beta, starting from beta")
+    max_source_length: int = Field(
+        128, ge=1, description="location: source positions W_a can address; later ones get 0"
+    )
+    heads: int = Field(8, ge=1, description="multihead: heads; must divide the key size")
+    window: int = Field(10, ge=1, description="local-m/local-p: half-width D of the window")
+    local_score: str = Field(
+        "general",
+        description=f"local-m/local-p: score inside the window: {', '.join(CONTENT_SCORES)}",
     )
 
     @model_validator(mode="after")
-    def _known_score(self) -> AttentionConfig:
+    def _known_scores(self) -> AttentionConfig:
+        problems = []
         if self.score not in SCORES:
-            raise ValueError(f"score: got {self.score!r}, expected one of {', '.join(SCORES)}")
+            problems.append(f"score: got {self.score!r}, expected one of {', '.join(SCORES)}")
+        if self.local_score not in CONTENT_SCORES:
+            problems.append(
+                f"local_score: got {self.local_score!r}, expected one of "
+                f"{', '.join(CONTENT_SCORES)} (a score of one query and one key)"
+            )
+        if problems:  # the caller prefixes the first with "model.attention."
+            raise ValueError("; model.attention.".join(problems))
         return self
 
 
 class ModelConfig(_Section):
+    """Embeddings and output layer; the encoder, decoder and attention sub-sections."""
+
     embedding_size: int = Field(256, ge=1, description="source and target embedding size")
     embedding_dropout: float = Field(0.2, ge=0, lt=1, description="dropout on embeddings")
     tie_embeddings: bool = Field(
@@ -118,6 +165,8 @@ class ModelConfig(_Section):
 
 
 class TrainingConfig(_Section):
+    """Optimiser, schedule, batches, validation, precision and checkpoints."""
+
     optimizer: Literal["adam", "adamw"] = Field("adam", description="optimiser")
     learning_rate: float = Field(1e-3, gt=0, description="peak learning rate")
     weight_decay: float = Field(0.0, ge=0, description="weight decay")
@@ -135,19 +184,24 @@ class TrainingConfig(_Section):
         "auto", description="auto: bf16 autocast on a GPU that supports it, else fp32"
     )
     schedule: Literal["constant", "warmup", "inverse_sqrt", "plateau"] = Field(
-        "constant", description="constant; linear warmup then constant; inverse square root after warmup; halve on dev plateau"
+        "constant",
+        description="constant; linear warmup then constant; inverse square root after warmup; halve on dev plateau",
     )
     warmup_steps: int = Field(0, ge=0, description="linear warmup updates")
     plateau_patience: int = Field(2, ge=1, description="validations without improvement to halve")
     patience: int | None = Field(
         None, ge=1, description="stop after this many validations without improvement"
     )
-    best_metric: Literal["bleu", "loss"] = Field("bleu", description="dev metric for the best model")
+    best_metric: Literal["bleu", "loss"] = Field(
+        "bleu", description="dev metric for the best model"
+    )
     keep_last: int = Field(1, ge=1, description="last checkpoints kept besides the best")
     seed: int = Field(1, description="random seed")
 
 
 class DecodingConfig(_Section):
+    """Search settings used by validation BLEU, `nmt translate` and `nmt eval`."""
+
     beam_size: int = Field(5, ge=1, description="beam width (1: greedy)")
     length_penalty: float = Field(1.0, ge=0, description="GNMT alpha in ((5+|Y|)/6)^alpha")
     max_len_ratio: float = Field(1.5, gt=0, description="max output length per source piece")
@@ -156,6 +210,8 @@ class DecodingConfig(_Section):
 
 
 class RunConfig(_Section):
+    """Where the run is written and what it runs on."""
+
     dir: str = Field("runs/default", description="run directory (checkpoints, logs, tokenizer)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda if available")
     threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: all)")
@@ -172,15 +228,8 @@ class Config(_Section):
     @model_validator(mode="after")
     def _compatible(self) -> Config:
         model = self.model
-        enc_out = model.encoder.hidden_size * (2 if model.encoder.bidirectional else 1)
         dec = model.decoder
-        score = model.attention.score
-        if score in ("dot", "scaled_dot", "cosine") and enc_out != dec.hidden_size:
-            raise ValueError(
-                f"model.attention.score: {score!r} needs equal query and key sizes, but the "
-                f"encoder gives {enc_out} and model.decoder.hidden_size is {dec.hidden_size}; "
-                f"set them equal or use 'general' or 'additive'"
-            )
+        problems = _attention_problems(model)
         if model.tie_embeddings:
             out = (
                 dec.hidden_size
@@ -188,14 +237,50 @@ class Config(_Section):
                 else (dec.output_size or model.embedding_size)
             )
             if out != model.embedding_size:
-                raise ValueError(
+                problems.append(
                     f"model.tie_embeddings: the output layer reads {out} units but "
                     f"model.embedding_size is {model.embedding_size}; make them equal or set "
                     f"tie_embeddings: false"
                 )
         if self.data.format == "hub" and not self.data.hub_name:
-            raise ValueError("data.hub_name: required when data.format is 'hub'")
+            problems.append("data.hub_name: required when data.format is 'hub'")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
+
+
+def _attention_problems(model: ModelConfig) -> list[str]:
+    """Score/size combinations that cannot work, each with what would."""
+    att = model.attention
+    enc_out = model.encoder.hidden_size * (2 if model.encoder.bidirectional else 1)
+    dec_hidden = model.decoder.hidden_size
+    local = att.score in ("local-m", "local-p")
+    key, score = ("local_score", att.local_score) if local else ("score", att.score)
+    problems = []
+    if score in EQUAL_SIZE_SCORES and enc_out != dec_hidden:
+        problems.append(
+            f"model.attention.{key}: {score!r} needs equal query and key sizes, but the "
+            f"encoder gives {enc_out} and model.decoder.hidden_size is {dec_hidden}; "
+            f"set them equal or use 'general' or 'additive'"
+        )
+    if att.score == "multihead" and enc_out % att.heads:
+        divisors = [d for d in range(1, enc_out + 1) if enc_out % d == 0]
+        problems.append(
+            f"model.attention.heads: 'multihead' splits the {enc_out} key units into heads, "
+            f"but {att.heads} does not divide {enc_out}; use one of "
+            f"{', '.join(map(str, divisors))}"
+        )
+    if att.scale != "none" and score not in SCALABLE_SCORES:
+        problems.append(
+            f"model.attention.scale: {att.scale!r} scales dot and general energies, not "
+            f"{score!r}; set scale: none" + (" (cosine has beta)" if score == "cosine" else "")
+        )
+    if att.scale == "learned" and score == "scaled_dot":
+        problems.append(
+            f"model.attention.scale: {key} 'scaled_dot' already has the fixed 1/sqrt(d) "
+            f"scale; for a learned one use {key}: dot with scale: learned"
+        )
+    return problems
 
 
 def _section_fields(path: tuple[str, ...]) -> list[str]:

@@ -164,7 +164,9 @@ def read_pairs(cfg: DataConfig, split: str, cache_dir: Path | None = None) -> An
 def drop_empty(rows: Any) -> tuple[Any, int]:
     """Remove pairs where either side is empty or whitespace; returns (rows, dropped)."""
     kept = rows.filter(
-        lambda b: [bool(s.strip()) and bool(t.strip()) for s, t in zip(b["src"], b["trg"], strict=False)],
+        lambda b: [
+            bool(s.strip()) and bool(t.strip()) for s, t in zip(b["src"], b["trg"], strict=False)
+        ],
         batched=True,
     )
     return kept, len(rows) - len(kept)
@@ -198,7 +200,8 @@ def drop_long(rows: Any, max_length: int) -> tuple[Any, int]:
     """Remove pairs with more than ``max_length`` pieces on either side."""
     kept = rows.filter(
         lambda b: [
-            s <= max_length + 1 and t <= max_length + 1 for s, t in zip(b["src_len"], b["trg_len"], strict=False)
+            s <= max_length + 1 and t <= max_length + 1
+            for s, t in zip(b["src_len"], b["trg_len"], strict=False)
         ],
         batched=True,
     )

@@ -21,11 +21,13 @@ from nmt.tokenizer import PAD_ID
 
 @dataclass
 class DecoderState:
-    """hidden/cell: (L, B, H); feed: (B, H) Luong's previous attentional state or None."""
+    """hidden/cell: (L, B, H); feed: (B, H) Luong's previous attentional state or None;
+    step: the 0-based index of the next target position (attention's ``positions``)."""
 
     hidden: Tensor
     cell: Tensor | None = None
     feed: Tensor | None = None
+    step: int = 0
 
     def rnn_state(self) -> Tensor | tuple[Tensor, Tensor]:
         return (self.hidden, self.cell) if self.cell is not None else self.hidden
@@ -35,15 +37,21 @@ class DecoderState:
             self.hidden[:, index],
             self.cell[:, index] if self.cell is not None else None,
             self.feed[index] if self.feed is not None else None,
+            self.step,
         )
 
 
 def _state_from_rnn(
-    rnn_state: Tensor | tuple[Tensor, Tensor], feed: Tensor | None = None
+    rnn_state: Tensor | tuple[Tensor, Tensor], feed: Tensor | None = None, step: int = 0
 ) -> DecoderState:
     if isinstance(rnn_state, tuple):
-        return DecoderState(rnn_state[0], rnn_state[1], feed)
-    return DecoderState(rnn_state, None, feed)
+        return DecoderState(rnn_state[0], rnn_state[1], feed, step)
+    return DecoderState(rnn_state, None, feed, step)
+
+
+def _position(state: DecoderState, like: Tensor) -> Tensor:
+    """(1,) the target position this step produces, on ``like``'s device."""
+    return torch.arange(state.step, state.step + 1, device=like.device)
 
 
 class BahdanauDecoder(nn.Module):
@@ -89,10 +97,11 @@ class BahdanauDecoder(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor, DecoderState]:
         """embedded: (B, 1, E) -> s_i (B, 1, H), c_i (B, 1, Hk), alphas (B, 1, S), state."""
         query = state.hidden[-1].unsqueeze(1)  # (B, 1, H): s_{i-1}, top layer
-        context, alphas = self.attention(query, memory)  # (B, 1, Hk), (B, 1, S)
+        positions = _position(state, query)  # (1,): i, the output being produced
+        context, alphas = self.attention(query, memory, positions)  # (B, 1, Hk), (B, 1, S)
         rnn_input = torch.cat([embedded, context], dim=-1)  # (B, 1, E+Hk)
         output, rnn_state = self.rnn(rnn_input, state.rnn_state())  # (B, 1, H)
-        return output, context, alphas, _state_from_rnn(rnn_state)
+        return output, context, alphas, _state_from_rnn(rnn_state, step=state.step + 1)
 
     def _readout(self, states: Tensor, contexts: Tensor, embedded: Tensor) -> Tensor:
         """(B, T, H), (B, T, Hk), (B, T, E) -> t (B, T, O)."""
@@ -103,9 +112,7 @@ class BahdanauDecoder(nn.Module):
             out = torch.tanh(pre)
         return self.dropout(out)
 
-    def forward(
-        self, trg_in: Tensor, memory: Memory, state: DecoderState
-    ) -> tuple[Tensor, Tensor]:
+    def forward(self, trg_in: Tensor, memory: Memory, state: DecoderState) -> tuple[Tensor, Tensor]:
         """trg_in: (B, T) -> features (B, T, O), alphas (B, T, S)."""
         embedded = self.embedding_dropout(self.embed(trg_in))  # (B, T, E)
         outputs, contexts, alphas = [], [], []
@@ -168,16 +175,16 @@ class LuongDecoder(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.output_size = cfg.hidden_size
 
-    def _attend(self, outputs: Tensor, memory: Memory) -> tuple[Tensor, Tensor]:
-        """h_t: (B, T, H) -> h~_t (B, T, H), alphas (B, T, S)."""
-        context, alphas = self.attention(outputs, memory)  # (B, T, Hk), (B, T, S)
+    def _attend(self, outputs: Tensor, memory: Memory, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """h_t: (B, T, H), positions t: (T,) -> h~_t (B, T, H), alphas (B, T, S)."""
+        context, alphas = self.attention(outputs, memory, positions)  # (B, T, Hk), (B, T, S)
         attentional = torch.tanh(self.combine(torch.cat([context, outputs], dim=-1)))
         return self.dropout(attentional), alphas
 
     def _with_feed(self, state: DecoderState, batch: int, like: Tensor) -> DecoderState:
         if self.input_feeding and state.feed is None:
             state = DecoderState(
-                state.hidden, state.cell, like.new_zeros(batch, self.hidden_size)
+                state.hidden, state.cell, like.new_zeros(batch, self.hidden_size), state.step
             )
         return state
 
@@ -191,18 +198,18 @@ class LuongDecoder(nn.Module):
             feed = state.feed.to(embedded.dtype).unsqueeze(1)  # (B, 1, H)
             rnn_input = torch.cat([embedded, feed], dim=-1)
         output, rnn_state = self.rnn(rnn_input, state.rnn_state())  # (B, 1, H)
-        attentional, alphas = self._attend(output, memory)
+        attentional, alphas = self._attend(output, memory, _position(state, output))
         feed = attentional.squeeze(1) if self.input_feeding else None
-        return attentional, alphas, _state_from_rnn(rnn_state, feed)
+        return attentional, alphas, _state_from_rnn(rnn_state, feed, state.step + 1)
 
-    def forward(
-        self, trg_in: Tensor, memory: Memory, state: DecoderState
-    ) -> tuple[Tensor, Tensor]:
+    def forward(self, trg_in: Tensor, memory: Memory, state: DecoderState) -> tuple[Tensor, Tensor]:
         """trg_in: (B, T) -> features (B, T, H), alphas (B, T, S)."""
         embedded = self.embedding_dropout(self.embed(trg_in))  # (B, T, E)
         if not self.input_feeding:
             outputs, _ = self.rnn(embedded, state.rnn_state())  # (B, T, H), one fused call
-            return self._attend(outputs, memory)
+            steps = range(state.step, state.step + trg_in.size(1))
+            positions = torch.arange(steps.start, steps.stop, device=outputs.device)  # (T,)
+            return self._attend(outputs, memory, positions)
         state = self._with_feed(state, trg_in.size(0), embedded)
         features, alphas = [], []
         for t in range(trg_in.size(1)):

@@ -69,10 +69,7 @@ class Seq2Seq(nn.Module):
         )
         self.bridge = Bridge(self.encoder, cfg.decoder)
         attention = build_attention(
-            cfg.attention.score,
-            query_size=cfg.decoder.hidden_size,
-            key_size=self.encoder.output_size,
-            hidden_size=cfg.attention.hidden_size,
+            cfg.attention, query_size=cfg.decoder.hidden_size, key_size=self.encoder.output_size
         )
         self.decoder = DECODERS[cfg.decoder.style](
             trg_vocab_size,

@@ -14,7 +14,9 @@ import yaml
 WORDS = "sol luna mar rio casa perro gato libro agua fuego tierra aire".split()
 
 
-def nmt(*args: str, stdin: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def nmt(
+    *args: str, stdin: str | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "nmt", *args],
         input=stdin,
@@ -55,7 +57,12 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "embedding_size": 32,
             "embedding_dropout": 0.0,
             "encoder": {"hidden_size": 32, "dropout": 0.0},
-            "decoder": {"style": "luong", "hidden_size": 32, "input_feeding": False, "dropout": 0.0},
+            "decoder": {
+                "style": "luong",
+                "hidden_size": 32,
+                "input_feeding": False,
+                "dropout": 0.0,
+            },
             "attention": {"score": "general"},
         },
         "training": {
@@ -87,7 +94,13 @@ def test_train_writes_a_complete_run_dir(trained: Path) -> None:
 def test_translate_and_eval_from_files(trained: Path) -> None:
     hyp = trained / "hyp.txt"
     result = nmt(
-        "translate", "--model", str(trained / "run"), "-i", str(trained / "test.src"), "-o", str(hyp)
+        "translate",
+        "--model",
+        str(trained / "run"),
+        "-i",
+        str(trained / "test.src"),
+        "-o",
+        str(hyp),
     )
     assert result.returncode == 0, result.stderr
     lines = hyp.read_text(encoding="utf-8").splitlines()

@@ -353,3 +353,41 @@ def test_corpus_to_batches(tokenizer: Tokenizer, tmp_path: Path) -> None:
     assert batch.trg_in.shape == batch.trg_out.shape == (3, int(corpus.trg_lengths.max()))
     targets = [row[row != PAD_ID][:-1].tolist() for row in batch.trg_out]
     assert tokenizer.decode_trg(targets) == [en[0], en[2], en[3]]
+
+
+def test_hub_dataset_goes_through_load_dataset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hub path calls datasets.load_dataset(name, config, split=...) and reads the
+    Hugging Face `translation` column; a small in-memory Dataset stands in for the download."""
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(name, config=None, split=None, cache_dir=None):  # type: ignore[no-untyped-def]
+        calls.append((name, config, split))
+        rows = [{"de": "Hallo Welt", "en": "hello world"}, {"de": "Danke", "en": "thanks"}]
+        return datasets.Dataset.from_dict({"translation": rows})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    cfg = DataConfig(
+        format="hub",
+        hub_name="iwslt2017",
+        hub_config="iwslt2017-de-en",
+        src_lang="de",
+        trg_lang="en",
+    )
+    rows = read_pairs(cfg, "validation")
+    assert calls == [("iwslt2017", "iwslt2017-de-en", "validation")]
+    assert list(rows["src"]) == ["Hallo Welt", "Danke"]
+    assert list(rows["trg"]) == ["hello world", "thanks"]
+
+
+def test_hub_failure_is_a_data_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    def offline(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    cfg = DataConfig(format="hub", hub_name="wmt14", hub_config="de-en")
+    with pytest.raises(DataError, match="wmt14"):
+        read_pairs(cfg, "train")

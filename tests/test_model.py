@@ -356,11 +356,6 @@ def test_every_score_the_schema_accepts_builds(score: str) -> None:
         torch.testing.assert_close(sums, torch.ones(2, 4))
 
 
-@pytest.mark.xfail(
-    reason="Seq2Seq passes only cfg.attention.score and hidden_size to build_attention, so "
-    "heads, window, local_score, scale, beta, learn_beta and max_source_length are ignored",
-    strict=True,
-)
 @pytest.mark.parametrize(
     ("options", "attribute", "expected"),
     [
