@@ -74,3 +74,43 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
             f"readable by nmt {__version__} (format {FORMAT})"
         )
     return state
+
+
+class RunLock:
+    """An exclusive lock on a run directory for the length of a training run.
+
+    A second ``nmt train`` pointed at a directory in use refuses instead of interleaving its
+    checkpoints and logs. The lock is an ``flock`` on ``.lock``, so the operating system drops
+    it when the process dies, however it dies.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / ".lock"
+        self.handle: Any = None
+
+    def __enter__(self) -> RunLock:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.handle = self.path.open("a+")
+        try:
+            fcntl.flock(self.handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.handle.seek(0)
+            owner = self.handle.read().strip() or "another process"
+            self.handle.close()
+            raise CheckpointError(
+                f"{self.path.parent}: in use by {owner}; wait for it to finish or use another "
+                f"--run-dir"
+            ) from None
+        self.handle.seek(0)
+        self.handle.truncate()
+        self.handle.write(f"pid {os.getpid()}\n")
+        self.handle.flush()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import fcntl
+
+        fcntl.flock(self.handle.fileno(), fcntl.LOCK_UN)
+        self.handle.close()

@@ -120,6 +120,10 @@ def translate(
     length_penalty: Annotated[
         float | None, typer.Option("--length-penalty", min=0.0, help="GNMT alpha.")
     ] = None,
+    no_repeat_ngram: Annotated[
+        int | None,
+        typer.Option("--no-repeat-ngram", min=0, help="Forbid repeating n-grams of this size."),
+    ] = None,
     attention_dir: Annotated[
         Path | None,
         typer.Option(
@@ -137,6 +141,7 @@ def translate(
         "max_len_ratio": max_len_ratio,
         "max_len_offset": max_len_offset,
         "length_penalty": length_penalty,
+        "no_repeat_ngram": no_repeat_ngram,
     }
     translate_command(
         model, input, output, overrides, n_best, scores, batch_tokens, device, attention_dir

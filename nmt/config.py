@@ -207,6 +207,9 @@ class DecodingConfig(_Section):
     max_len_ratio: float = Field(1.5, gt=0, description="max output length per source piece")
     max_len_offset: int = Field(10, ge=0, description="added to the max output length")
     batch_size: int = Field(64, ge=1, description="sentences per decoding batch")
+    no_repeat_ngram: int = Field(
+        0, ge=0, description="forbid repeating any n-gram of this size in an output (0: off)"
+    )
 
 
 class RunConfig(_Section):

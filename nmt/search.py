@@ -47,6 +47,7 @@ def greedy_search(
     max_len_offset: int = 10,
     return_attention: bool = False,
     alpha: float = 1.0,
+    no_repeat_ngram: int = 0,
 ) -> list[Hypothesis]:
     """Argmax decoding for a batch; the fast path for beam size 1.
 
@@ -63,6 +64,8 @@ def greedy_search(
     for t in range(longest):
         features, alpha_t, state = model.decoder.step(prev, memory, state)
         log_probs = model.log_probs(features)  # (B, V)
+        if no_repeat_ngram and tokens:
+            block_repeated_ngrams(log_probs, torch.stack(tokens, dim=1), no_repeat_ngram)
         best, prev = log_probs.max(dim=-1)  # (B,), (B,)
         at_limit = limit_tensor <= t + 1  # (B,) only EOS may follow
         prev = prev.masked_fill(at_limit, EOS_ID)
@@ -179,11 +182,19 @@ def beam_search(
     max_len_offset: int = 10,
     n_best: int = 1,
     return_attention: bool = False,
+    no_repeat_ngram: int = 0,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns the ``n_best`` hypotheses per sentence, best first."""
     if beam_size == 1 and n_best == 1:
         hyps = greedy_search(
-            model, src, src_lengths, max_len_ratio, max_len_offset, return_attention
+            model,
+            src,
+            src_lengths,
+            max_len_ratio,
+            max_len_offset,
+            return_attention,
+            alpha,
+            no_repeat_ngram,
         )
         return [[h] for h in hyps]
     batch, device = src.size(0), src.device
@@ -205,6 +216,8 @@ def beam_search(
         length = beams.tokens.size(1) + 1
         features, step_alphas, state = model.decoder.step(prev, memory, state)
         log_probs = model.log_probs(features)  # (B*K, V)
+        if no_repeat_ngram:
+            block_repeated_ngrams(log_probs, beams.tokens, no_repeat_ngram)
         _force_eos_at_limit(log_probs, limits, length, beam_size)
         scores, origins, tokens = _top_candidates(beams, log_probs, beam_size)
         _finalise(
@@ -248,3 +261,27 @@ def _force_eos_at_limit(log_probs: Tensor, limits: list[int], length: int, beam_
     eos = log_probs[rows, EOS_ID].clone()
     log_probs[rows] = -math.inf
     log_probs[rows, EOS_ID] = eos
+
+
+def block_repeated_ngrams(log_probs: Tensor, history: Tensor, n: int) -> None:
+    """Give -inf to every token that would repeat an n-gram already in the hypothesis.
+
+    log_probs: (N, V), changed in place; history: (N, t) tokens output so far. The last n-1
+    tokens are matched against every earlier (n-1)-gram; the token that followed a match is
+    banned (Paulus et al. 2018, section 2.5; OpenNMT's block_ngram_repeat).
+    """
+    if n < 1 or history.size(1) < n - 1:
+        return
+    if n == 1:
+        banned = torch.zeros_like(log_probs, dtype=torch.bool)
+        banned.scatter_(1, history, True)
+        log_probs.masked_fill_(banned, -math.inf)
+        return
+    if history.size(1) < n:
+        return
+    windows = history.unfold(1, n, 1)  # (N, W, n) every n-gram so far
+    prefix = history[:, history.size(1) - n + 1 :]  # (N, n-1) the n-gram being completed
+    match = (windows[:, :, :-1] == prefix[:, None, :]).all(dim=-1)  # (N, W)
+    counts = torch.zeros_like(log_probs, dtype=torch.int32)
+    counts.scatter_add_(1, windows[:, :, -1], match.to(torch.int32))
+    log_probs.masked_fill_(counts > 0, -math.inf)

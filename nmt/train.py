@@ -392,6 +392,17 @@ def train(
 ) -> Path:
     """Train a model as configured; returns the run directory."""
     run_dir = Path(run_dir or config.run.dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run.dir: {run_dir} exists and is a file; choose another --run-dir")
+    with checkpoint.RunLock(run_dir):
+        return _train_locked(config, run_dir, resume, quiet)
+
+
+def _train_locked(
+    config: Config, run_dir: Path | None = None, resume: bool = False, quiet: bool = False
+) -> Path:
+    """The training run proper, with the run directory locked."""
+    run_dir = Path(run_dir or config.run.dir)
     resume_from = prepare_run_dir(run_dir, resume)
     setup_logging(run_dir, quiet=quiet)
     set_threads(config.run.threads)

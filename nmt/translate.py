@@ -104,6 +104,7 @@ class Translator:
                     max_len_offset=decoding.max_len_offset,
                     n_best=n_best,
                     return_attention=return_attention,
+                    no_repeat_ngram=decoding.no_repeat_ngram,
                 )
                 for i, hyps in zip(index, results, strict=True):
                     for hyp in hyps:  # drop the batch's padding columns

@@ -147,3 +147,33 @@ def test_help(command: list[str]) -> None:
     result = nmt(*command, "--help")
     assert result.returncode == 0
     assert "Usage" in result.stdout
+
+
+def test_one_batch_equals_line_by_line(trained: Path) -> None:
+    """Batching never changes a translation: the whole file at once equals one line at a time."""
+    source = (trained / "test.src").read_text(encoding="utf-8").splitlines()[:12]
+    from nmt.translate import Translator
+
+    translator = Translator.from_checkpoint(trained / "run", "cpu")
+    decoding = translator.config.decoding.model_copy(update={"beam_size": 4, "batch_size": 64})
+    together = [
+        translator.detokenize(t.hypotheses[0]) for t in translator.translate(source, decoding)
+    ]
+    alone = [
+        translator.detokenize(translator.translate([line], decoding)[0].hypotheses[0])
+        for line in source
+    ]
+    assert together == alone
+    assert len(set(together)) > 3  # the outputs are real, varied translations
+
+
+def test_run_dir_in_use_is_refused(trained: Path, tmp_path: Path) -> None:
+    from nmt.checkpoint import RunLock
+
+    run_dir = tmp_path / "busy"
+    with RunLock(run_dir):
+        result = nmt("train", str(trained / "config.yaml"), "--run-dir", str(run_dir))
+    assert result.returncode == 2
+    assert "in use by pid" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (run_dir / "config.yaml").exists()  # nothing was written by the refused run

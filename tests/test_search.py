@@ -12,7 +12,13 @@ import torch
 from nmt.config import ModelConfig, from_dict
 from nmt.data import pad
 from nmt.model import Seq2Seq, build_model
-from nmt.search import beam_search, greedy_search, length_penalty, max_lengths
+from nmt.search import (
+    beam_search,
+    block_repeated_ngrams,
+    greedy_search,
+    length_penalty,
+    max_lengths,
+)
 from nmt.tokenizer import BOS_ID, EOS_ID
 
 
@@ -319,3 +325,32 @@ def test_beam_respects_max_length(ratio: float, offset: int) -> None:
             assert len(h.tokens) + 1 <= limit  # + 1 for the EOS
             at_limit += len(h.tokens) + 1 == limit
     assert at_limit > 0  # the limit was actually reached, so it was tested
+
+
+def _has_repeat(tokens: list[int], n: int) -> bool:
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+def test_block_repeated_ngrams_by_hand() -> None:
+    history = torch.tensor([[5, 6, 7, 5, 6], [4, 4, 4, 4, 4], [5, 6, 7, 8, 9]])
+    log_probs = torch.zeros(3, 10)
+    block_repeated_ngrams(log_probs, history, 3)
+    banned = [set(torch.nonzero(row == -math.inf).flatten().tolist()) for row in log_probs]
+    assert banned == [{7}, {4}, set()]  # "5 6" was followed by 7; "4 4" by 4; no repeat
+    unigram = torch.zeros(1, 10)
+    block_repeated_ngrams(unigram, torch.tensor([[5, 8]]), 1)
+    assert set(torch.nonzero(unigram[0] == -math.inf).flatten().tolist()) == {5, 8}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_no_output_repeats_a_blocked_ngram(n: int) -> None:
+    """A model that loves repeating itself cannot, with blocking, in greedy or beam search."""
+    model = _model(BIG_VOCAB, seed=3, eos=0.0)
+    src, src_lengths = _source([6, 4, 5], BIG_VOCAB, seed=3)
+    plain = greedy_search(model, src, src_lengths, 2.0, 6)
+    assert any(_has_repeat(h.tokens, n) for h in plain)  # precondition: repeats happen
+    greedy = greedy_search(model, src, src_lengths, 2.0, 6, no_repeat_ngram=n)
+    beam = beam_search(model, src, src_lengths, 3, 1.0, 2.0, 6, n_best=3, no_repeat_ngram=n)
+    for hyp in [*greedy, *(h for hyps in beam for h in hyps)]:
+        assert not _has_repeat(hyp.tokens, n), hyp.tokens
