@@ -138,6 +138,19 @@ def test_builds_trains_and_translates(case) -> None:
         _check_attention(hyps[0].alphas, len(hyps[0].tokens), length, width, score)
 
 
+# The full product encoder x decoder x score (624 cases, a few minutes): `make test-slow`.
+ALL_CASES = [
+    (score, decoder, encoder, INITS[k % len(INITS)])
+    for k, (score, decoder, encoder) in enumerate(itertools.product(SCORES, DECODERS, ENCODERS))
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ALL_CASES, ids=[_case_id(c) for c in ALL_CASES])
+def test_every_combination_builds_trains_and_translates(case) -> None:
+    test_builds_trains_and_translates(case)
+
+
 # One decoder per score for the float64 checks below, cycling through the three styles.
 PER_SCORE = [
     (score, CASES[len(DECODERS) * i + i % len(DECODERS)]) for i, score in enumerate(SCORES)
