@@ -18,15 +18,6 @@ QUERY, KEY, HIDDEN = 4, 6, 5
 EQUAL_SIZE = ("dot", "scaled_dot", "cosine")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add synchronisation (100x slower on a busy CPU)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _mask(lengths: list[int], width: int) -> torch.Tensor:
     return torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]  # (B, S)
 

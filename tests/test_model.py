@@ -20,15 +20,6 @@ from nmt.tokenizer import PAD_ID
 SRC_VOCAB, TRG_VOCAB = 11, 13
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add synchronisation (100x slower on a busy CPU)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 ENC_HIDDEN, DEC_HIDDEN, EMBED = 4, 8, 6  # bidirectional keys: 8 = DEC_HIDDEN, so 'final' works
 
 

@@ -22,15 +22,6 @@ from nmt.search import (
 from nmt.tokenizer import BOS_ID, EOS_ID
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add synchronisation (100x slower on a busy CPU)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _config(style: str = "bahdanau", rnn: str = "gru", input_feeding: bool = True) -> ModelConfig:
     raw = {
         "embedding_size": 5,

@@ -22,15 +22,6 @@ VOCAB = 12
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add synchronisation on a busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 ENCODERS = list(itertools.product(["gru", "lstm"], [True, False], [1, 2]))  # rnn, bi, layers
 DECODERS = [
     (style, feeding, rnn)
