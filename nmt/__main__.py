@@ -1,4 +1,5 @@
-"""python -m nmt (and torchrun -m nmt train ...)."""
+"""python -m nmt; also what torchrun starts on every rank (see nmt/train.py), as in
+``torchrun --nproc-per-node N -m nmt train CONFIG.yaml``."""
 
 from nmt.cli import main
 

@@ -197,23 +197,23 @@ def eval_(
 
 
 def main() -> None:
-    """Console entry point: one-line errors, exit status 2."""
+    """Console entry point: an NMTError (or a failed file operation) is one stderr line and exit
+    status 2; ``--debug`` re-raises it with its traceback.
+
+    Click runs in standalone mode, so it reports its own usage errors (exit 2), honours
+    ``typer.Exit`` codes and turns Ctrl-C into "Aborted!".
+    """
     try:
-        app(standalone_mode=False)
-    except NMTError as exc:
+        app()
+    except (NMTError, OSError) as exc:
         if _state["debug"]:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         sys.exit(2)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        print("aborted", file=sys.stderr)
-        sys.exit(130)
-    except Exception as exc:  # click usage errors
-        import click
 
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(2)
-        raise
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and not isinstance(exc, NMTError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or exc}"
+    return " ".join(str(exc).split("\n"))

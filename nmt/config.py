@@ -65,6 +65,11 @@ class DataConfig(_Section):
     dev_max_sentences: int | None = Field(
         None, ge=1, description="use only the first N dev pairs for validation BLEU"
     )
+    utf8_errors: Literal["strict", "replace"] = Field(
+        "strict",
+        description="invalid UTF-8 in local files: strict: an error naming the line; "
+        "replace: U+FFFD, with a warning counting the lines",
+    )
 
 
 class TokenizerConfig(_Section):
@@ -187,7 +192,9 @@ class TrainingConfig(_Section):
         "constant",
         description="constant; linear warmup then constant; inverse square root after warmup; halve on dev plateau",
     )
-    warmup_steps: int = Field(0, ge=0, description="linear warmup updates")
+    warmup_steps: int = Field(
+        0, ge=0, description="updates of linear warmup from 0 (before any schedule)"
+    )
     plateau_patience: int = Field(2, ge=1, description="validations without improvement to halve")
     patience: int | None = Field(
         None, ge=1, description="stop after this many validations without improvement"
@@ -195,7 +202,13 @@ class TrainingConfig(_Section):
     best_metric: Literal["bleu", "loss"] = Field(
         "bleu", description="dev metric for the best model"
     )
-    keep_last: int = Field(1, ge=1, description="last checkpoints kept besides the best")
+    keep_last: int = Field(
+        1, ge=1, description="checkpoints kept besides the best (over 1: as step-N.pt files)"
+    )
+    oom_split: bool = Field(
+        False,
+        description="on GPU out-of-memory, retry the batch in halves (same update) instead of stopping",
+    )
     seed: int = Field(1, description="random seed")
 
 
@@ -337,7 +350,7 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
         node = child
     try:
         node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):  # not YAML: the text itself
         node[parts[-1]] = value
 
 
@@ -351,12 +364,20 @@ def from_dict(raw: dict[str, Any], source: str = "config") -> Config:
 
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping, with file and line in the error."""
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory; give the YAML config file inside it")
     if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
+        raise ConfigError(f"{path}: no such config file; see configs/ for examples")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
+        raise ConfigError(
+            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8"
+        ) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

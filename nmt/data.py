@@ -1,14 +1,14 @@
 """Corpora -> cleaned pairs -> token ids -> length-bucketed token batches.
 
-Every corpus goes through Hugging Face ``datasets``: local files with its ``text``/``json``
-builders, hub datasets with ``load_dataset(name, config, split=...)``. Tokenisation is a
-``Dataset.map`` whose results are cached on disk under the run directory, so corpora larger
-than memory work; only lengths are held in memory for bucketing.
+Every corpus becomes a Hugging Face ``datasets.Dataset``: local files (a text pair, TSV,
+JSONL) parsed by ``nmt.textfiles`` into memory-mapped Arrow tables, hub datasets through
+``load_dataset(name, config, split=...)``. Tokenisation is a ``Dataset.map`` whose results are
+cached on disk under the run directory, so corpora larger than memory work; only lengths are
+held in memory for bucketing.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -19,100 +19,38 @@ from typing import Any
 import numpy as np
 import torch
 
-from nmt.config import DataConfig
+from nmt.config import Config, DataConfig
 from nmt.errors import DataError
+from nmt.textfiles import existing, quiet_datasets, read_file, string_features
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 log = logging.getLogger("nmt")
 
 
-def _quiet_datasets() -> Any:
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    return datasets
-
-
-def _existing(path: Path) -> Path:
-    for candidate in (path, path.with_name(path.name + ".gz")):
-        if candidate.is_file():
-            return candidate
-    raise DataError(f"{path}: no such file (nor {path.name}.gz); check data.* paths in the config")
-
-
-def _first_bad_utf8_line(path: Path) -> int:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError:
-                return number
-    return 0
-
-
-def _load_files(builder: str, path: Path, cache_dir: Path | None, **kwargs: Any) -> Any:
-    datasets = _quiet_datasets()
-    try:
-        return datasets.load_dataset(
-            builder,
-            data_files={"rows": str(path)},
-            split="rows",
-            cache_dir=str(cache_dir) if cache_dir else None,
-            **kwargs,
-        )
-    except Exception as exc:  # datasets wraps reader errors in several types
-        cause = _root_cause(exc)
-        if isinstance(cause, UnicodeDecodeError):
-            line = _first_bad_utf8_line(path)
-            raise DataError(f"{path}:{line}: not valid UTF-8; convert the file to UTF-8") from None
-        raise DataError(f"{path}: cannot read ({type(cause).__name__}: {cause})") from None
-
-
-def _root_cause(exc: BaseException) -> BaseException:
-    while exc.__cause__ is not None or exc.__context__ is not None:
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return exc
+def _key(cfg: DataConfig, split: str) -> str:
+    """The config key that names ``split`` (data.train, data.dev or data.test), for messages."""
+    for name, value in (("train", cfg.train), ("dev", cfg.dev), ("test", cfg.test)):
+        if split == value:
+            return f"data.{name}"
+    return "data"
 
 
 def _read_text_pair(cfg: DataConfig, prefix: str, cache_dir: Path | None) -> Any:
-    datasets = _quiet_datasets()
-    src_path = _existing(Path(f"{prefix}.{cfg.src_lang}"))
-    trg_path = _existing(Path(f"{prefix}.{cfg.trg_lang}"))
-    src = _load_files("text", src_path, cache_dir).rename_column("text", "src")
-    trg = _load_files("text", trg_path, cache_dir).rename_column("text", "trg")
+    key = _key(cfg, prefix)
+    src_path = existing(Path(f"{prefix}.{cfg.src_lang}"), key)
+    trg_path = existing(Path(f"{prefix}.{cfg.trg_lang}"), key)
+    src = read_file(src_path, "text", utf8_errors=cfg.utf8_errors, cache_dir=cache_dir)
+    trg = read_file(trg_path, "text", utf8_errors=cfg.utf8_errors, cache_dir=cache_dir)
     if len(src) != len(trg):
         raise DataError(
             f"{src_path} has {len(src)} lines but {trg_path} has {len(trg)}; "
             f"parallel files must have one sentence per line on both sides"
         )
-    return datasets.concatenate_datasets([src, trg], axis=1)
-
-
-def _split_tsv(batch: dict[str, list[str]], indices: list[int], path: Path) -> dict[str, list]:
-    src, trg = [], []
-    for line, index in zip(batch["text"], indices, strict=True):
-        fields = line.split("\t")
-        if len(fields) != 2 and line.strip():
-            raise DataError(
-                f"{path}:{index + 1}: expected 2 tab-separated fields, found {len(fields)}"
-            )
-        src.append(fields[0])
-        trg.append(fields[1] if len(fields) == 2 else "")
-    return {"src": src, "trg": trg}
-
-
-def _read_tsv(path_str: str, cache_dir: Path | None) -> Any:
-    path = _existing(Path(path_str))
-    rows = _load_files("text", path, cache_dir)
-    return rows.map(
-        _split_tsv,
-        batched=True,
-        with_indices=True,
-        fn_kwargs={"path": path},
-        remove_columns=["text"],
-        load_from_cache_file=False,
+    datasets = quiet_datasets()
+    if len(src) == 0:  # concatenate_datasets would drop an empty table, and its column
+        return datasets.Dataset.from_dict({"src": [], "trg": []}, string_features(["src", "trg"]))
+    return datasets.concatenate_datasets(
+        [src.rename_column("text", "src"), trg.rename_column("text", "trg")], axis=1
     )
 
 
@@ -125,14 +63,17 @@ def _select_fields(rows: Any, cfg: DataConfig, where: str) -> Any:
             {src_field: "src", trg_field: "trg"}
         )
     if "translation" in columns:
-        return rows.map(
-            lambda b: {
-                "src": [t[src_field] for t in b["translation"]],
-                "trg": [t[trg_field] for t in b["translation"]],
-            },
-            batched=True,
-            remove_columns=columns,
-        )
+        try:
+            return rows.map(
+                lambda b: {
+                    "src": [t[src_field] for t in b["translation"]],
+                    "trg": [t[trg_field] for t in b["translation"]],
+                },
+                batched=True,
+                remove_columns=columns,
+            )
+        except (KeyError, TypeError):
+            pass
     raise DataError(
         f"{where}: no fields {src_field!r} and {trg_field!r} (found {', '.join(columns)}); "
         f"set data.src_field and data.trg_field"
@@ -140,15 +81,19 @@ def _select_fields(rows: Any, cfg: DataConfig, where: str) -> Any:
 
 
 def read_pairs(cfg: DataConfig, split: str, cache_dir: Path | None = None) -> Any:
-    """A ``datasets.Dataset`` with string columns ``src`` and ``trg`` for one split."""
+    """A ``datasets.Dataset`` with string columns ``src`` and ``trg`` for one split.
+
+    ``split`` is the value of data.train, data.dev or data.test: a file prefix (text), a file
+    (tsv, jsonl) or a hub split. Local files are read by ``nmt.textfiles`` (lines end at
+    ``\\n``; CRLF handled; file:line errors) into Arrow tables under ``cache_dir``.
+    """
     if cfg.format == "text":
         return _read_text_pair(cfg, split, cache_dir)
-    if cfg.format == "tsv":
-        return _read_tsv(split, cache_dir)
-    if cfg.format == "jsonl":
-        path = _existing(Path(split))
-        return _select_fields(_load_files("json", path, cache_dir), cfg, str(path))
-    datasets = _quiet_datasets()
+    if cfg.format in ("tsv", "jsonl"):
+        path = existing(Path(split), _key(cfg, split))
+        fields = (cfg.src_field or cfg.src_lang, cfg.trg_field or cfg.trg_lang)
+        return read_file(path, cfg.format, fields, cfg.utf8_errors, cache_dir)
+    datasets = quiet_datasets()
     try:
         rows = datasets.load_dataset(
             cfg.hub_name,
@@ -159,6 +104,34 @@ def read_pairs(cfg: DataConfig, split: str, cache_dir: Path | None = None) -> An
     except Exception as exc:
         raise DataError(f"data.hub_name {cfg.hub_name!r} split {split!r}: {exc}") from None
     return _select_fields(rows, cfg, f"{cfg.hub_name} {split}")
+
+
+def _local_files(cfg: DataConfig, split: str) -> list[Path]:
+    if cfg.format == "text":
+        return [Path(f"{split}.{cfg.src_lang}"), Path(f"{split}.{cfg.trg_lang}")]
+    return [Path(split)]
+
+
+def check_files(config: Config) -> None:
+    """Before training: every local file the run reads exists; all missing ones in one error.
+
+    Checks data.train and data.dev (a text pair's two files, or the TSV/JSONL file; a ``.gz``
+    beside a name counts) and tokenizer.model when it is set.
+    """
+    data = config.data
+    problems = []
+    if data.format != "hub":
+        for key, split in (("data.train", data.train), ("data.dev", data.dev)):
+            for path in _local_files(data, split):
+                try:
+                    existing(path, key)
+                except DataError as exc:
+                    problems.append(str(exc).removesuffix(f"; fix {key} in the config"))
+    model = config.tokenizer.model
+    if model and not Path(model).is_file():
+        problems.append(f"tokenizer.model: {model}: no such sentencepiece model")
+    if problems:
+        raise DataError("; ".join(problems) + "; fix the paths in the config or --override them")
 
 
 def drop_empty(rows: Any) -> tuple[Any, int]:

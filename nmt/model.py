@@ -129,6 +129,21 @@ class Seq2Seq(nn.Module):
         return loss_sum, nll_sum
 
 
+class TrainingLoss(nn.Module):
+    """The model's training loss as a module whose forward returns it, so that
+    DistributedDataParallel (which hooks ``forward``) can wrap it; the weights stay those of
+    ``model``."""
+
+    def __init__(self, model: Seq2Seq, label_smoothing: float):
+        super().__init__()
+        self.model = model
+        self.label_smoothing = label_smoothing
+
+    def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """-> (loss_sum, nll_sum), scalars summed over the batch's target tokens."""
+        return self.model.loss(batch, self.label_smoothing)
+
+
 def build_model(cfg: ModelConfig, src_vocab_size: int, trg_vocab_size: int) -> Seq2Seq:
     return Seq2Seq(cfg, src_vocab_size, trg_vocab_size)
 

@@ -1,13 +1,22 @@
-"""Seeding, device and precision choice, thread count."""
+"""Seeding, device and precision choice, thread count, and the distributed process group.
+
+Under ``torchrun`` every process finds WORLD_SIZE, RANK and LOCAL_RANK in its environment;
+``init_distributed`` joins the process group (NCCL on CUDA, gloo on CPU) and picks the GPU of
+the local rank. Without them training is a single process and no process group exists.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as torch_dist
 
 from nmt.errors import ConfigError
 
@@ -18,22 +27,28 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def choose_device(name: str) -> torch.device:
+def choose_device(name: str, local_rank: int = 0) -> torch.device:
+    """The device to train on; under torchrun each local rank takes its own GPU."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("run.device: 'cuda' was asked for but no CUDA device is available")
+    if name == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"run.device: local rank {local_rank} needs GPU {local_rank} but only "
+                f"{torch.cuda.device_count()} are visible; lower torchrun --nproc-per-node"
+            )
+        return torch.device("cuda", local_rank)
     return torch.device(name)
 
 
 def choose_precision(name: str, device: torch.device) -> str:
-    """'auto' is bf16 on a GPU that supports it, else fp32."""
+    """'auto' is bf16 on a GPU that supports it, else fp32. fp16 works on CPU too (slowly)."""
     if name == "auto":
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
             return "bf16"
         return "fp32"
-    if name == "fp16" and device.type != "cuda":
-        raise ConfigError("training.precision: 'fp16' needs a CUDA device; use bf16 or fp32 on CPU")
     return name
 
 
@@ -43,6 +58,13 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def grad_scaler(precision: str, device: torch.device, init_scale: float) -> Any:
+    """A GradScaler on the run's device type for fp16; None for fp32 and bf16."""
+    if precision != "fp16":
+        return None
+    return torch.amp.GradScaler(device.type, init_scale=init_scale)
 
 
 def set_threads(threads: int | None) -> None:
@@ -59,3 +81,80 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
+
+
+# ----------------------------------------------------------------------------- distributed
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """This process's place in a torchrun job (rank 0 of 1 without torchrun)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    owns_group: bool = False  # this process created the process group and destroys it
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise ConfigError(f"environment: {name}={value!r} is not an integer") from None
+
+
+def init_distributed(device_name: str) -> tuple[Distributed, torch.device]:
+    """Join the torchrun process group if there is one; returns (place, device)."""
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    device = choose_device(device_name, local_rank if world_size > 1 else 0)
+    if world_size == 1:
+        return Distributed(), device
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    owns = not torch_dist.is_initialized()
+    if owns:
+        if not torch_dist.is_available():
+            raise ConfigError("torchrun: this build of torch has no torch.distributed")
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        torch_dist.init_process_group(backend, rank=rank, world_size=world_size)
+    return Distributed(rank, local_rank, world_size, owns), device
+
+
+def shutdown_distributed(place: Distributed) -> None:
+    if place.owns_group and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def all_reduce(values: list[float], device: torch.device, op: str = "sum") -> list[float]:
+    """Sum (or max) a few numbers over all ranks; every rank gets the same result."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    torch_dist.all_reduce(
+        tensor, torch_dist.ReduceOp.MAX if op == "max" else torch_dist.ReduceOp.SUM
+    )
+    return tensor.tolist()
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's picklable object, on every rank."""
+    holder = [obj]
+    torch_dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def gather_objects(obj: Any, place: Distributed) -> list[Any]:
+    """Every rank's picklable object, in rank order, on every rank."""
+    if not place.enabled:
+        return [obj]
+    out: list[Any] = [None] * place.world_size
+    torch_dist.all_gather_object(out, obj)
+    return out

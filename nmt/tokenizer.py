@@ -114,12 +114,15 @@ class Tokenizer:
         return cls(state["src"], state["trg"])
 
     def save(self, run_dir: Path) -> None:
-        """Write the sentencepiece model file(s) for users and other tools."""
+        """Write the sentencepiece model file(s) for users and other tools (atomically)."""
+        from nmt.checkpoint import atomic_write_bytes
+
         if self.joint:
-            (run_dir / "spm.model").write_bytes(self.src_proto)
+            files = {"spm.model": self.src_proto}
         else:
-            (run_dir / "spm.src.model").write_bytes(self.src_proto)
-            (run_dir / "spm.trg.model").write_bytes(self.trg_proto)
+            files = {"spm.src.model": self.src_proto, "spm.trg.model": self.trg_proto}
+        for name, proto in files.items():
+            atomic_write_bytes(run_dir / name, lambda handle, data=proto: handle.write(data))
 
 
 def load_model_file(path: Path) -> bytes:

@@ -1,13 +1,28 @@
-"""The training loop, written out: forward, backward, clip, step, validate, checkpoint."""
+"""The training loop, written out: forward, backward, clip, step, validate, checkpoint.
+
+One process trains on one device, a GPU when there is one. Several GPUs, on one machine or
+several, train one model with PyTorch DistributedDataParallel when torchrun starts the
+processes (``nmt`` reads WORLD_SIZE, RANK and LOCAL_RANK from the environment)::
+
+    torchrun --nproc-per-node 4 -m nmt train CONFIG.yaml
+    # two machines with 4 GPUs each; run on both, with the address of the first:
+    torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \\
+        --rdzv-endpoint HOST:29500 -m nmt train CONFIG.yaml
+
+Every rank builds the same seeded batch list for an epoch; global step k trains rank r on
+batch k*W + r (W ranks; the last len % W batches of an epoch are dropped), and each rank's loss
+sum is scaled by W / (target tokens of all W batches), which DDP's gradient averaging turns
+into exactly the update of one process on the union of the W batches. Only rank 0 writes the
+log, tensorboard, metrics.jsonl, the tokenizer and checkpoints. To resume, the run directory
+must be on a filesystem all machines share.
+"""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import math
-import platform
 import signal
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -15,54 +30,53 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-from nmt import __version__, checkpoint, evaluate
-from nmt.config import Config, changed_keys, from_dict, to_yaml
-from nmt.data import (
-    TokenizedCorpus,
-    bucket_batches,
-    drop_empty,
-    drop_long,
-    padding_fraction,
-    read_pairs,
-    tokenize,
-)
+from nmt import checkpoint
+from nmt.config import Config
+from nmt.data import Batch, bucket_batches, check_files, padding_fraction
 from nmt.errors import CheckpointError, ConfigError, NMTError
-from nmt.model import Seq2Seq, build_model, count_parameters
+from nmt.model import Seq2Seq, TrainingLoss, build_model, count_parameters
+from nmt.prepare import Corpora, load_corpora_in_turn, prepare_run_dir, write_run_info
+from nmt.resume import (
+    Progress,
+    read_checkpoint,
+    restore,
+    restore_rng,
+    rng_state,
+    save_checkpoints,
+)
 from nmt.runtime import (
+    Distributed,
+    all_reduce,
     autocast,
-    choose_device,
     choose_precision,
-    eval_mode,
+    gather_objects,
+    grad_scaler,
+    init_distributed,
     seed_everything,
     set_threads,
+    shutdown_distributed,
 )
-from nmt.tokenizer import Tokenizer, load_model_file, train_sentencepiece
+from nmt.tokenizer import PAD_ID, Tokenizer
 from nmt.tracking import ProgressBar, Tracker, setup_logging
-from nmt.translate import Translator
+from nmt.validation import agree, validate
 
 log = logging.getLogger("nmt")
 
 MAX_BAD_STEPS = 10  # consecutive non-finite steps before training stops
-
-
-@dataclass
-class Progress:
-    """Where training stands; saved in every checkpoint."""
-
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    best_score: float | None = None
-    bad_validations: int = 0
-    lr_scale: float = 1.0
-    skipped_steps: int = 0
-    bad_steps_in_a_row: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
+INITIAL_LOSS_SCALE = 2.0**16  # fp16 GradScaler's first scale (PyTorch's default)
 
 
 class Schedule:
-    """Learning rate as a function of the step, plus halving on a dev plateau."""
+    """Learning rate as a function of the step, plus halving on a dev plateau.
+
+    Every schedule first ramps up linearly over ``warmup`` updates (lr * step / warmup); then
+    ``constant`` and ``warmup`` stay at lr, ``inverse_sqrt`` decays as lr * sqrt(warmup / step)
+    (Vaswani et al. 2017, eq. 3), and ``plateau`` halves lr after every ``patience``
+    validations without improvement (``Progress.lr_scale``).
+    """
 
     def __init__(self, kind: str, base_lr: float, warmup: int, patience: int):
         self.kind, self.base_lr, self.warmup, self.patience = kind, base_lr, warmup, patience
@@ -70,9 +84,9 @@ class Schedule:
     def lr(self, step: int, progress: Progress) -> float:
         step = max(step, 1)
         scale = 1.0
-        if self.warmup and step < self.warmup and self.kind != "plateau":
+        if step < self.warmup:
             scale = step / self.warmup
-        if self.kind == "inverse_sqrt" and step >= max(self.warmup, 1):
+        elif self.kind == "inverse_sqrt":
             scale = math.sqrt(max(self.warmup, 1) / step)
         return self.base_lr * scale * progress.lr_scale
 
@@ -83,260 +97,29 @@ def _better(score: float, best: float | None, metric: str) -> bool:
     return score > best if metric == "bleu" else score < best
 
 
-# ----------------------------------------------------------------------------- run directory
-
-
-def prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
-    """Create the run dir; return the checkpoint to resume from (or None)."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"run.dir: {run_dir} exists and is a file; choose another --run-dir")
-    last = run_dir / "last.pt"
-    if last.is_file():
-        if not resume:
-            raise ConfigError(
-                f"run.dir: {run_dir} already holds a training run; pass --resume to continue it "
-                f"or --run-dir to start a new one"
-            )
-        return last
-    if resume:
-        log.info("no checkpoint in %s; starting a new run", run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return None
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).parent,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def write_run_info(run_dir: Path, config: Config, device: torch.device, precision: str) -> None:
-    checkpoint.atomic_write_text(run_dir / "config.yaml", to_yaml(config))
-    info = {
-        "nmt_version": __version__,
-        "git_commit": _git_commit(),
-        "torch_version": torch.__version__,
-        "python": platform.python_version(),
-        "device": str(device),
-        "device_name": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor(),
-        "threads": torch.get_num_threads(),
-        "precision": precision,
-    }
-    checkpoint.atomic_write_text(run_dir / "environment.json", json.dumps(info, indent=2) + "\n")
-
-
-# ----------------------------------------------------------------------------- data
-
-
-def build_tokenizer(config: Config, train_rows: Any) -> Tokenizer:
-    cfg = config.tokenizer
-    if cfg.model:
-        proto = load_model_file(Path(cfg.model))
-        return Tokenizer(proto, proto)
-    args = (
-        cfg.vocab_size,
-        cfg.type,
-        cfg.character_coverage,
-        cfg.max_train_sentences,
-        config.training.seed,
-    )
-    started = time.time()
-    if cfg.joint:
-        proto = train_sentencepiece([*train_rows["src"], *train_rows["trg"]], *args)
-        tokenizer = Tokenizer(proto, proto)
+def record_validation(
+    progress: Progress, metrics: dict[str, float], metric: str, schedule: Schedule
+) -> bool:
+    """Best score, validations without improvement and the plateau scale; True if improved."""
+    score = metrics[metric]
+    improved = _better(score, progress.best_score, metric)
+    if improved:
+        progress.best_score = score
+        progress.bad_validations = 0
     else:
-        tokenizer = Tokenizer(
-            train_sentencepiece(train_rows["src"], *args),
-            train_sentencepiece(train_rows["trg"], *args),
-        )
-    log.info(
-        "tokenizer: %s %s, vocab %d/%d, trained in %.1fs",
-        cfg.type,
-        "joint" if cfg.joint else "separate",
-        tokenizer.src_vocab_size,
-        tokenizer.trg_vocab_size,
-        time.time() - started,
-    )
-    return tokenizer
+        progress.bad_validations += 1
+        if schedule.kind == "plateau" and progress.bad_validations % schedule.patience == 0:
+            progress.lr_scale *= 0.5
+            log.info(
+                "dev %s has not improved for %d validations: learning rate halved",
+                metric,
+                schedule.patience,
+            )
+    progress.history.append({"step": progress.step, **metrics})
+    return improved
 
 
-@dataclass
-class Corpora:
-    train: TokenizedCorpus
-    dev: TokenizedCorpus
-    dev_src: list[str]
-    dev_trg: list[str]
-    dev_src_ids: list[list[int]]
-
-
-def load_corpora(
-    config: Config, run_dir: Path, tokenizer: Tokenizer | None
-) -> tuple[Corpora, Tokenizer]:
-    cache = run_dir / "cache"
-    train_rows, empty = drop_empty(read_pairs(config.data, config.data.train, cache))
-    if empty:
-        log.info("train: dropped %d pairs with an empty side", empty)
-    if len(train_rows) == 0:
-        raise NMTError(f"data.train: {config.data.train} has no usable sentence pairs")
-    tokenizer = tokenizer or build_tokenizer(config, train_rows)
-    train_ids, long = drop_long(tokenize(train_rows, tokenizer), config.data.max_length)
-    if long:
-        log.info(
-            "train: dropped %d pairs longer than data.max_length=%d", long, config.data.max_length
-        )
-    if len(train_ids) == 0:
-        raise NMTError("data.max_length: every training pair is longer than this; raise it")
-    dev_rows, _ = drop_empty(read_pairs(config.data, config.data.dev, cache))
-    if len(dev_rows) == 0:
-        raise NMTError(f"data.dev: {config.data.dev} has no usable sentence pairs")
-    dev_ids = tokenize(dev_rows, tokenizer)
-    limit = min(len(dev_rows), config.data.dev_max_sentences or len(dev_rows))
-    dev_src, dev_trg = list(dev_rows["src"][:limit]), list(dev_rows["trg"][:limit])
-    corpora = Corpora(
-        train=TokenizedCorpus(train_ids),
-        dev=TokenizedCorpus(dev_ids),
-        dev_src=dev_src,
-        dev_trg=dev_trg,
-        dev_src_ids=[list(ids) for ids in dev_ids["src_ids"][:limit]],
-    )
-    log.info("data: %d training pairs, %d dev pairs", len(corpora.train), len(corpora.dev))
-    return corpora, tokenizer
-
-
-# ----------------------------------------------------------------------------- validation
-
-
-@torch.no_grad()
-def dev_loss(
-    model: Seq2Seq, dev: TokenizedCorpus, batch_tokens: int, device: torch.device, precision: str
-) -> float:
-    total, tokens = 0.0, 0
-    with eval_mode(model), autocast(device, precision):
-        for indices in bucket_batches(dev.src_lengths, dev.trg_lengths, batch_tokens, 0, 0):
-            batch = dev.batch(indices).to(device)
-            _, nll = model.loss(batch)
-            total += float(nll)
-            tokens += batch.n_target_tokens
-    return total / max(tokens, 1)
-
-
-def validate(
-    model: Seq2Seq,
-    tokenizer: Tokenizer,
-    config: Config,
-    corpora: Corpora,
-    device: torch.device,
-    precision: str,
-    tracker: Tracker,
-    step: int,
-) -> dict[str, float]:
-    """Dev loss and perplexity (teacher forcing), BLEU and chrF of greedy translations."""
-    started = time.time()
-    loss = dev_loss(model, corpora.dev, config.training.batch_tokens, device, precision)
-    translator = Translator(model, tokenizer, config, device, precision)
-    greedy = config.decoding.model_copy(update={"beam_size": 1})
-    hyps = translator.decode_ids(corpora.dev_src_ids, greedy)
-    hyp_lines = [translator.detokenize(h[0]) for h in hyps]
-    report = evaluate.score({"dev": hyp_lines}, [corpora.dev_trg], metrics=("bleu", "chrf"))
-    scores = report.systems[0]
-    metrics = {
-        "loss": loss,
-        "ppl": math.exp(min(loss, 50.0)),
-        "bleu": float(scores.bleu or 0.0),
-        "chrf": float(scores.chrf or 0.0),
-    }
-    tracker.scalars(step, metrics, "dev")
-    _attention_image(translator, corpora, tracker, step)
-    log.info(
-        "validation at step %d: dev loss %.3f ppl %.2f BLEU %.2f chrF %.2f (%.1fs) | %s -> %s",
-        step,
-        metrics["loss"],
-        metrics["ppl"],
-        metrics["bleu"],
-        metrics["chrf"],
-        time.time() - started,
-        corpora.dev_src[0][:60],
-        hyp_lines[0][:60],
-    )
-    return metrics
-
-
-def _attention_image(translator: Translator, corpora: Corpora, tracker: Tracker, step: int) -> None:
-    if not tracker.enabled:
-        return
-    from nmt.plots import attention_figure_array
-
-    greedy = translator.config.decoding.model_copy(update={"beam_size": 1})
-    hyp = translator.decode_ids(corpora.dev_src_ids[:1], greedy, return_attention=True)[0][0]
-    if hyp.alphas is None or not hyp.tokens:
-        return
-    tokenizer = translator.tokenizer
-    src = tokenizer.src_pieces(corpora.dev_src_ids[0])
-    trg = [*tokenizer.trg_pieces(hyp.tokens), "</s>"]
-    tracker.image(step, "dev/attention", attention_figure_array(src, trg, hyp.alphas.numpy()))
-
-
-# ----------------------------------------------------------------------------- checkpoints
-
-
-def _state(
-    model: Seq2Seq,
-    optimizer: torch.optim.Optimizer,
-    scaler: Any,
-    progress: Progress,
-    config: Config,
-    tokenizer: Tokenizer,
-) -> dict[str, Any]:
-    return {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scaler": scaler.state_dict() if scaler is not None else None,
-        "progress": asdict(progress),
-        "config": config.model_dump(mode="json"),
-        "tokenizer": tokenizer.state_dict(),
-        "rng": {
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "numpy": np.random.get_state(),
-        },
-    }
-
-
-def save_checkpoints(run_dir: Path, state: dict[str, Any], keep_last: int, is_best: bool) -> None:
-    step = state["progress"]["step"]
-    checkpoint.save(run_dir / "last.pt", state)
-    if is_best:
-        checkpoint.save(run_dir / "best.pt", state)
-    if keep_last > 1:
-        checkpoint.save(run_dir / f"step-{step:08d}.pt", state)
-        for old in sorted(run_dir.glob("step-*.pt"))[: -(keep_last - 1)]:
-            old.unlink()
-
-
-def check_resume_config(saved: Config, new: Config) -> None:
-    changed = changed_keys(saved, new)
-    if not changed:
-        return
-    log.info("config changed since the checkpoint: %s", ", ".join(changed))
-    frozen = [k for k in changed if k.startswith(("model.", "tokenizer."))]
-    if frozen:
-        raise ConfigError(
-            f"{frozen[0]}: changed since the checkpoint and cannot apply to the saved model "
-            f"(changed: {', '.join(frozen)}); restore it or start a new --run-dir"
-        )
-
-
-# ----------------------------------------------------------------------------- the loop
+# ----------------------------------------------------------------------------- the run
 
 
 class _StopFlag:
@@ -369,6 +152,7 @@ class Run:
     config: Config
     run_dir: Path
     model: Seq2Seq
+    loss_module: nn.Module  # TrainingLoss(model), inside DDP when distributed
     optimizer: torch.optim.Optimizer
     scaler: Any
     progress: Progress
@@ -378,69 +162,115 @@ class Run:
     device: torch.device
     precision: str
     schedule: Schedule
+    place: Distributed
     started: float
 
     def save(self, is_best: bool) -> None:
-        state = _state(
-            self.model, self.optimizer, self.scaler, self.progress, self.config, self.tokenizer
-        )
+        """Every rank hands in its random state; rank 0 writes the checkpoints."""
+        rng_by_rank = gather_objects(rng_state(), self.place)
+        if not self.place.is_main:
+            return
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "progress": asdict(self.progress),
+            "config": self.config.model_dump(mode="json"),
+            "tokenizer": self.tokenizer.state_dict(),
+            "rng": rng_by_rank[0],
+        }
+        if self.place.enabled:
+            state["rng_by_rank"] = rng_by_rank
         save_checkpoints(self.run_dir, state, self.config.training.keep_last, is_best)
 
 
 def train(
     config: Config, run_dir: Path | None = None, resume: bool = False, quiet: bool = False
 ) -> Path:
-    """Train a model as configured; returns the run directory."""
+    """Train a model as configured (one process, or one rank under torchrun); returns the
+    run directory."""
+    check_files(config)  # before anything is written
     run_dir = Path(run_dir or config.run.dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run.dir: {run_dir} exists and is a file; choose another --run-dir")
-    with checkpoint.RunLock(run_dir):
-        return _train_locked(config, run_dir, resume, quiet)
+    place, device = init_distributed(config.run.device)
+    try:
+        lock = checkpoint.RunLock(run_dir) if place.is_main else contextlib.nullcontext()
+        with lock:
+            _train_locked(config, run_dir, resume, quiet, place, device)
+    finally:
+        shutdown_distributed(place)
+    return run_dir
 
 
 def _train_locked(
-    config: Config, run_dir: Path | None = None, resume: bool = False, quiet: bool = False
-) -> Path:
+    config: Config,
+    run_dir: Path,
+    resume: bool,
+    quiet: bool,
+    place: Distributed,
+    device: torch.device,
+) -> None:
     """The training run proper, with the run directory locked."""
-    run_dir = Path(run_dir or config.run.dir)
     resume_from = prepare_run_dir(run_dir, resume)
-    setup_logging(run_dir, quiet=quiet)
+    setup_logging(run_dir if place.is_main else None, quiet=quiet or not place.is_main)
     set_threads(config.run.threads)
-    device = choose_device(config.run.device)
     precision = choose_precision(config.training.precision, device)
     started = time.time()
-
-    saved: dict[str, Any] | None = None
-    tokenizer: Tokenizer | None = None
-    if resume_from is not None:
-        saved = checkpoint.load(resume_from)
-        check_resume_config(from_dict(saved["config"], f"{resume_from} (saved config)"), config)
-        tokenizer = Tokenizer.from_state_dict(saved["tokenizer"])
-        log.info("resuming from %s (step %d)", resume_from, saved["progress"]["step"])
+    saved, tokenizer = read_checkpoint(resume_from, config)
     seed_everything(config.training.seed)
-    corpora, tokenizer = load_corpora(config, run_dir, tokenizer)
-    tokenizer.save(run_dir)
-    write_run_info(run_dir, config, device, precision)
+    corpora, tokenizer = load_corpora_in_turn(config, run_dir, tokenizer, place)
+    if place.is_main:
+        write_run_info(run_dir, config, device, precision, place.world_size)
+    run = _build_run(config, run_dir, tokenizer, corpora, saved, place, device, precision)
+    run.started = started  # training.max_minutes counts data preparation too
+    try:
+        with _StopFlag() as stop, ProgressBar(enabled=not quiet and place.is_main) as bar:
+            _loop(run, stop, bar)
+    finally:
+        run.tracker.close()
 
+
+def _build_run(
+    config: Config,
+    run_dir: Path,
+    tokenizer: Tokenizer,
+    corpora: Corpora,
+    saved: dict[str, Any] | None,
+    place: Distributed,
+    device: torch.device,
+    precision: str,
+) -> Run:
+    """Model, optimiser and scaler, fresh or restored; the loss module DDP wraps."""
+    cfg = config.training
     model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size).to(device)
     optimizer = _optimizer(config, model)
-    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
-    progress = _restore(saved, model, optimizer, scaler) if saved is not None else Progress()
+    scaler = grad_scaler(precision, device, INITIAL_LOSS_SCALE)
+    if saved is not None:
+        progress = restore(saved, model, optimizer, scaler)
+        restore_rng(saved, place, cfg.seed)
+    else:
+        progress = Progress()
+        if place.rank:  # same initial weights everywhere, different dropout masks
+            seed_everything(cfg.seed + place.rank)
+    _check_same_start(progress, place, device)
     log.info(
-        "model: %s decoder, %s attention, %d parameters; %s, %s",
+        "model: %s decoder, %s attention, %d parameters; %s, %s%s",
         config.model.decoder.style,
         config.model.attention.score,
         count_parameters(model),
         device,
         precision,
+        f", {place.world_size} ranks" if place.enabled else "",
     )
-    cfg = config.training
+    loss_module = loss_for_training(model, cfg.label_smoothing, place)
     schedule = Schedule(cfg.schedule, cfg.learning_rate, cfg.warmup_steps, cfg.plateau_patience)
-    tracker = Tracker(run_dir)
-    run = Run(
+    tracker = Tracker(run_dir, enabled=place.is_main)
+    return Run(
         config,
         run_dir,
         model,
+        loss_module,
         optimizer,
         scaler,
         progress,
@@ -450,14 +280,18 @@ def _train_locked(
         device,
         precision,
         schedule,
-        started,
+        place,
+        time.time(),
     )
-    try:
-        with _StopFlag() as stop, ProgressBar(enabled=not quiet) as bar:
-            _loop(run, stop, bar)
-    finally:
-        tracker.close()
-    return run_dir
+
+
+def loss_for_training(model: Seq2Seq, label_smoothing: float, place: Distributed) -> nn.Module:
+    """The module whose forward gives the loss sums; DDP-wrapped when there are several ranks
+    (its construction broadcasts rank 0's weights; every parameter is used in every step)."""
+    loss_module = TrainingLoss(model, label_smoothing)
+    if not place.enabled:
+        return loss_module
+    return DistributedDataParallel(loss_module, broadcast_buffers=False)
 
 
 def _optimizer(config: Config, model: Seq2Seq) -> torch.optim.Optimizer:
@@ -466,22 +300,19 @@ def _optimizer(config: Config, model: Seq2Seq) -> torch.optim.Optimizer:
     return cls(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
 
 
-def _restore(
-    saved: dict[str, Any], model: Seq2Seq, optimizer: torch.optim.Optimizer, scaler: Any
-) -> Progress:
-    try:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-    except (RuntimeError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"checkpoint does not fit the configured model: {exc}") from None
-    if scaler is not None and saved.get("scaler"):
-        scaler.load_state_dict(saved["scaler"])
-    rng = saved["rng"]
-    torch.set_rng_state(rng["torch"])
-    if rng.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    np.random.set_state(rng["numpy"])
-    return Progress(**saved["progress"])
+def _check_same_start(progress: Progress, place: Distributed, device: torch.device) -> None:
+    """All ranks must start from the same step, or their collectives would not pair up."""
+    if not place.enabled:
+        return
+    high, low = all_reduce([progress.step, -progress.step], device, op="max")
+    if high != -low:
+        raise CheckpointError(
+            f"the ranks start from different steps ({-low:.0f} to {high:.0f}): each read its "
+            f"own run directory; put it on a filesystem all machines share"
+        )
+
+
+# ----------------------------------------------------------------------------- the loop
 
 
 @dataclass
@@ -494,77 +325,84 @@ class _Window:
     started: float = field(default_factory=time.time)
 
 
+@dataclass
+class StepResult:
+    """One step as every rank sees it: sums over all ranks' batches and agreed flags."""
+
+    loss: float
+    nll: float
+    grad_norm: float
+    status: str  # "applied", "overflow" (fp16 scaler skipped it) or "nonfinite"
+    signal: bool  # some rank was sent SIGINT/SIGTERM
+    out_of_time: bool  # some rank reached training.max_minutes
+
+
 def _loop(run: Run, stop: _StopFlag, bar: ProgressBar) -> None:
     """Epochs of bucketed batches; validate and checkpoint at the interval and at the end."""
-    cfg, progress, corpora = run.config.training, run.progress, run.corpora
+    cfg, progress, world = run.config.training, run.progress, run.place.world_size
     window = _Window()
-    validated_at = -1
     run.model.train()
-    while progress.epoch < cfg.epochs:
+    reason = _stop_reason(run, None)
+    while reason is None and progress.epoch < cfg.epochs:
+        corpus = run.corpora.train
         batches = bucket_batches(
-            corpora.train.src_lengths,
-            corpora.train.trg_lengths,
-            cfg.batch_tokens,
-            cfg.seed,
-            progress.epoch,
+            corpus.src_lengths, corpus.trg_lengths, cfg.batch_tokens, cfg.seed, progress.epoch
         )
         _log_epoch(run, batches)
-        bar.start_epoch(progress.epoch + 1, len(batches), progress.batch_in_epoch)
-        while progress.batch_in_epoch < len(batches):
-            batch = corpora.train.batch(batches[progress.batch_in_epoch]).to(run.device)
-            progress.batch_in_epoch += 1
-            if not _update(run, batch, window, bar):
-                continue
-            if stop.signal:
-                run.save(is_best=False)
-                log.info(
-                    "stopped by signal %d at step %d; continue with --resume",
-                    stop.signal,
-                    progress.step,
-                )
-                raise KeyboardInterrupt
-            reason = _stop_reason(run)
-            if progress.step % cfg.validate_every == 0 or reason:
-                _validate_and_save(run)
-                validated_at = progress.step
-                reason = reason or (
-                    "early stopping" if _early_stop(progress, cfg.patience) else None
-                )
-            if reason:
-                log.info("stopping at step %d (%s)", progress.step, reason)
-                _finish(run)
-                return
-        progress.epoch += 1
-        progress.batch_in_epoch = 0
-    if validated_at != progress.step:
+        bar.start_epoch(progress.epoch + 1, len(batches) // world, progress.batch_in_epoch // world)
+        while reason is None and progress.batch_in_epoch + world <= len(batches):
+            shard = batches[progress.batch_in_epoch : progress.batch_in_epoch + world]
+            progress.batch_in_epoch += world
+            result = _update(run, shard, window, bar, stop)
+            reason = _stop_reason(run, result)
+            if reason or (result.status == "applied" and progress.step % cfg.validate_every == 0):
+                _validate_and_save(run)  # before a signal's save, as the run would have
+                reason = _stop_reason(run, result)
+            if result.signal and reason is None:
+                _stop_on_signal(run, stop)
+        if reason is None:
+            progress.epoch += 1
+            progress.batch_in_epoch = 0
+    if not progress.history or progress.history[-1]["step"] != progress.step:
         _validate_and_save(run)
-    _finish(run)
+    _finish(run, reason or "training.epochs done")
 
 
 def _log_epoch(run: Run, batches: list[np.ndarray]) -> None:
     if run.progress.batch_in_epoch == 0:
-        train = run.corpora.train
+        corpus, world = run.corpora.train, run.place.world_size
         log.info(
-            "epoch %d: %d batches, %.1f%% padding",
+            "epoch %d: %d batches, %.1f%% padding%s",
             run.progress.epoch + 1,
             len(batches),
-            100 * padding_fraction(batches, train.src_lengths, train.trg_lengths),
+            100 * padding_fraction(batches, corpus.src_lengths, corpus.trg_lengths),
+            f"; {len(batches) // world} steps of {world} batches" if world > 1 else "",
         )
 
 
-def _stop_reason(run: Run) -> str | None:
-    cfg = run.config.training
-    if cfg.max_minutes is not None and (time.time() - run.started) / 60 >= cfg.max_minutes:
+def _stop_reason(run: Run, result: StepResult | None) -> str | None:
+    cfg, progress = run.config.training, run.progress
+    if result is not None and result.out_of_time:
         return "training.max_minutes reached"
-    if cfg.max_steps is not None and run.progress.step >= cfg.max_steps:
+    if cfg.max_steps is not None and progress.step >= cfg.max_steps:
         return "training.max_steps reached"
+    if cfg.patience is not None and progress.bad_validations >= cfg.patience:
+        return f"early stopping: no better dev {cfg.best_metric} in {cfg.patience} validations"
     return None
 
 
-def _finish(run: Run) -> None:
+def _stop_on_signal(run: Run, stop: _StopFlag) -> None:
+    run.save(is_best=False)
+    sent = f"signal {stop.signal}" if stop.signal else "a signal to another rank"
+    log.info("stopped by %s at step %d; continue with --resume", sent, run.progress.step)
+    raise KeyboardInterrupt
+
+
+def _finish(run: Run, reason: str) -> None:
     log.info(
-        "done: %d steps, best dev %s %.3f, %.1f minutes; run dir %s",
+        "done: %d steps (%s), best dev %s %.3f, %.1f minutes; run dir %s",
         run.progress.step,
+        reason,
         run.config.training.best_metric,
         run.progress.best_score or 0.0,
         (time.time() - run.started) / 60,
@@ -572,62 +410,215 @@ def _finish(run: Run) -> None:
     )
 
 
-def _update(run: Run, batch: Any, window: _Window, bar: ProgressBar) -> bool:
-    """One optimiser update with its bookkeeping; False when the step was skipped."""
+def _update(
+    run: Run, shard: list[np.ndarray], window: _Window, bar: ProgressBar, stop: _StopFlag
+) -> StepResult:
+    """One optimiser update on this rank's batch of the shard, with its bookkeeping."""
     progress = run.progress
     lr = run.schedule.lr(progress.step + 1, progress)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
-    loss, nll, grad_norm, applied = _train_step(run, batch)
-    if not applied:
-        progress.skipped_steps += 1
-        progress.bad_steps_in_a_row += 1
-        log.info("step %d: non-finite loss or gradient, update skipped", progress.step + 1)
-        if progress.bad_steps_in_a_row >= MAX_BAD_STEPS:
-            raise NMTError(
-                f"training diverged: {progress.bad_steps_in_a_row} non-finite steps in a row after "
-                f"step {progress.step}; lower training.learning_rate or use precision fp32/bf16 "
-                f"(the last good checkpoint is {run.run_dir / 'last.pt'})"
-            )
-        return False
+    corpus = run.corpora.train
+    batch = corpus.batch(shard[run.place.rank]).to(run.device)
+    tokens = sum(int(corpus.trg_lengths[indices].sum()) for indices in shard)  # all ranks'
+    result = _train_step(run, batch, tokens, stop)
+    if result.status != "applied":
+        _skipped(run, result)
+        return result
     progress.bad_steps_in_a_row = 0
     progress.step += 1
-    window.loss += loss
-    window.nll += nll
-    window.tokens += batch.n_target_tokens
-    elapsed = max(time.time() - window.started, 1e-9)
-    bar.update(loss / batch.n_target_tokens, window.tokens / elapsed)
+    window.loss += result.loss
+    window.nll += result.nll
+    window.tokens += tokens
+    bar.update(result.loss / tokens, window.tokens / max(time.time() - window.started, 1e-9))
     if progress.step % run.config.training.log_every == 0:
-        _log_window(run, window, lr, grad_norm)
-    return True
+        _log_window(run, window, lr, result.grad_norm)
+    return result
 
 
-def _train_step(run: Run, batch: Any) -> tuple[float, float, float, bool]:
-    """Forward, backward, clip, step; returns (loss sum, nll sum, grad norm, applied)."""
-    cfg, model, optimizer, scaler = run.config.training, run.model, run.optimizer, run.scaler
-    optimizer.zero_grad(set_to_none=True)
-    with autocast(run.device, run.precision):
-        loss_sum, nll_sum = model.loss(batch, cfg.label_smoothing)
-    loss = loss_sum / batch.n_target_tokens
-    if not torch.isfinite(loss):
-        return float("nan"), float("nan"), float("nan"), False
+def _skipped(run: Run, result: StepResult) -> None:
+    """Count a skipped update; stop when the losses stay non-finite."""
+    progress = run.progress
+    progress.skipped_steps += 1
+    if result.status == "overflow":  # the scaler lowered its scale: not a divergence
+        progress.overflow_steps += 1
+        log.info(
+            "step %d: fp16 gradients overflowed, update skipped; loss scale now %g",
+            progress.step + 1,
+            run.scaler.get_scale(),
+        )
+        return
+    progress.bad_steps_in_a_row += 1
+    log.info("step %d: non-finite loss or gradient, update skipped", progress.step + 1)
+    if progress.bad_steps_in_a_row >= MAX_BAD_STEPS:
+        raise NMTError(
+            f"training diverged: {progress.bad_steps_in_a_row} non-finite steps in a row after "
+            f"step {progress.step}; lower training.learning_rate or use precision fp32/bf16 "
+            f"(the last good checkpoint is {run.run_dir / 'last.pt'})"
+        )
+
+
+def _train_step(run: Run, batch: Batch, global_tokens: int, stop: _StopFlag) -> StepResult:
+    """Forward, backward, agree across ranks, clip, step."""
+    cfg = run.config.training
+    run.optimizer.zero_grad(set_to_none=True)
+    loss, nll = forward_backward(
+        run.loss_module,
+        batch,
+        run.place.world_size / global_tokens,
+        run.device,
+        run.precision,
+        run.scaler,
+        cfg.oom_split,
+        cfg.batch_tokens,
+    )
+    flags = [loss, nll, not math.isfinite(loss), stop.signal is not None, _out_of_time(run)]
+    if run.place.enabled:  # one small all-reduce: totals, and flags every rank must act on
+        flags = all_reduce([float(f) for f in flags], run.device)
+    loss, nll = flags[0], flags[1]
+    nonfinite, signalled, late = (bool(f) for f in flags[2:])
+    if nonfinite:
+        return StepResult(loss, nll, math.nan, "nonfinite", signalled, late)
+    grad_norm, applied = apply_update(run.model, run.optimizer, run.scaler, cfg.clip_grad_norm)
+    status = "applied" if applied else "overflow" if run.scaler is not None else "nonfinite"
+    return StepResult(loss, nll, grad_norm, status, signalled, late)
+
+
+def _out_of_time(run: Run) -> bool:
+    limit = run.config.training.max_minutes
+    return limit is not None and (time.time() - run.started) / 60 >= limit
+
+
+def forward_backward(
+    loss_module: nn.Module,
+    batch: Batch,
+    scale: float,
+    device: torch.device,
+    precision: str,
+    scaler: Any = None,
+    oom_split: bool = False,
+    batch_tokens: int | None = None,
+) -> tuple[float, float]:
+    """Forward and backward of ``batch``, the gradient of ``scale * loss_sum`` accumulated
+    into ``.grad``; returns this batch's (loss_sum, nll_sum).
+
+    On out-of-memory: an NMTError that describes the batch, or with ``oom_split`` a retry in
+    2, 4, ... pieces, each scaled the same way, so the gradient is unchanged.
+    """
+    pieces = 1
+    while True:
+        in_sync: list[bool] = []  # set once the backward that all-reduces has begun
+        try:
+            return _accumulate(
+                loss_module, _split_batch(batch, pieces), scale, device, precision, scaler, in_sync
+            )
+        except torch.OutOfMemoryError:
+            pass  # leave the except block, so that the failed graph can be freed
+        for param in loss_module.parameters():
+            param.grad = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        sentences = batch.src.size(0)
+        if not oom_split or pieces >= sentences or in_sync:
+            raise NMTError(_oom_message(batch, pieces, oom_split, bool(in_sync), batch_tokens))
+        pieces = min(2 * pieces, sentences)
+        log.info(
+            "out of memory on a batch of %d sentences (%d x %d padded tokens): "
+            "retrying it in %d pieces",
+            sentences,
+            sentences,
+            max(batch.src.size(1), batch.trg_in.size(1)),
+            pieces,
+        )
+
+
+def _accumulate(
+    loss_module: nn.Module,
+    pieces: list[Batch],
+    scale: float,
+    device: torch.device,
+    precision: str,
+    scaler: Any,
+    in_sync: list[bool],
+) -> tuple[float, float]:
+    loss_sum = nll_sum = 0.0
+    ddp = loss_module if isinstance(loss_module, DistributedDataParallel) else None
+    for number, piece in enumerate(pieces, start=1):
+        last = number == len(pieces)
+        # DDP all-reduces the gradients in the last piece's backward only
+        with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():
+            with autocast(device, precision):
+                loss, nll = loss_module(piece)
+            scaled = loss * scale
+            if ddp is not None and last:
+                in_sync.append(True)
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        loss_sum += float(loss.detach())
+        nll_sum += float(nll)
+    return loss_sum, nll_sum
+
+
+def _split_batch(batch: Batch, pieces: int) -> list[Batch]:
+    """The batch's sentences in ``pieces`` consecutive groups, each trimmed of extra padding."""
+    if pieces == 1:
+        return [batch]
+    out = []
+    for rows in np.array_split(np.arange(batch.src.size(0)), pieces):
+        index = torch.as_tensor(rows, device=batch.src.device)
+        src_lengths = batch.src_lengths[index]
+        trg_out = batch.trg_out[index]
+        src_len = int(src_lengths.max())
+        trg_len = int((trg_out != PAD_ID).sum(dim=1).max())
+        out.append(
+            Batch(
+                batch.src[index, :src_len],
+                src_lengths,
+                batch.trg_in[index, :trg_len],
+                trg_out[:, :trg_len],
+                batch.indices[rows],
+            )
+        )
+    return out
+
+
+def _oom_message(
+    batch: Batch, pieces: int, oom_split: bool, in_sync: bool, batch_tokens: int | None
+) -> str:
+    sentences = batch.src.size(0)
+    message = (
+        f"out of memory on a training batch of {sentences} sentences, "
+        f"{sentences * batch.src.size(1)} padded source and {sentences * batch.trg_in.size(1)} "
+        f"padded target tokens"
+    )
+    if pieces > 1:
+        message += f", even split in {pieces} pieces"
+    if in_sync:
+        message += " (in the gradient all-reduce, where torchrun runs cannot retry)"
+    message += f"; lower training.batch_tokens (now {batch_tokens})"
+    return message + ("" if oom_split else " or set training.oom_split: true")
+
+
+def apply_update(
+    model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, clip_grad_norm: float | None
+) -> tuple[float, bool]:
+    """Unscale, clip and step; returns (gradient norm, applied).
+
+    With fp16 the GradScaler skips the step when the gradients overflowed and halves its
+    scale; without a scaler a non-finite gradient skips the step.
+    """
     if scaler is not None:
-        scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
-    else:
-        loss.backward()
-    max_norm = cfg.clip_grad_norm if cfg.clip_grad_norm is not None else float("inf")
+    max_norm = clip_grad_norm if clip_grad_norm is not None else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
-    if scaler is not None:
-        scale = scaler.get_scale()
-        scaler.step(optimizer)  # skips the update itself when gradients overflowed
-        scaler.update()
-        applied = scaler.get_scale() >= scale
-    else:
+    if scaler is None:
         applied = math.isfinite(grad_norm)
         if applied:
             optimizer.step()
-    return float(loss_sum.detach()), float(nll_sum), grad_norm, applied
+        return grad_norm, applied
+    scale = scaler.get_scale()
+    scaler.step(optimizer)  # skips the update itself when gradients overflowed
+    scaler.update()
+    return grad_norm, scaler.get_scale() >= scale
 
 
 def _log_window(run: Run, window: _Window, lr: float, grad_norm: float) -> None:
@@ -642,7 +633,10 @@ def _log_window(run: Run, window: _Window, lr: float, grad_norm: float) -> None:
         "grad_norm": grad_norm,
         "target_tokens_per_s": window.tokens / elapsed,
         "skipped_steps": progress.skipped_steps,
+        "overflow_steps": progress.overflow_steps,
     }
+    if run.scaler is not None:
+        metrics["loss_scale"] = run.scaler.get_scale()
     run.tracker.scalars(progress.step, metrics, "train")
     log.info(
         "epoch %d step %d: loss %.3f ppl %.2f lr %.2e |g| %.2f %.0f tok/s%s",
@@ -653,13 +647,15 @@ def _log_window(run: Run, window: _Window, lr: float, grad_norm: float) -> None:
         lr,
         grad_norm,
         metrics["target_tokens_per_s"],
-        f" skipped {progress.skipped_steps}" if progress.skipped_steps else "",
+        f" skipped {progress.skipped_steps} ({progress.overflow_steps} fp16 overflow)"
+        if progress.skipped_steps
+        else "",
     )
     window.loss, window.nll, window.tokens, window.started = 0.0, 0.0, 0, time.time()
 
 
 def _validate_and_save(run: Run) -> None:
-    progress, metric = run.progress, run.config.training.best_metric
+    """Validate (the same on every rank), update best/plateau/patience, save checkpoints."""
     metrics = validate(
         run.model,
         run.tokenizer,
@@ -668,26 +664,11 @@ def _validate_and_save(run: Run) -> None:
         run.device,
         run.precision,
         run.tracker,
-        progress.step,
+        run.progress.step,
     )
-    score = metrics[metric]
-    improved = _better(score, progress.best_score, metric)
-    if improved:
-        progress.best_score = score
-        progress.bad_validations = 0
-    else:
-        progress.bad_validations += 1
-        if run.schedule.kind == "plateau" and progress.bad_validations % run.schedule.patience == 0:
-            progress.lr_scale *= 0.5
-            log.info(
-                "dev %s has not improved for %d validations: learning rate halved",
-                metric,
-                run.schedule.patience,
-            )
-    progress.history.append({"step": progress.step, **metrics})
+    metrics = agree(metrics, run.place, run.device)
+    improved = record_validation(
+        run.progress, metrics, run.config.training.best_metric, run.schedule
+    )
     run.save(improved)
     run.model.train()
-
-
-def _early_stop(progress: Progress, patience: int | None) -> bool:
-    return patience is not None and progress.bad_validations >= patience

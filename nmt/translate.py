@@ -3,6 +3,7 @@ validation during training."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import torch
 from nmt import checkpoint
 from nmt.config import Config, DecodingConfig, from_dict
 from nmt.data import pad
-from nmt.errors import ConfigError, DataError
+from nmt.errors import CheckpointError, ConfigError, DataError
 from nmt.model import Seq2Seq, build_model
 from nmt.runtime import autocast, choose_device, eval_mode
 from nmt.search import Hypothesis, beam_search
@@ -69,10 +70,18 @@ class Translator:
         cls, path: Path, device: str = "auto", precision: str = "fp32"
     ) -> Translator:
         target = choose_device(device)
+        path = checkpoint.resolve(Path(path))
         state = checkpoint.load(path)
         config = from_dict(state["config"], f"{path} (saved config)")
-        tokenizer = Tokenizer.from_state_dict(state["tokenizer"])
+        try:
+            tokenizer = Tokenizer.from_state_dict(state["tokenizer"])
+        except (RuntimeError, KeyError, TypeError):
+            raise CheckpointError(
+                f"{path}: the tokenizer inside is not a valid sentencepiece model; the file is "
+                f"damaged: use another checkpoint of the run"
+            ) from None
         model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
+        _check_weights(model, state["model"], tokenizer, path)
         model.load_state_dict(state["model"])
         model.eval()
         return cls(model, tokenizer, config, target, precision)
@@ -139,7 +148,49 @@ class Translator:
         return self.tokenizer.decode_trg([hypothesis.tokens])[0]
 
 
+def _check_weights(
+    model: Seq2Seq, weights: dict[str, Any], tokenizer: Tokenizer, path: Path
+) -> None:
+    """The saved weights have the names and shapes of the model that the saved config and
+    tokenizer build; a vocabulary size that differs means the tokenizer is not the model's."""
+    expected = model.state_dict()
+    names = set(expected) ^ set(weights)
+    if names:
+        raise CheckpointError(
+            f"{path}: the weights do not fit the model of the saved config (parameters "
+            f"{', '.join(sorted(names)[:3])} differ); the checkpoint was written by another nmt "
+            f"version or edited"
+        )
+    vocab = (tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
+    for name, tensor in weights.items():
+        want = tuple(expected[name].shape)
+        if tuple(tensor.shape) == want:
+            continue
+        if want and want[0] in vocab and tensor.shape[0] != want[0]:
+            raise CheckpointError(
+                f"{path}: its tokenizer has {vocab[0]} source / {vocab[1]} target pieces but "
+                f"{name} has {tensor.shape[0]} rows; the tokenizer does not belong to this "
+                f"model: use the checkpoint as nmt train wrote it"
+            )
+        raise CheckpointError(
+            f"{path}: {name} has shape {tuple(tensor.shape)} but the saved config builds "
+            f"{want}; the checkpoint was written by another nmt version or edited"
+        )
+
+
 # ----------------------------------------------------------------------------- commands
+
+
+def check_output(path: Path, option: str) -> None:
+    """Fail before any work if ``path`` cannot be written as a file."""
+    parent = path.parent
+    if path.is_dir():
+        raise DataError(f"{option} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise DataError(f"{option} {path}: the folder {parent} {what}; create it first")
+    if not os.access(parent, os.W_OK):
+        raise DataError(f"{option} {path}: cannot write in {parent} (permission denied)")
 
 
 def _read_input(path: str) -> list[str]:
@@ -153,7 +204,10 @@ def _read_input(path: str) -> list[str]:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             line = data[: exc.start].count(b"\n") + 1
-            raise DataError(f"<stdin>:{line}: not valid UTF-8") from None
+            raise DataError(
+                f"<stdin>:{line}: not valid UTF-8; re-encode the input as UTF-8 "
+                f"(e.g. iconv -f latin1 -t utf-8)"
+            ) from None
         lines = text.split("\n")
         if lines and lines[-1] == "":
             lines.pop()
@@ -203,14 +257,29 @@ def translate_command(
     attention_dir: Path | None = None,
     show_progress: bool = True,
 ) -> int:
-    """`nmt translate`: read lines, write exactly one output line (or n-best block) per line."""
+    """`nmt translate`: read lines, write exactly one output line (or n-best block) per line.
+
+    Every user error (input, output path, checkpoint, options) is raised before the output is
+    touched; a file output is replaced atomically, so a failed run leaves an existing file as
+    it was.
+    """
+    if output_path != "-":
+        check_output(Path(output_path), "--output")
+    if attention_dir is not None and attention_dir.exists() and not attention_dir.is_dir():
+        raise DataError(f"--attention-dir {attention_dir}: is a file; give a directory")
+    lines = _read_input(input_path)
     translator = Translator.from_checkpoint(model, device)
     decoding = translator.config.decoding.model_copy(
         update={k: v for k, v in decoding_overrides.items() if v is not None}
     )
     if n_best > decoding.beam_size:
-        raise ConfigError(f"--n-best {n_best} is larger than --beam {decoding.beam_size}")
-    lines = _read_input(input_path)
+        beam = f"--beam {decoding.beam_size}" + (
+            "" if decoding_overrides.get("beam_size") else " (the run's decoding.beam_size)"
+        )
+        raise ConfigError(
+            f"--n-best {n_best} is larger than {beam}; a beam keeps at most that many "
+            f"hypotheses: raise --beam or lower --n-best"
+        )
     with _progress_bar(len(lines), show_progress and input_path != "-") as advance:
         results = translator.translate(
             lines, decoding, n_best, attention_dir is not None, batch_tokens, advance
@@ -257,12 +326,28 @@ def evaluate_split(
     from nmt import evaluate
     from nmt.data import read_pairs
 
+    if split not in ("dev", "test", "train"):
+        raise ConfigError(f"--split {split!r}: expected dev, test or train")
+    if hypotheses_out is not None:
+        check_output(hypotheses_out, "--save-hypotheses")
     translator = Translator.from_checkpoint(model, device)
     data = translator.config.data
-    where = {"dev": data.dev, "test": data.test, "train": data.train}.get(split)
+    where = {"dev": data.dev, "test": data.test, "train": data.train}[split]
     if where is None:
-        raise ConfigError(f"--split {split!r}: the run has no such split (data.{split} is not set)")
-    rows = read_pairs(data, where)
+        raise ConfigError(
+            f"--split {split}: the run's config has no data.{split}; use --split dev, or "
+            f"score your own files: nmt eval HYP --ref REF"
+        )
+    try:
+        rows = read_pairs(data, where)
+    except DataError as exc:
+        advice = f"; fix data.{split} in the config"
+        if not str(exc).endswith(advice):
+            raise
+        raise DataError(
+            str(exc).removesuffix(advice) + "; the path is from the run's config: run nmt eval "
+            "from the folder nmt train ran in"
+        ) from None
     sources, references = list(rows["src"]), list(rows["trg"])
     decoding = translator.config.decoding.model_copy(
         update={k: v for k, v in decoding_overrides.items() if v is not None}
