@@ -170,9 +170,13 @@ def eval_(
         typer.Option("--save-hypotheses", help="With --model: write the translations here."),
     ] = None,
     significance: Annotated[
-        str | None,
-        typer.Option("--significance", help="Paired test for 2+ systems: bootstrap or ar."),
-    ] = None,
+        str,
+        typer.Option(
+            "--significance",
+            help="Paired test against the first system when there are 2+: bootstrap, ar "
+            "(approximate randomisation) or none.",
+        ),
+    ] = "bootstrap",
     json_out: Annotated[
         bool, typer.Option("--json", help="Print JSON instead of a table.")
     ] = False,
@@ -192,7 +196,8 @@ def eval_(
 
         if not hypotheses or not ref:
             raise ConfigError("give hypothesis file(s) and --ref, or --model RUN --split test")
-        report = score_files(list(hypotheses), list(ref), significance=significance)
+        test = None if significance == "none" else significance
+        report = score_files(list(hypotheses), list(ref), significance=test)
     typer.echo(report.to_json() if json_out else report.to_table())
 
 

@@ -177,3 +177,21 @@ def test_run_dir_in_use_is_refused(trained: Path, tmp_path: Path) -> None:
     assert "in use by pid" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (run_dir / "config.yaml").exists()  # nothing was written by the refused run
+
+
+def test_eval_two_systems_reports_paired_significance(trained: Path) -> None:
+    greedy, beam = trained / "greedy.txt", trained / "beam.txt"
+    for path, width in ((greedy, "1"), (beam, "4")):
+        result = nmt(
+            "translate", "-m", str(trained / "run"), "-i", str(trained / "test.src"),
+            "-o", str(path), "--beam", width,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    result = nmt("eval", str(greedy), str(beam), "--ref", str(trained / "test.trg"), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["significance"] == "bootstrap"
+    baseline, other = report["systems"]
+    assert baseline["p_bleu"] is None and 0.0 <= other["p_bleu"] <= 1.0
+    table = nmt("eval", str(greedy), str(beam), "--ref", str(trained / "test.trg"))
+    assert "greedy.txt" in table.stdout and "beam.txt" in table.stdout
