@@ -6,6 +6,7 @@ line on stderr and exit status 2 (``--debug`` shows the traceback).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -208,6 +209,7 @@ def main() -> None:
     Click runs in standalone mode, so it reports its own usage errors (exit 2), honours
     ``typer.Exit`` codes and turns Ctrl-C into "Aborted!".
     """
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")  # see nmt.runtime
     try:
         app()
     except (NMTError, OSError) as exc:

@@ -20,6 +20,17 @@ import torch.distributed as torch_dist
 
 from nmt.errors import ConfigError
 
+# oneDNN (the CPU matmul library) caches a compiled kernel for every matmul shape it meets,
+# 1,024 by default. Length-bucketed batches bring a new shape almost every step, and the cache
+# grew a CPU training run's memory by well over 1 GiB; a small cache keeps it flat at no
+# measured cost in speed (docs/benchmarks.md). Read when the first kernel is made.
+ONEDNN_CACHE_CAPACITY = "8"
+
+
+def limit_kernel_cache() -> None:
+    """Cap oneDNN's kernel cache unless the user set ONEDNN_PRIMITIVE_CACHE_CAPACITY."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_CAPACITY)
+
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)

@@ -55,6 +55,7 @@ from nmt.runtime import (
     gather_objects,
     grad_scaler,
     init_distributed,
+    limit_kernel_cache,
     seed_everything,
     set_threads,
     shutdown_distributed,
@@ -190,6 +191,7 @@ def train(
     """Train a model as configured (one process, or one rank under torchrun); returns the
     run directory."""
     check_files(config)  # before anything is written
+    limit_kernel_cache()
     run_dir = Path(run_dir or config.run.dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run.dir: {run_dir} exists and is a file; choose another --run-dir")

@@ -1,0 +1,979 @@
+#!/usr/bin/env python3
+"""nmt's speed benchmark: training tokens/s, peak memory, decoding speed and FLOP/s.
+
+Four named configs at the sizes users of peer toolkits train (bi-GRU encoder 512 units per
+direction, embeddings 256, decoder 512, joint sentencepiece unigram vocabulary 8000, token
+batches of 4,000, the demo corpus ``data/bible``) differ only in the decoder:
+
+    bahdanau           Bahdanau pre-step decoder, additive attention, GRU
+    luong-feed         Luong post-step decoder, general score, input feeding, GRU
+    luong-nofeed       the same without input feeding (the decoder RNN runs in one call)
+    luong-nofeed-lstm  the same with an LSTM encoder and decoder
+
+For each config, in a subprocess of its own (so that its peak memory is its own), the
+benchmark trains on real length-bucketed batches of the training split, the same batches in
+the same order for every config, with the project's own step (``nmt.train.forward_backward``
+and ``nmt.train.apply_update``: ``model.loss``, backward, clip, Adam, under
+``nmt.runtime.autocast``): a few warm-up steps whose matmul FLOPs are counted, then timed
+windows of steps, each giving target and source+target tokens/s. It also measures the
+machine's matmul rate (a 2048^3 matmul in fp32 and bf16), the padding fraction of the batches,
+greedy and beam-5 decoding at batch sizes 1 and 64 with a trained model (``runs/demo`` when it
+exists), and the whole ``nmt translate --beam 5`` command on the test set, start-up included.
+
+Usage::
+
+    .venv/bin/python scripts/bench.py                          # all configs, CPU: ~6 min
+    .venv/bin/python scripts/bench.py --configs luong-nofeed --quick
+    .venv/bin/python scripts/bench.py --device cuda --markdown > results.md
+    .venv/bin/python scripts/bench.py --configs luong-nofeed \\
+        --env ONEDNN_PRIMITIVE_CACHE_CAPACITY=8 --env MALLOC_MMAP_THRESHOLD_=262144
+    .venv/bin/python scripts/bench.py --report runs/bench/bench-cpu.json --markdown
+
+The sentencepiece model and the tokenised corpus are cached in the work directory
+(``runs/bench``) and reused. Results go to stdout as tables (progress to stderr) and to
+``runs/bench/bench-<device>.json``; docs/benchmarks.md explains every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from nmt import checkpoint  # noqa: E402
+from nmt.config import Config, from_dict  # noqa: E402
+from nmt.data import bucket_batches, padding_fraction, read_pairs  # noqa: E402
+from nmt.model import TrainingLoss, build_model, count_parameters  # noqa: E402
+from nmt.runtime import choose_device, grad_scaler, seed_everything, set_threads  # noqa: E402
+from nmt.tokenizer import Tokenizer  # noqa: E402
+from nmt.train import apply_update, forward_backward  # noqa: E402
+from nmt.translate import Translator  # noqa: E402
+
+try:  # the data preparation moved from nmt.train to nmt.prepare
+    from nmt.prepare import load_corpora
+except ImportError:  # pragma: no cover - older trees
+    from nmt.train import load_corpora  # type: ignore[attr-defined,no-redef]
+
+# The decoder (and its RNN) of each named config; everything else is shared.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "bahdanau": {
+        "rnn": "gru",
+        "decoder": {"style": "bahdanau"},
+        "attention": {"score": "additive"},
+    },
+    "luong-feed": {
+        "rnn": "gru",
+        "decoder": {"style": "luong", "input_feeding": True},
+        "attention": {"score": "general"},
+    },
+    "luong-nofeed": {
+        "rnn": "gru",
+        "decoder": {"style": "luong", "input_feeding": False},
+        "attention": {"score": "general"},
+    },
+    "luong-nofeed-lstm": {
+        "rnn": "lstm",
+        "decoder": {"style": "luong", "input_feeding": False},
+        "attention": {"score": "general"},
+    },
+}
+# "bench": the sizes of the peer comparison; "tiny": for the test of this script.
+SIZES: dict[str, dict[str, int]] = {
+    "bench": {"embedding": 256, "encoder": 512, "decoder": 512, "vocab": 8000, "batch": 4000},
+    "tiny": {"embedding": 16, "encoder": 16, "decoder": 16, "vocab": 100, "batch": 300},
+}
+UNTRAINED_CONFIG = "luong-nofeed"  # decoded when there is no trained model
+SEED = 1
+MATMUL_SIZE = 2048
+DECODE_SETTINGS = ((1, 1), (1, 64), (5, 1), (5, 64))  # (beam size, batch size)
+GIB = 2.0**30
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr, so that stdout holds only the results."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def bench_config(name: str, args: argparse.Namespace) -> Config:
+    """The named config at bench (or tiny) sizes, validated by the project's schema."""
+    sizes = SIZES["tiny" if args.tiny else "bench"]
+    parts = CONFIGS[name]
+    data = Path(args.data)
+    raw = {
+        "data": {
+            "train": str(data / "train"),
+            "dev": str(data / "dev"),
+            "test": str(data / "test"),
+        },
+        "tokenizer": {"type": "unigram", "vocab_size": sizes["vocab"], "joint": True},
+        "model": {
+            "embedding_size": sizes["embedding"],
+            "encoder": {
+                "rnn": parts["rnn"],
+                "hidden_size": sizes["encoder"],
+                "bidirectional": True,
+            },
+            "decoder": {**parts["decoder"], "rnn": parts["rnn"], "hidden_size": sizes["decoder"]},
+            "attention": parts["attention"],
+        },
+        "training": {"batch_tokens": sizes["batch"], "precision": args.precision, "seed": SEED},
+        "run": {"device": args.device, "threads": args.threads},
+    }
+    return from_dict(raw, f"bench config {name}")
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def load_data(config: Config, work_dir: Path) -> tuple[Any, Tokenizer]:
+    """Training corpus and tokenizer through ``nmt.prepare.load_corpora``.
+
+    The sentencepiece model is trained once and kept in ``work_dir``; the tokenised corpus is
+    cached by ``datasets`` under ``work_dir/cache``.
+    """
+    logging.getLogger("nmt").setLevel(logging.WARNING)
+    tok = config.tokenizer
+    source = hashlib.sha256(str(Path(config.data.train).resolve()).encode()).hexdigest()[:8]
+    spm_path = work_dir / f"spm-{tok.type}-{tok.vocab_size}-{source}.model"
+    tokenizer = None
+    if spm_path.is_file():
+        proto = spm_path.read_bytes()
+        tokenizer = Tokenizer(proto, proto)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    corpora, tokenizer = load_corpora(config, work_dir, tokenizer)
+    if not spm_path.is_file():
+        checkpoint.atomic_write_bytes(spm_path, lambda f: f.write(tokenizer.src_proto))
+    return corpora, tokenizer
+
+
+def training_batches(corpus: Any, batch_tokens: int, count: int) -> list[np.ndarray]:
+    """The first ``count`` batches of the seeded epochs of ``nmt train`` (same for every
+    config)."""
+    batches: list[np.ndarray] = []
+    epoch = 0
+    while len(batches) < count:
+        batches += bucket_batches(corpus.src_lengths, corpus.trg_lengths, batch_tokens, SEED, epoch)
+        epoch += 1
+    return batches[:count]
+
+
+def test_sentences(config: Config, work_dir: Path) -> list[str]:
+    """Non-empty source lines of the test split."""
+    assert config.data.test is not None
+    rows = read_pairs(config.data, config.data.test, work_dir / "cache")
+    return [line for line in rows["src"] if line.strip()]
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def current_rss_bytes() -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "values": values,
+    }
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype, repeats: int) -> dict[str, Any]:
+    """Median time of a 2048^3 matmul -> GFLOP/s (2 n^3 floating-point operations)."""
+    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device).to(dtype)
+    b = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device).to(dtype)
+    times = []
+    for attempt in range(repeats + 2):  # two untimed warm-up runs
+        synchronize(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        synchronize(device)
+        if attempt >= 2:
+            times.append(time.perf_counter() - start)
+    flop = 2 * MATMUL_SIZE**3
+    seconds = statistics.median(times)
+    return {
+        "seconds": seconds,
+        "gflops": flop / seconds / 1e9,
+        "gflops_best": flop / min(times) / 1e9,
+    }
+
+
+def matmul_rates(device: torch.device, precision: str, quick: bool) -> dict[str, Any]:
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    if precision == "fp16" or device.type == "cuda":
+        dtypes["fp16"] = torch.float16
+    return {name: matmul_rate(device, dtype, 3 if quick else 10) for name, dtype in dtypes.items()}
+
+
+# ----------------------------------------------------------------------------- FLOP count
+
+GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "GRU": 3, "LSTM": 4}
+
+
+def rnn_forward_flops_per_row(module: nn.RNNBase) -> int:
+    """Forward matmul FLOPs per processed row (sentence x time step): for each layer and
+    direction 2 x gates x H x (I + H)."""
+    hidden, directions = module.hidden_size, 2 if module.bidirectional else 1
+    total = 0
+    for layer in range(module.num_layers):
+        inputs = module.input_size if layer == 0 else hidden * directions
+        total += directions * 2 * GATES[module.mode] * hidden * (inputs + hidden)
+    return total
+
+
+def _rows(data: Any) -> int:
+    """Sentences x time steps of an RNN input (packed, batch-first or unbatched)."""
+    if isinstance(data, nn.utils.rnn.PackedSequence):
+        return int(data.batch_sizes.sum())
+    return int(data.shape[0] * data.shape[1]) if data.dim() == 3 else int(data.shape[0])
+
+
+class _RNNWatch:
+    """Forward hooks on an RNN: the FLOPs the counter saw during its calls, and the rows."""
+
+    def __init__(self, counter: Any):
+        self.counter = counter
+        self.rows = self.seen = self._start = 0
+
+    def before(self, module: nn.Module, inputs: tuple) -> None:
+        self.rows += _rows(inputs[0])
+        self._start = self.counter.get_total_flops()
+
+    def after(self, module: nn.Module, inputs: tuple, output: Any) -> None:
+        self.seen += self.counter.get_total_flops() - self._start
+
+
+def count_step_flops(model: nn.Module, run_step: Callable[[], Any]) -> tuple[int, list[str]]:
+    """Matmul FLOPs of one training step (forward and backward) by ``FlopCounterMode``.
+
+    The counter sees the matmuls that a GRU (or a packed LSTM) decomposes into on the CPU,
+    but not fused RNN kernels (oneDNN's LSTM on unpacked input, cuDNN on a GPU). An RNN whose
+    forward calls show less than half their analytic FLOPs ran such a kernel, whose backward
+    the counter misses too: it is counted analytically, 3 x the forward (forward, input
+    gradient, weight gradient). Returns (FLOPs, names of the RNNs counted analytically).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    rnns = {name: m for name, m in model.named_modules() if isinstance(m, nn.RNNBase)}
+    watches = {name: _RNNWatch(counter) for name in rnns}
+    hooks = []
+    for name, module in rnns.items():
+        hooks.append(module.register_forward_pre_hook(watches[name].before))
+        hooks.append(module.register_forward_hook(watches[name].after))
+    try:
+        with counter:
+            run_step()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    total, added = counter.get_total_flops(), []
+    for name, module in rnns.items():
+        watch = watches[name]
+        forward = watch.rows * rnn_forward_flops_per_row(module)
+        if watch.seen < forward / 2:
+            total += 3 * forward - watch.seen
+            added.append(name)
+    return int(total), added
+
+
+# ----------------------------------------------------------------------------- training
+
+
+Step = Callable[[np.ndarray], tuple[float, int, int]]  # -> loss/token, target, source tokens
+
+
+@dataclass
+class Lengths:
+    """How much each part runs."""
+
+    warmup: int
+    windows: int
+    steps: int
+    decode_sentences: int
+
+
+def make_step(config: Config, model: nn.Module, corpus: Any, device: torch.device) -> Step:
+    """One training step of ``nmt train`` on a batch of corpus indices:
+    -> (loss per target token, target tokens, source tokens)."""
+    cfg = config.training
+    # the optimiser as nmt.train builds it
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
+    scaler = grad_scaler(cfg.precision, device, 2.0**16)
+    loss_module = TrainingLoss(model, cfg.label_smoothing)
+
+    def step(indices: np.ndarray) -> tuple[float, int, int]:
+        batch = corpus.batch(indices).to(device)
+        tokens = int(corpus.trg_lengths[indices].sum())
+        optimizer.zero_grad(set_to_none=True)
+        loss, _ = forward_backward(loss_module, batch, 1.0 / tokens, device, cfg.precision, scaler)
+        apply_update(model, optimizer, scaler, cfg.clip_grad_norm)
+        return loss / tokens, tokens, int(corpus.src_lengths[indices].sum())
+
+    return step
+
+
+def counted_warmup(
+    model: nn.Module, step: Step, batches: list[np.ndarray], corpus: Any
+) -> dict[str, Any]:
+    """Warm-up steps, each under the FLOP counter."""
+    flops, tokens, analytic = 0, 0, set()
+    for indices in batches:
+        step_flops, added = count_step_flops(model, lambda i=indices: step(i))
+        flops += step_flops
+        tokens += int(corpus.trg_lengths[indices].sum())
+        analytic.update(added)
+    return {
+        "flops_per_step": flops / len(batches),
+        "flops_per_target_token": flops / tokens,
+        "flops_counted_on": f"{len(batches)} warm-up steps, {tokens} target tokens",
+        "rnn_flops_added_analytically": sorted(analytic),
+        "rss_after_warmup_gib": (current_rss_bytes() or 0) / GIB,
+    }
+
+
+def timed_window(step: Step, batches: list[np.ndarray], device: torch.device) -> dict[str, Any]:
+    """Wall clock of consecutive steps, batch building included, as in ``nmt train``."""
+    synchronize(device)
+    start = time.perf_counter()
+    results = [step(indices) for indices in batches]
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    target = sum(r[1] for r in results)
+    return {
+        "seconds": seconds,
+        "target_tokens": target,
+        "source_tokens": sum(r[2] for r in results),
+        "loss": sum(r[0] * r[1] for r in results) / target,  # per target token
+        "rss_gib": (current_rss_bytes() or 0) / GIB,
+    }
+
+
+def bench_training(name: str, args: argparse.Namespace, lengths: Lengths) -> dict[str, Any]:
+    """Train one config: counted warm-up steps, then timed windows."""
+    config = bench_config(name, args)
+    device = choose_device(config.run.device)
+    set_threads(config.run.threads)
+    corpora, tokenizer = load_data(config, Path(args.work_dir))
+    corpus = corpora.train
+    seed_everything(SEED)
+    model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
+    model.to(device).train()
+    step = make_step(config, model, corpus, device)
+    total = lengths.warmup + lengths.windows * lengths.steps
+    batches = training_batches(corpus, config.training.batch_tokens, total)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    warmup = counted_warmup(model, step, batches[: lengths.warmup], corpus)
+    windows = []
+    for w in range(lengths.windows):
+        first = lengths.warmup + w * lengths.steps
+        windows.append(timed_window(step, batches[first : first + lengths.steps], device))
+        rate = windows[-1]["target_tokens"] / windows[-1]["seconds"]
+        log(f"{name}: window {w + 1}/{lengths.windows}: {rate:,.0f} target tok/s")
+    target_rates = [w["target_tokens"] / w["seconds"] for w in windows]
+    return {
+        "config": config.model.model_dump(mode="json"),
+        "batch_tokens": config.training.batch_tokens,
+        "parameters": count_parameters(model),
+        "vocab_size": tokenizer.trg_vocab_size,
+        "steps": {
+            "warmup": lengths.warmup,
+            "windows": lengths.windows,
+            "per_window": lengths.steps,
+        },
+        "target_tokens_per_s": spread(target_rates),
+        "tokens_per_s": spread(
+            [(w["target_tokens"] + w["source_tokens"]) / w["seconds"] for w in windows]
+        ),
+        "windows": windows,
+        "padding_fraction": padding_fraction(batches, corpus.src_lengths, corpus.trg_lengths),
+        "peak_rss_gib": peak_rss_bytes() / GIB,
+        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(device) / GIB
+        if device.type == "cuda"
+        else None,
+        **warmup,
+        "achieved_gflops": warmup["flops_per_target_token"] * statistics.median(target_rates) / 1e9,
+    }
+
+
+def child_arguments(args: argparse.Namespace) -> list[str]:
+    """The settings a per-config subprocess needs, as command-line arguments."""
+    out = ["--device", args.device, "--precision", args.precision, "--work-dir", args.work_dir]
+    out += ["--data", args.data, "--warmup", str(args.warmup), "--windows", str(args.windows)]
+    out += ["--steps", str(args.steps)]
+    if args.threads:
+        out += ["--threads", str(args.threads)]
+    if args.tiny:
+        out.append("--tiny")
+    return out
+
+
+def child_environment(args: argparse.Namespace) -> dict[str, str]:
+    env = {**os.environ, **dict(args.env)}
+    if args.threads:
+        env.setdefault("OMP_NUM_THREADS", str(args.threads))
+    return env
+
+
+def run_config(name: str, args: argparse.Namespace, lengths: Lengths) -> dict[str, Any]:
+    """``bench_training`` in a subprocess of its own (or in this process with --in-process)."""
+    if args.in_process:
+        return bench_training(name, args, lengths)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        command = [sys.executable, __file__, "--one", name, "--one-json", str(out)]
+        proc = subprocess.run(
+            command + child_arguments(args),
+            env=child_environment(args),
+            stdout=subprocess.DEVNULL,
+            stderr=None if args.verbose else subprocess.PIPE,
+            text=True,
+        )
+        if proc.returncode or not out.is_file():
+            tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
+            return {"error": f"exit status {proc.returncode}: {tail[0]}"}
+        return json.loads(out.read_text())
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+def untrained_checkpoint(args: argparse.Namespace) -> Path:
+    """A freshly initialised bench model saved as a checkpoint, so decoding and the translate
+    command can run without a trained model."""
+    config = bench_config(UNTRAINED_CONFIG, args)
+    _, tokenizer = load_data(config, Path(args.work_dir))
+    seed_everything(SEED)
+    model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
+    path = Path(args.work_dir) / f"untrained-{'tiny-' if args.tiny else ''}{UNTRAINED_CONFIG}"
+    path.mkdir(parents=True, exist_ok=True)
+    state = {
+        "model": model.state_dict(),
+        "config": config.model_dump(mode="json"),
+        "tokenizer": tokenizer.state_dict(),
+    }
+    checkpoint.save(path / "best.pt", state)
+    return path
+
+
+def decoding_model(args: argparse.Namespace) -> tuple[Path, bool]:
+    """(run directory or checkpoint, trained?): --model, else runs/demo, else untrained."""
+    if args.model and args.model != "untrained":
+        if not Path(args.model).exists():
+            sys.exit(f"--model {args.model}: no such run directory or checkpoint")
+        return Path(args.model), True
+    demo = ROOT / "runs" / "demo"
+    if args.model is None and any((demo / n).is_file() for n in ("best.pt", "last.pt")):
+        return demo, True
+    return untrained_checkpoint(args), False
+
+
+def bench_decoding(
+    model_path: Path, sources: list[str], device: torch.device
+) -> list[dict[str, Any]]:
+    """Greedy and beam 5, batch sizes 1 and 64, through ``Translator.decode_ids``."""
+    translator = Translator.from_checkpoint(model_path, device.type)
+    src_ids = translator.tokenizer.encode_src(sources)
+    warm = translator.config.decoding.model_copy(update={"beam_size": 1, "batch_size": 4})
+    translator.decode_ids(src_ids[:4], warm)
+    results = []
+    for beam_size, batch_size in DECODE_SETTINGS:
+        decoding = translator.config.decoding.model_copy(
+            update={"beam_size": beam_size, "batch_size": batch_size}
+        )
+        synchronize(device)
+        start = time.perf_counter()
+        hypotheses = translator.decode_ids(src_ids, decoding)
+        synchronize(device)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(nbest[0].tokens) + 1 for nbest in hypotheses)  # with EOS
+        results.append(
+            {
+                "search": "greedy" if beam_size == 1 else f"beam {beam_size}",
+                "beam_size": beam_size,
+                "batch_size": batch_size,
+                "sentences": len(sources),
+                "seconds": seconds,
+                "sentences_per_s": len(sources) / seconds,
+                "target_tokens_per_s": tokens / seconds,
+                "mean_output_tokens": tokens / len(sources),
+            }
+        )
+        rate = len(sources) / seconds
+        log(f"decoding {results[-1]['search']}, batch {batch_size}: {rate:.1f} sentences/s")
+    return results
+
+
+def nmt_command() -> list[str]:
+    script = Path(sys.executable).parent / "nmt"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "nmt"]
+
+
+def bench_translate_command(
+    args: argparse.Namespace, model_path: Path, sources: list[str], device: torch.device
+) -> dict[str, Any]:
+    """Wall clock of the whole ``nmt translate --beam 5`` command, start-up included."""
+    work_dir = Path(args.work_dir)
+    input_path = work_dir / f"translate-input-{len(sources)}.txt"
+    output_path = work_dir / "translate-output.txt"
+    input_path.write_text("".join(line + "\n" for line in sources), encoding="utf-8")
+    command = [*nmt_command(), "translate", "--model", str(model_path), "--beam", "5"]
+    command += ["--input", str(input_path), "--output", str(output_path)]
+    command += ["--device", device.type]
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        command, env=child_environment(args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    assert proc.stderr is not None
+    with proc.stderr:
+        stderr = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS
+    seconds = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        tail = stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"exit status {proc.returncode}: {tail[0]}"}
+    lines = output_path.read_text(encoding="utf-8").count("\n")
+    return {
+        "command": " ".join(["nmt", *command[len(nmt_command()) :]]),
+        "sentences": len(sources),
+        "output_lines": lines,
+        "seconds": seconds,
+        "sentences_per_s": len(sources) / seconds,
+        "peak_rss_gib": usage.ru_maxrss * 1024 / GIB,
+    }
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def machine(device: torch.device, precision: str) -> dict[str, Any]:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+    watched = ("OMP_NUM_THREADS", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "MALLOC_")
+    return {
+        "device": device.type,
+        "device_name": name,
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "precision": precision,
+        "environment": {k: v for k, v in os.environ.items() if k.startswith(watched)},
+        "git_commit": _git_commit(),
+    }
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def prepare(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    """Train (or load) the tokenizer and tokenise the corpus once, before any subprocess."""
+    started = time.perf_counter()
+    config = bench_config(names[0], args)
+    corpora, tokenizer = load_data(config, Path(args.work_dir))
+    corpus = corpora.train
+    batches = bucket_batches(
+        corpus.src_lengths, corpus.trg_lengths, config.training.batch_tokens, SEED, 0
+    )
+    return {
+        "train": config.data.train,
+        "training_pairs": len(corpus),
+        "vocab_size": tokenizer.trg_vocab_size,
+        "batch_tokens": config.training.batch_tokens,
+        "batches_per_epoch": len(batches),
+        "padding_fraction_epoch": padding_fraction(batches, corpus.src_lengths, corpus.trg_lengths),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def run(args: argparse.Namespace, names: list[str], lengths: Lengths) -> dict[str, Any]:
+    started = time.perf_counter()
+    device = choose_device(args.device)
+    set_threads(args.threads)
+    result: dict[str, Any] = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(device, args.precision),
+        "load_average_start": os.getloadavg(),
+        "settings": {
+            "sizes": SIZES["tiny" if args.tiny else "bench"],
+            "quick": args.quick,
+            "lengths": vars(lengths),
+            "env": dict(args.env),
+            "subprocess_per_config": not args.in_process,
+        },
+    }
+    log("preparing data (the first run trains sentencepiece)")
+    result["data"] = prepare(args, names)
+    if "matmul" in args.parts:
+        log(f"matmul rate ({MATMUL_SIZE}^3)")
+        result["matmul"] = matmul_rates(device, args.precision, args.quick)
+    if "train" in args.parts:
+        result["training"] = {}
+        for name in names:
+            log(f"training {name}")
+            result["training"][name] = run_config(name, args, lengths)
+        add_matmul_fractions(result)
+    if "decode" in args.parts or "translate" in args.parts:
+        add_decoding(result, args, lengths, device)
+    result["load_average_end"] = os.getloadavg()
+    result["runtime_s"] = time.perf_counter() - started
+    return result
+
+
+def add_matmul_fractions(result: dict[str, Any]) -> None:
+    """Achieved FLOP/s as a fraction of the matmul rate in the training precision."""
+    rates = result.get("matmul", {})
+    precision = result["machine"]["precision"]
+    peak = rates.get(precision, rates.get("fp32"))
+    for entry in result["training"].values():
+        if "error" not in entry and peak:
+            entry["matmul_gflops"] = peak["gflops"]
+            entry["fraction_of_matmul"] = entry["achieved_gflops"] / peak["gflops"]
+
+
+def add_decoding(
+    result: dict[str, Any], args: argparse.Namespace, lengths: Lengths, device: torch.device
+) -> None:
+    model_path, trained = decoding_model(args)
+    config = bench_config(UNTRAINED_CONFIG, args)
+    sources = test_sentences(config, Path(args.work_dir))
+    note = "trained" if trained else "untrained (outputs run to max length)"
+    info = {"model": str(model_path), "trained": trained, "note": note}
+    if "decode" in args.parts:
+        first = sources[: lengths.decode_sentences]
+        log(f"decoding the first {len(first)} test sentences with {model_path} ({note})")
+        result["decoding"] = {
+            **info,
+            "test_set": f"first {len(first)} of {len(sources)} sentences of {config.data.test}",
+            "precision": "fp32 (as nmt translate)",
+            "results": bench_decoding(model_path, first, device),
+        }
+    if "translate" in args.parts:
+        limit = args.translate_sentences or (lengths.decode_sentences if args.quick else None)
+        chosen = sources[:limit]
+        log(f"nmt translate --beam 5 on {len(chosen)} test sentences")
+        result["translate_command"] = {
+            **info,
+            **bench_translate_command(args, model_path, chosen, device),
+        }
+
+
+# ----------------------------------------------------------------------------- reports
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def training_rows(result: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    gpu = result["machine"]["device"] == "cuda"
+    for name, entry in result.get("training", {}).items():
+        if "error" in entry:
+            rows.append([name, entry["error"], "", "", "", "", "", ""])
+            continue
+        target, both = entry["target_tokens_per_s"], entry["tokens_per_s"]
+        memory = entry["peak_gpu_memory_gib"] if gpu else entry["peak_rss_gib"]
+        fraction = entry.get("fraction_of_matmul")
+        note = "analytic: " + ", ".join(entry["rnn_flops_added_analytically"])
+        rows.append(
+            [
+                name,
+                _fmt(target["median"]),
+                f"{_fmt(target['min'])}-{_fmt(target['max'])}",
+                _fmt(both["median"]),
+                _fmt(memory, 2),
+                _fmt(entry["flops_per_target_token"] / 1e6, 1),
+                _fmt(entry["achieved_gflops"], 1),
+                "-" if fraction is None else f"{100 * fraction:.1f}%",
+                note if entry["rnn_flops_added_analytically"] else "",
+            ]
+        )
+    return rows
+
+
+TRAINING_HEADER = [
+    "config",
+    "target tok/s (median)",
+    "min-max",
+    "src+tgt tok/s",
+    "peak mem GiB",
+    "MFLOP/target tok",
+    "GFLOP/s",
+    "of matmul",
+    "note",
+]
+DECODING_HEADER = ["search", "batch", "sentences/s", "target tok/s", "seconds"]
+
+
+def decoding_rows(result: dict[str, Any]) -> list[list[str]]:
+    rows = [
+        [
+            entry["search"],
+            str(entry["batch_size"]),
+            _fmt(entry["sentences_per_s"], 1),
+            _fmt(entry["target_tokens_per_s"]),
+            _fmt(entry["seconds"], 1),
+        ]
+        for entry in result.get("decoding", {}).get("results", [])
+    ]
+    command = result.get("translate_command")
+    if command and "error" not in command:
+        rows.append(
+            [
+                f"nmt translate --beam 5, whole command ({command['sentences']} sentences)",
+                "-",
+                _fmt(command["sentences_per_s"], 1),
+                "-",
+                _fmt(command["seconds"], 1),
+            ]
+        )
+    return rows
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    m, data = result["machine"], result["data"]
+    lines = [
+        f"{m['device_name']} ({m['device']}), {m['threads']} threads, torch {m['torch']}, "
+        f"{m['precision']} autocast; {result['date']}; git {m['git_commit']}",
+        f"data: {data['training_pairs']:,} training pairs, vocabulary {data['vocab_size']}, "
+        f"{data['batches_per_epoch']} batches of <= {data['batch_tokens']} tokens per epoch, "
+        f"padding {100 * data['padding_fraction_epoch']:.1f}%",
+    ]
+    if "matmul" in result:
+        rates = ", ".join(f"{k} {v['gflops']:,.0f}" for k, v in result["matmul"].items())
+        lines.append(f"matmul {MATMUL_SIZE}^3 GFLOP/s: {rates}")
+    decoding = result.get("decoding") or result.get("translate_command")
+    if decoding:
+        lines.append(f"decoding model: {decoding['model']}, {decoding['note']}")
+    if "decoding" in result:
+        lines.append(f"decoding set: {result['decoding']['test_set']}")
+    command = result.get("translate_command")
+    if command:
+        lines.append(
+            f"translate command: {command.get('error') or command['command']} "
+            f"({command.get('sentences', '?')} sentences)"
+        )
+    load = result.get("load_average_start")
+    lines.append(
+        f"load average at start {load[0]:.2f} (cores {m['cpu_count']}); "
+        f"runtime {result.get('runtime_s', 0):.0f} s"
+    )
+    return lines
+
+
+def print_tables(result: dict[str, Any], stream: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=stream, width=160)
+    for line in summary_lines(result):
+        console.print(line, highlight=False)
+    for title, header, rows in (
+        ("training", TRAINING_HEADER, training_rows(result)),
+        ("decoding", DECODING_HEADER, decoding_rows(result)),
+    ):
+        if rows:
+            table = Table(title=title, title_justify="left")
+            for column in header:
+                table.add_column(column, justify="left" if column in header[:1] else "right")
+            for row in rows:
+                table.add_row(*row[: len(header)])
+            console.print(table)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    out = [f"- {line}" for line in summary_lines(result)]
+    for header, rows in (
+        (TRAINING_HEADER, training_rows(result)),
+        (DECODING_HEADER, decoding_rows(result)),
+    ):
+        if rows:
+            out += ["", "| " + " | ".join(header) + " |"]
+            out.append("| --- " + "| ---: " * (len(header) - 1) + "|")
+            out += ["| " + " | ".join(row[: len(header)]) + " |" for row in rows]
+    return "\n".join(out) + "\n"
+
+
+def report(result: dict[str, Any], as_markdown: bool) -> None:
+    """Tables on stdout; with --markdown the Markdown on stdout and the tables on stderr."""
+    print_tables(result, sys.stderr if as_markdown else sys.stdout)
+    if as_markdown:
+        sys.stdout.write(markdown(result))
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def environment_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--env {text!r}: expected KEY=VALUE")
+    return key, value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    add = parser.add_argument
+    add("--configs", default=",".join(CONFIGS), help=f"comma list of: {', '.join(CONFIGS)}")
+    add("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: auto")
+    add(
+        "--precision",
+        choices=("fp32", "bf16", "fp16"),
+        help="training autocast (weights stay fp32); default bf16 (fp16 on a GPU without bf16)",
+    )
+    add("--threads", type=int, help="torch threads (default: torch's, all cores)")
+    add("--work-dir", default="runs/bench", help="tokenizer, corpus cache, JSON (runs/bench)")
+    add("--data", default="data/bible", help="corpus dir with {train,dev,test}.{es,en}[.gz]")
+    add("--json", help="results file (default WORK_DIR/bench-<device>.json)")
+    add("--markdown", action="store_true", help="print a Markdown table (docs/benchmarks.md)")
+    add("--quick", action="store_true", help="a fast smoke run: few steps, few sentences")
+    add("--tiny", action="store_true", help="tiny model and vocabulary (for tests)")
+    add("--warmup", type=int, help="warm-up steps, FLOPs counted (3; quick 1)")
+    add("--windows", type=int, help="timed windows (5; quick 2)")
+    add("--steps", type=int, help="steps per timed window (5; quick 2)")
+    add("--decode-sentences", type=int, help="test sentences decoded in-process (200; quick 16)")
+    add(
+        "--translate-sentences",
+        type=int,
+        help="test sentences for the nmt translate command (all; quick 16)",
+    )
+    add(
+        "--model",
+        help="run dir or checkpoint to decode with; 'untrained' for a fresh bench model "
+        "(default: runs/demo when it exists)",
+    )
+    add(
+        "--parts",
+        default="matmul,train,decode,translate",
+        help="comma list of: matmul, train, decode, translate",
+    )
+    add(
+        "--env",
+        action="append",
+        type=environment_pair,
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment of the per-config and translate subprocesses (repeatable)",
+    )
+    add("--in-process", action="store_true", help="no subprocess per config (peaks then mix)")
+    add("--report", metavar="JSON", help="print the tables of an earlier run and exit")
+    add("--verbose", action="store_true", help="show the subprocesses' stderr")
+    add("--one", help=argparse.SUPPRESS)  # internal: train one config in this process
+    add("--one-json", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.precision is None:
+        gpu = args.device != "cpu" and torch.cuda.is_available()
+        args.precision = "fp16" if gpu and not torch.cuda.is_bf16_supported() else "bf16"
+    quick = args.quick
+    args.warmup = args.warmup if args.warmup is not None else (1 if quick else 3)
+    args.windows = args.windows or (2 if quick else 5)
+    args.steps = args.steps or (2 if quick else 5)
+    args.decode_sentences = args.decode_sentences or (16 if quick else 200)
+    if args.warmup < 1:
+        parser.error("--warmup: at least 1 (the FLOPs are counted on the warm-up steps)")
+    args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = set(args.parts) - {"matmul", "train", "decode", "translate"}
+    if unknown:
+        parser.error(f"--parts: unknown {', '.join(sorted(unknown))}")
+    return args
+
+
+def config_names(args: argparse.Namespace) -> list[str]:
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown or not names:
+        sys.exit(f"--configs: unknown {', '.join(unknown) or '(none)'}; use {', '.join(CONFIGS)}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    lengths = Lengths(args.warmup, args.windows, args.steps, args.decode_sentences)
+    if args.report:
+        report(json.loads(Path(args.report).read_text()), args.markdown)
+        return
+    if args.one:
+        result = bench_training(args.one, args, lengths)
+        Path(args.one_json).write_text(json.dumps(result))
+        return
+    names = config_names(args)
+    result = run(args, names, lengths)
+    device = result["machine"]["device"]
+    path = Path(args.json or Path(args.work_dir) / f"bench-{device}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    log(f"results: {path}")
+    report(result, args.markdown)
+
+
+if __name__ == "__main__":
+    main()
