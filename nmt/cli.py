@@ -209,7 +209,7 @@ def main() -> None:
     Click runs in standalone mode, so it reports its own usage errors (exit 2), honours
     ``typer.Exit`` codes and turns Ctrl-C into "Aborted!".
     """
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")  # see nmt.runtime
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")  # see nmt.runtime
     try:
         app()
     except (NMTError, OSError) as exc:

@@ -21,10 +21,11 @@ import torch.distributed as torch_dist
 from nmt.errors import ConfigError
 
 # oneDNN (the CPU matmul library) caches a compiled kernel for every matmul shape it meets,
-# 1,024 by default. Length-bucketed batches bring a new shape almost every step, and the cache
-# grew a CPU training run's memory by well over 1 GiB; a small cache keeps it flat at no
-# measured cost in speed (docs/benchmarks.md). Read when the first kernel is made.
-ONEDNN_CACHE_CAPACITY = "8"
+# 1,024 by default. Length-bucketed batches bring new shapes almost every step, and the cache
+# grew a CPU training run's memory by 0.4-1 GiB (docs/benchmarks.md). 64 kernels hold one
+# step's shapes, so step-by-step decoders do not rebuild kernels within a batch (a cache of 8
+# cost them ~12% of their speed); it is read when the first kernel is made.
+ONEDNN_CACHE_CAPACITY = "64"
 
 
 def limit_kernel_cache() -> None:

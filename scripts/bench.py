@@ -65,7 +65,13 @@ from nmt import checkpoint  # noqa: E402
 from nmt.config import Config, from_dict  # noqa: E402
 from nmt.data import bucket_batches, padding_fraction, read_pairs  # noqa: E402
 from nmt.model import TrainingLoss, build_model, count_parameters  # noqa: E402
-from nmt.runtime import choose_device, grad_scaler, seed_everything, set_threads  # noqa: E402
+from nmt.runtime import (  # noqa: E402
+    choose_device,
+    grad_scaler,
+    limit_kernel_cache,
+    seed_everything,
+    set_threads,
+)
 from nmt.tokenizer import Tokenizer  # noqa: E402
 from nmt.train import apply_update, forward_backward  # noqa: E402
 from nmt.translate import Translator  # noqa: E402
@@ -956,6 +962,7 @@ def config_names(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    limit_kernel_cache()  # as `nmt train` and `nmt translate` do, before the first kernel
     args = parse_args(argv)
     lengths = Lengths(args.warmup, args.windows, args.steps, args.decode_sentences)
     if args.report:
