@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-
-WORDS = "sol luna mar rio casa perro gato libro agua fuego tierra aire".split()
+from synthetic import write_corpus
 
 
 def nmt(
@@ -27,23 +25,10 @@ def nmt(
     )
 
 
-def write_corpus(root: Path) -> None:
-    """A copy task with word-level 'translation': reverse word order, upper-case words."""
-    rng = random.Random(7)
-    for split, size in (("train", 1500), ("dev", 60), ("test", 40)):
-        src, trg = [], []
-        for _ in range(size):
-            words = [rng.choice(WORDS) for _ in range(rng.randint(2, 6))]
-            src.append(" ".join(words))
-            trg.append(" ".join(w.upper() for w in reversed(words)))
-        (root / f"{split}.src").write_text("\n".join(src) + "\n", encoding="utf-8")
-        (root / f"{split}.trg").write_text("\n".join(trg) + "\n", encoding="utf-8")
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("e2e")
-    write_corpus(root)
+    write_corpus(root, {"train": 1500, "dev": 60, "test": 40})
     config = {
         "data": {
             "src_lang": "src",

@@ -4,7 +4,6 @@ the union of their batches, and `torchrun -m nmt train` writes one run directory
 from __future__ import annotations
 
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
+from synthetic import write_corpus
 
 from nmt import checkpoint
 from nmt.config import from_dict
@@ -33,7 +33,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 CPU = torch.device("cpu")
-WORDS = "sol luna mar rio casa perro gato libro agua fuego tierra aire".split()
 
 
 def free_port() -> int:
@@ -150,15 +149,7 @@ def test_two_ranks_make_the_single_process_update_on_the_union(tmp_path: Path) -
 
 
 def write_run(root: Path, **training: Any) -> Path:
-    rng = random.Random(7)
-    for split, size in (("train", 300), ("dev", 8)):
-        src, trg = [], []
-        for _ in range(size):
-            words = [rng.choice(WORDS) for _ in range(rng.randint(2, 6))]
-            src.append(" ".join(words))
-            trg.append(" ".join(w.upper() for w in reversed(words)))
-        (root / f"{split}.src").write_text("\n".join(src) + "\n", encoding="utf-8")
-        (root / f"{split}.trg").write_text("\n".join(trg) + "\n", encoding="utf-8")
+    write_corpus(root, {"train": 300, "dev": 8})
     config = {
         "data": {
             "src_lang": "src",

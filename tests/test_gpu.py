@@ -5,11 +5,11 @@ Run with `pytest -m gpu tests/test_gpu.py` on a machine with a GPU; skipped with
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
+from synthetic import write_corpus
 
 from nmt.config import from_dict
 from nmt.tracking import read_metrics
@@ -20,21 +20,11 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-WORDS = "sol luna mar rio casa perro gato libro agua fuego tierra aire".split()
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("corpus")
-    rng = random.Random(7)
-    for split, size in (("train", 2000), ("dev", 100)):
-        src, trg = [], []
-        for _ in range(size):
-            words = [rng.choice(WORDS) for _ in range(rng.randint(2, 6))]
-            src.append(" ".join(words))
-            trg.append(" ".join(w.upper() for w in reversed(words)))
-        (root / f"{split}.src").write_text("\n".join(src) + "\n", encoding="utf-8")
-        (root / f"{split}.trg").write_text("\n".join(trg) + "\n", encoding="utf-8")
+    write_corpus(root, {"train": 2000, "dev": 100})
     return root
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from synthetic import write_corpus
 
 import nmt.train as train_module
 from nmt import __version__, checkpoint
@@ -36,7 +36,6 @@ from nmt.train import (
     train,
 )
 
-WORDS = "sol luna mar rio casa perro gato libro agua fuego tierra aire".split()
 CPU = torch.device("cpu")
 
 
@@ -44,15 +43,7 @@ CPU = torch.device("cpu")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """300 training pairs (34 batches of at most 200 padded tokens), 8 dev pairs."""
     root = tmp_path_factory.mktemp("corpus")
-    rng = random.Random(7)
-    for split, size in (("train", 300), ("dev", 8)):
-        src, trg = [], []
-        for _ in range(size):
-            words = [rng.choice(WORDS) for _ in range(rng.randint(2, 6))]
-            src.append(" ".join(words))
-            trg.append(" ".join(w.upper() for w in reversed(words)))
-        (root / f"{split}.src").write_text("\n".join(src) + "\n", encoding="utf-8")
-        (root / f"{split}.trg").write_text("\n".join(trg) + "\n", encoding="utf-8")
+    write_corpus(root, {"train": 300, "dev": 8})
     return root
 
 
