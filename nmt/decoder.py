@@ -54,6 +54,17 @@ def _position(state: DecoderState, like: Tensor) -> Tensor:
     return torch.arange(state.step, state.step + 1, device=like.device)
 
 
+def _decoder_rnn(cfg: DecoderConfig, input_size: int) -> nn.Module:
+    """The decoder's stacked GRU/LSTM, batch first, dropout between layers."""
+    return RNNS[cfg.rnn](
+        input_size,
+        cfg.hidden_size,
+        num_layers=cfg.layers,
+        batch_first=True,
+        dropout=cfg.dropout if cfg.layers > 1 else 0.0,
+    )
+
+
 class BahdanauDecoder(nn.Module):
     """Bahdanau et al. (2015), section 3.1 and appendix A.2.2 (pre-step attention):
 
@@ -77,13 +88,7 @@ class BahdanauDecoder(nn.Module):
         self.embed = nn.Embedding(vocab_size, embedding_size, padding_idx=PAD_ID)
         self.embedding_dropout = nn.Dropout(embedding_dropout)
         self.attention = attention
-        self.rnn = RNNS[cfg.rnn](
-            embedding_size + key_size,
-            cfg.hidden_size,
-            num_layers=cfg.layers,
-            batch_first=True,
-            dropout=cfg.dropout if cfg.layers > 1 else 0.0,
-        )
+        self.rnn = _decoder_rnn(cfg, embedding_size + key_size)
         self.output_size = cfg.output_size or embedding_size
         self.maxout = cfg.maxout
         pieces = 2 if cfg.maxout else 1
@@ -164,13 +169,7 @@ class LuongDecoder(nn.Module):
         self.input_feeding = cfg.input_feeding
         self.hidden_size = cfg.hidden_size
         feed_size = cfg.hidden_size if cfg.input_feeding else 0
-        self.rnn = RNNS[cfg.rnn](
-            embedding_size + feed_size,
-            cfg.hidden_size,
-            num_layers=cfg.layers,
-            batch_first=True,
-            dropout=cfg.dropout if cfg.layers > 1 else 0.0,
-        )
+        self.rnn = _decoder_rnn(cfg, embedding_size + feed_size)
         self.combine = nn.Linear(key_size + cfg.hidden_size, cfg.hidden_size, bias=False)
         self.dropout = nn.Dropout(cfg.dropout)
         self.output_size = cfg.hidden_size
