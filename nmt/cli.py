@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from nmt import __version__
-from nmt.errors import NMTError
+from nmt.errors import ConfigError, NMTError
 
 app = typer.Typer(
     help="Attention-based RNN encoder-decoder machine translation: train, translate, evaluate.",
@@ -132,6 +132,13 @@ def translate(
         ),
     ] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    precision: Annotated[
+        str,
+        typer.Option(
+            "--precision",
+            help="auto (bf16 on a GPU that supports it, else fp32), fp32, bf16 or fp16 autocast.",
+        ),
+    ] = "auto",
 ) -> None:
     """Translate text: exactly one output line per input line (empty in, empty out)."""
     from nmt.translate import translate_command
@@ -144,8 +151,19 @@ def translate(
         "length_penalty": length_penalty,
         "no_repeat_ngram": no_repeat_ngram,
     }
+    if precision not in ("auto", "fp32", "bf16", "fp16"):
+        raise ConfigError(f"--precision: got {precision!r}; expected auto, fp32, bf16 or fp16")
     translate_command(
-        model, input, output, overrides, n_best, scores, batch_tokens, device, attention_dir
+        model,
+        input,
+        output,
+        overrides,
+        n_best,
+        scores,
+        batch_tokens,
+        device,
+        attention_dir,
+        precision=precision,
     )
 
 
@@ -184,7 +202,6 @@ def eval_(
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
 ) -> None:
     """Score with sacrebleu (BLEU, chrF, TER and their signatures)."""
-    from nmt.errors import ConfigError
 
     if model is not None:
         if hypotheses:

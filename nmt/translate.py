@@ -18,7 +18,7 @@ from nmt.config import Config, DecodingConfig, from_dict
 from nmt.data import pad
 from nmt.errors import CheckpointError, ConfigError, DataError
 from nmt.model import Seq2Seq, build_model
-from nmt.runtime import autocast, choose_device, eval_mode
+from nmt.runtime import autocast, choose_device, choose_precision, eval_mode
 from nmt.search import Hypothesis, beam_search
 from nmt.tokenizer import Tokenizer
 
@@ -84,7 +84,7 @@ class Translator:
         _check_weights(model, state["model"], tokenizer, path)
         model.load_state_dict(state["model"])
         model.eval()
-        return cls(model, tokenizer, config, target, precision)
+        return cls(model, tokenizer, config, target, choose_precision(precision, target))
 
     def decode_ids(
         self,
@@ -256,6 +256,7 @@ def translate_command(
     device: str = "auto",
     attention_dir: Path | None = None,
     show_progress: bool = True,
+    precision: str = "auto",
 ) -> int:
     """`nmt translate`: read lines, write exactly one output line (or n-best block) per line.
 
@@ -268,7 +269,7 @@ def translate_command(
     if attention_dir is not None and attention_dir.exists() and not attention_dir.is_dir():
         raise DataError(f"--attention-dir {attention_dir}: is a file; give a directory")
     lines = _read_input(input_path)
-    translator = Translator.from_checkpoint(model, device)
+    translator = Translator.from_checkpoint(model, device, precision)
     decoding = translator.config.decoding.model_copy(
         update={k: v for k, v in decoding_overrides.items() if v is not None}
     )

@@ -180,3 +180,18 @@ def test_eval_two_systems_reports_paired_significance(trained: Path) -> None:
     assert baseline["p_bleu"] is None and 0.0 <= other["p_bleu"] <= 1.0
     table = nmt("eval", str(greedy), str(beam), "--ref", str(trained / "test.trg"))
     assert "greedy.txt" in table.stdout and "beam.txt" in table.stdout
+
+
+def test_translate_in_bf16(trained: Path) -> None:
+    result = nmt(
+        "translate",
+        "--model",
+        str(trained / "run"),
+        "--precision",
+        "bf16",
+        stdin="sol luna\n\nmar\n",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:3] == ["LUNA SOL", "", "MAR"]
+    bad = nmt("translate", "--model", str(trained / "run"), "--precision", "fp8", stdin="sol\n")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --precision: got 'fp8'")
