@@ -28,3 +28,14 @@ def write_corpus(root: Path, sizes: dict[str, int], seed: int = 7) -> Path:
         (root / f"{split}.src").write_text("\n".join(src) + "\n", encoding="utf-8")
         (root / f"{split}.trg").write_text("\n".join(trg) + "\n", encoding="utf-8")
     return root
+
+
+def data_section(root: Path, test: bool = False) -> dict[str, object]:
+    """The config's `data` section for a corpus written by `write_corpus`."""
+    return {
+        "src_lang": "src",
+        "trg_lang": "trg",
+        "train": str(root / "train"),
+        "dev": str(root / "dev"),
+        "test": str(root / "test") if test else None,
+    }

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
-from synthetic import write_corpus
+from synthetic import data_section, write_corpus
 
 from nmt import checkpoint
 from nmt.config import from_dict
@@ -151,13 +151,7 @@ def test_two_ranks_make_the_single_process_update_on_the_union(tmp_path: Path) -
 def write_run(root: Path, **training: Any) -> Path:
     write_corpus(root, {"train": 300, "dev": 8})
     config = {
-        "data": {
-            "src_lang": "src",
-            "trg_lang": "trg",
-            "train": str(root / "train"),
-            "dev": str(root / "dev"),
-            "test": None,
-        },
+        "data": data_section(root),
         "tokenizer": {"vocab_size": 40, "type": "bpe"},
         "model": {
             "embedding_size": 16,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from synthetic import write_corpus
+from synthetic import data_section, write_corpus
 
 from nmt.config import from_dict
 from nmt.tracking import read_metrics
@@ -31,13 +31,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def final_dev_loss(corpus: Path, run_dir: Path, precision: str) -> float:
     config = from_dict(
         {
-            "data": {
-                "src_lang": "src",
-                "trg_lang": "trg",
-                "train": str(corpus / "train"),
-                "dev": str(corpus / "dev"),
-                "test": None,
-            },
+            "data": data_section(corpus),
             "tokenizer": {"vocab_size": 60, "type": "bpe"},
             "model": {
                 "embedding_size": 64,

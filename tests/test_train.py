@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from synthetic import write_corpus
+from synthetic import data_section, write_corpus
 
 import nmt.train as train_module
 from nmt import __version__, checkpoint
@@ -50,13 +50,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def raw_config(corpus: Path, run_dir: Path, **training: Any) -> dict[str, Any]:
     """A 9k-parameter Luong model with dropout, so that resume must restore the RNG."""
     return {
-        "data": {
-            "src_lang": "src",
-            "trg_lang": "trg",
-            "train": str(corpus / "train"),
-            "dev": str(corpus / "dev"),
-            "test": None,
-        },
+        "data": data_section(corpus),
         "tokenizer": {"vocab_size": 40, "type": "bpe"},
         "model": {
             "embedding_size": 16,
