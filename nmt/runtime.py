@@ -142,8 +142,13 @@ def init_distributed(device_name: str) -> tuple[Distributed, torch.device]:
     return Distributed(rank, local_rank, world_size, owns), device
 
 
-def shutdown_distributed(place: Distributed) -> None:
+def shutdown_distributed(place: Distributed, wait_for_all: bool = False) -> None:
+    """Leave the process group. After a normal end every rank first waits for the others:
+    a rank that tears down its connections while rank 0 still writes the last checkpoint can
+    abort the job (gloo's threads are destroyed while still joinable)."""
     if place.owns_group and torch_dist.is_initialized():
+        if wait_for_all:
+            torch_dist.barrier()
         torch_dist.destroy_process_group()
 
 

@@ -196,12 +196,14 @@ def train(
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run.dir: {run_dir} exists and is a file; choose another --run-dir")
     place, device = init_distributed(config.run.device)
+    finished = False
     try:
         lock = checkpoint.RunLock(run_dir) if place.is_main else contextlib.nullcontext()
         with lock:
             _train_locked(config, run_dir, resume, quiet, place, device)
+        finished = True
     finally:
-        shutdown_distributed(place)
+        shutdown_distributed(place, wait_for_all=finished)
     return run_dir
 
 
