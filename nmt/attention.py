@@ -27,21 +27,103 @@ from nmt.config import CONTENT_SCORES, SCORES, AttentionConfig
 from nmt.errors import ConfigError
 
 
+class GradientSink:
+    """A memory tensor (B, S, F) that every step of a step-by-step decoder multiplies with
+    during training, whose gradient is formed once instead of step by step.
+
+    Through plain autograd each step would add a (B, S, F) product to the tensor's gradient,
+    and under autocast also cast the tensor and each step's gradient between float32 and the
+    autocast dtype: at the benchmark sizes a fifth of a Bahdanau training step. Here ``tensor``
+    is a copy in the compute dtype, made once per batch; each step's product (``product``)
+    records its other factor and its output gradient in backward, and when the backward pass
+    reaches the copy, its gradient is one batched matmul over all recorded steps.
+    """
+
+    def __init__(self, tensor: Tensor):
+        device = tensor.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        self.records: list[tuple[Tensor, Tensor, bool]] = []  # (factor, gradient, transposed)
+        self.tensor: Tensor = _SinkCopy.apply(tensor, self, dtype or tensor.dtype)
+
+    def gradient(self) -> Tensor | None:
+        """sum over steps of a^T g (out = a M) or g^T a (out = a M^T): (B, S, F)."""
+        total = None
+        for transposed in (False, True):
+            factors = [(a, g) for a, g, t in self.records if t == transposed]
+            if not factors:
+                continue
+            a = torch.cat([f[0] for f in factors], dim=1)  # (B, T, S) or (B, T, F)
+            g = torch.cat([f[1] for f in factors], dim=1)  # (B, T, F) or (B, T, S)
+            part = (
+                torch.bmm(g.transpose(1, 2), a) if transposed else torch.bmm(a.transpose(1, 2), g)
+            )
+            total = part if total is None else total + part
+        self.records.clear()
+        return total
+
+
+class _SinkCopy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor: Tensor, sink: GradientSink, dtype: torch.dtype) -> Tensor:  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.sink, ctx.dtype = sink, tensor.dtype
+        return tensor.to(dtype, memory_format=torch.contiguous_format, copy=True)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor | None) -> tuple[Tensor | None, None, None]:  # type: ignore[override]
+        recorded = ctx.sink.gradient()
+        if recorded is None:
+            return (grad.to(ctx.dtype) if grad is not None else None), None, None
+        total = recorded.to(ctx.dtype)
+        return (total + grad if grad is not None else total), None, None
+
+
+class _SinkProduct(torch.autograd.Function):
+    """a @ M (or a @ M^T) for M a sink's tensor: the gradient of a now, M's recorded."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, m: Tensor, sink: GradientSink, transposed: bool) -> Tensor:  # type: ignore[override]
+        a_cast = a.to(m.dtype)
+        ctx.save_for_backward(a_cast, m)
+        ctx.sink, ctx.transposed, ctx.dtype = sink, transposed, a.dtype
+        return torch.bmm(a_cast, m.transpose(1, 2) if transposed else m)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
+        a, m = ctx.saved_tensors
+        grad = grad.to(m.dtype)
+        ctx.sink.records.append((a, grad, ctx.transposed))
+        grad_a = torch.bmm(grad, m if ctx.transposed else m.transpose(1, 2))
+        return grad_a.to(ctx.dtype), None, None, None
+
+
+def product(a: Tensor, m: Tensor, sink: GradientSink | None, transposed: bool = False) -> Tensor:
+    """(B, T, X) @ m (B, X, F), or @ m^T for m (B, S, X) when ``transposed``; through ``sink``
+    when m is its tensor."""
+    if sink is not None:
+        return _SinkProduct.apply(a, m, sink, transposed)
+    return torch.bmm(a.to(m.dtype), m.transpose(1, 2) if transposed else m)
+
+
 @dataclass
 class Memory:
     """Encoder states prepared for attention.
 
     values: (B, S, Hk) encoder outputs; keys: (B, S, A) projected keys ((B, h, S, Hk/h) for
     multihead); mask: (B, S) True at real positions; projected_values: multihead's per-head
-    values (B, h, S, Hk/h), else None.
+    values (B, h, S, Hk/h), else None; value_sink/key_sink: set when ``values``/``keys`` are
+    a ``GradientSink``'s tensor (``Attention.for_steps``).
     """
 
     values: Tensor
     keys: Tensor
     mask: Tensor
     projected_values: Tensor | None = None
+    value_sink: GradientSink | None = None
+    key_sink: GradientSink | None = None
 
     def index_select(self, index: Tensor) -> Memory:
+        assert self.value_sink is None and self.key_sink is None, "a training-only memory"
         projected = self.projected_values
         return Memory(
             self.values[index],
@@ -75,10 +157,28 @@ class Attention(nn.Module):
     """Base class: subclasses define ``project_keys`` and ``energies`` (content scores) or
     override ``alphas`` / ``forward`` (location, local, multihead)."""
 
+    keys_in_product = False  # energies are query @ keys^T (dot, general, cosine)
+    context_in_product = True  # context is alphas @ values (all but multihead)
+
     def __init__(self, query_size: int, key_size: int):
         super().__init__()
         self.query_size = query_size
         self.key_size = key_size
+
+    def for_steps(self, memory: Memory) -> Memory:
+        """The memory a step-by-step decoder attends to in training: values (and keys, where
+        the energies are a product with them) behind a ``GradientSink`` each."""
+        if not torch.is_grad_enabled():
+            return memory
+        values, keys = memory.values, memory.keys
+        value_sink = key_sink = None
+        if self.context_in_product and values.requires_grad:
+            value_sink = GradientSink(values)
+            values = value_sink.tensor
+        if self.keys_in_product and keys.requires_grad:
+            key_sink = GradientSink(keys)
+            keys = key_sink.tensor
+        return Memory(values, keys, memory.mask, memory.projected_values, value_sink, key_sink)
 
     def project_keys(self, values: Tensor) -> Tensor:
         """(B, S, Hk) -> (B, S, A); once per batch."""
@@ -101,7 +201,7 @@ class Attention(nn.Module):
         """query: (B, T, Hq); positions: (T,) target steps or None (0..T-1)
         -> context (B, T, Hk), alphas (B, T, S) float32."""
         alphas = self.alphas(query, memory, positions)  # (B, T, S)
-        context = torch.bmm(alphas.to(memory.values.dtype), memory.values)  # (B, T, Hk)
+        context = product(alphas, memory.values, memory.value_sink)  # (B, T, Hk)
         return context, alphas
 
 
@@ -132,6 +232,8 @@ class DotAttention(Attention):
     A fixed scale is folded into the keys once per batch.
     """
 
+    keys_in_product = True
+
     def __init__(self, query_size: int, key_size: int, scale: str = "none"):
         super().__init__(query_size, key_size)
         self.fixed_scale = 1.0 / math.sqrt(query_size) if scale == "fixed" else 1.0
@@ -141,7 +243,7 @@ class DotAttention(Attention):
         return values * self.fixed_scale if self.fixed_scale != 1.0 else values
 
     def energies(self, query: Tensor, memory: Memory) -> Tensor:
-        energies = torch.bmm(query, memory.keys.transpose(1, 2))  # (B, T, S)
+        energies = product(query, memory.keys, memory.key_sink, transposed=True)  # (B, T, S)
         return energies * self.scale if self.scale is not None else energies
 
 
@@ -150,6 +252,8 @@ class GeneralAttention(Attention):
 
     ``scale`` as for :class:`DotAttention`, with d the query size.
     """
+
+    keys_in_product = True
 
     def __init__(self, query_size: int, key_size: int, scale: str = "none"):
         super().__init__(query_size, key_size)
@@ -162,7 +266,7 @@ class GeneralAttention(Attention):
         return keys * self.fixed_scale if self.fixed_scale != 1.0 else keys
 
     def energies(self, query: Tensor, memory: Memory) -> Tensor:
-        energies = torch.bmm(query, memory.keys.transpose(1, 2))  # (B, T, S)
+        energies = product(query, memory.keys, memory.key_sink, transposed=True)  # (B, T, S)
         return energies * self.scale if self.scale is not None else energies
 
 
@@ -182,6 +286,8 @@ class CosineAttention(Attention):
     batch.
     """
 
+    keys_in_product = True
+
     def __init__(
         self,
         query_size: int,
@@ -198,7 +304,8 @@ class CosineAttention(Attention):
         return _unit(values, self.eps)  # (B, S, Hk) unit rows
 
     def energies(self, query: Tensor, memory: Memory) -> Tensor:
-        cosines = torch.bmm(_unit(query, self.eps), memory.keys.transpose(1, 2))  # (B, T, S)
+        unit = _unit(query, self.eps)
+        cosines = product(unit, memory.keys, memory.key_sink, transposed=True)  # (B, T, S)
         return self.beta * cosines
 
 
@@ -234,6 +341,8 @@ class MultiHeadAttention(Attention):
     Keys and values are projected once per batch. The returned alphas (for plots) are the
     mean of the heads' weights; the context is not sum_s alphas h_s.
     """
+
+    context_in_product = False
 
     def __init__(self, query_size: int, key_size: int, heads: int):
         super().__init__(query_size, key_size)
@@ -295,6 +404,7 @@ class LocalAttention(Attention):
     ):
         super().__init__(query_size, inner.key_size)
         self.inner = inner
+        self.keys_in_product = inner.keys_in_product
         self.window = window
         self.predictive = predictive
         if predictive:

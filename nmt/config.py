@@ -231,6 +231,10 @@ class RunConfig(_Section):
     dir: str = Field("runs/default", description="run directory (checkpoints, logs, tokenizer)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda if available")
     threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: all)")
+    fast_kernels: bool = Field(
+        True,
+        description="CPU: nmt's own RNN and dropout kernels (false: torch's, e.g. to compare)",
+    )
 
 
 class Config(_Section):

@@ -15,7 +15,10 @@ from torch import Tensor, nn
 
 from nmt.attention import Attention, Memory
 from nmt.config import DecoderConfig
+from nmt.dropout import Dropout
 from nmt.encoder import RNNS
+from nmt.rnn import run_rnn
+from nmt.runtime import fast_kernels
 from nmt.tokenizer import PAD_ID
 
 
@@ -86,7 +89,7 @@ class BahdanauDecoder(nn.Module):
     ):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, embedding_size, padding_idx=PAD_ID)
-        self.embedding_dropout = nn.Dropout(embedding_dropout)
+        self.embedding_dropout = Dropout(embedding_dropout)
         self.attention = attention
         self.rnn = _decoder_rnn(cfg, embedding_size + key_size)
         self.output_size = cfg.output_size or embedding_size
@@ -95,7 +98,7 @@ class BahdanauDecoder(nn.Module):
         self.deep_output = nn.Linear(
             cfg.hidden_size + key_size + embedding_size, pieces * self.output_size
         )
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def _recur(
         self, embedded: Tensor, memory: Memory, state: DecoderState
@@ -120,6 +123,7 @@ class BahdanauDecoder(nn.Module):
     def forward(self, trg_in: Tensor, memory: Memory, state: DecoderState) -> tuple[Tensor, Tensor]:
         """trg_in: (B, T) -> features (B, T, O), alphas (B, T, S)."""
         embedded = self.embedding_dropout(self.embed(trg_in))  # (B, T, E)
+        memory = self.attention.for_steps(memory)
         outputs, contexts, alphas = [], [], []
         for t in range(trg_in.size(1)):
             output, context, alpha, state = self._recur(embedded[:, t : t + 1], memory, state)
@@ -164,14 +168,14 @@ class LuongDecoder(nn.Module):
     ):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, embedding_size, padding_idx=PAD_ID)
-        self.embedding_dropout = nn.Dropout(embedding_dropout)
+        self.embedding_dropout = Dropout(embedding_dropout)
         self.attention = attention
         self.input_feeding = cfg.input_feeding
         self.hidden_size = cfg.hidden_size
         feed_size = cfg.hidden_size if cfg.input_feeding else 0
         self.rnn = _decoder_rnn(cfg, embedding_size + feed_size)
         self.combine = nn.Linear(key_size + cfg.hidden_size, cfg.hidden_size, bias=False)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.output_size = cfg.hidden_size
 
     def _attend(self, outputs: Tensor, memory: Memory, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -205,11 +209,15 @@ class LuongDecoder(nn.Module):
         """trg_in: (B, T) -> features (B, T, H), alphas (B, T, S)."""
         embedded = self.embedding_dropout(self.embed(trg_in))  # (B, T, E)
         if not self.input_feeding:
-            outputs, _ = self.rnn(embedded, state.rnn_state())  # (B, T, H), one fused call
+            if fast_kernels(embedded.device):
+                outputs, _ = run_rnn(self.rnn, embedded, None, state.rnn_state())  # (B, T, H)
+            else:
+                outputs, _ = self.rnn(embedded, state.rnn_state())  # (B, T, H), one call
             steps = range(state.step, state.step + trg_in.size(1))
             positions = torch.arange(steps.start, steps.stop, device=outputs.device)  # (T,)
             return self._attend(outputs, memory, positions)
         state = self._with_feed(state, trg_in.size(0), embedded)
+        memory = self.attention.for_steps(memory)
         features, alphas = [], []
         for t in range(trg_in.size(1)):
             attentional, alpha, state = self._recur(embedded[:, t : t + 1], memory, state)

@@ -10,7 +10,10 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.config import DecoderConfig, EncoderConfig
+from nmt.dropout import Dropout
 from nmt.errors import ConfigError
+from nmt.rnn import run_rnn
+from nmt.runtime import fast_kernels
 from nmt.tokenizer import PAD_ID
 
 RNNS = {"gru": nn.GRU, "lstm": nn.LSTM}
@@ -29,14 +32,15 @@ class EncoderOutput:
 
 class Encoder(nn.Module):
     """Bahdanau et al. (2015), section 3.2: a bidirectional RNN whose annotation of word j is
-    [h_forward_j; h_backward_j]. Padding never enters the recurrence (packed sequences)."""
+    [h_forward_j; h_backward_j]. Padding never enters the recurrence: packed sequences, or on
+    the CPU nmt's own recurrence (``nmt.rnn``), which honours lengths the same way."""
 
     def __init__(
         self, vocab_size: int, embedding_size: int, embedding_dropout: float, cfg: EncoderConfig
     ):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, embedding_size, padding_idx=PAD_ID)
-        self.embedding_dropout = nn.Dropout(embedding_dropout)
+        self.embedding_dropout = Dropout(embedding_dropout)
         self.directions = 2 if cfg.bidirectional else 1
         self.layers = cfg.layers
         self.hidden_size = cfg.hidden_size
@@ -48,23 +52,27 @@ class Encoder(nn.Module):
             bidirectional=cfg.bidirectional,
             dropout=cfg.dropout if cfg.layers > 1 else 0.0,
         )
-        self.output_dropout = nn.Dropout(cfg.dropout)
+        self.output_dropout = Dropout(cfg.dropout)
         self.output_size = cfg.hidden_size * self.directions
 
     def forward(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
         """src: (B, S) ids; src_lengths: (B,) -> EncoderOutput."""
         embedded = self.embedding_dropout(self.embed(src))  # (B, S, E)
-        packed = pack_padded_sequence(
-            embedded, src_lengths.cpu(), batch_first=True, enforce_sorted=False
-        )
-        packed_out, final = self.rnn(packed)
-        outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=src.size(1))
+        mask = src != PAD_ID  # (B, S)
+        if fast_kernels(src.device):
+            outputs, final = run_rnn(self.rnn, embedded, mask, None)  # (B, S, D*H)
+        else:
+            packed = pack_padded_sequence(
+                embedded, src_lengths.cpu(), batch_first=True, enforce_sorted=False
+            )
+            packed_out, final = self.rnn(packed)
+            outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=src.size(1))
         hidden, cell = final if isinstance(final, tuple) else (final, None)
         batch = src.size(0)
         shape = (self.layers, self.directions, batch, self.hidden_size)
         return EncoderOutput(
             outputs=self.output_dropout(outputs),  # (B, S, D*H)
-            mask=src != PAD_ID,  # (B, S)
+            mask=mask,
             hidden=hidden.view(shape),
             cell=cell.view(shape) if cell is not None else None,
         )

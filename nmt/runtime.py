@@ -33,6 +33,23 @@ def limit_kernel_cache() -> None:
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_CAPACITY)
 
 
+# nmt's own CPU kernels for the recurrence (nmt.rnn) and dropout (nmt.dropout). On by
+# default; ``run.fast_kernels: false`` runs torch's nn.GRU/nn.LSTM (packed) and nn.Dropout
+# instead, which the benchmark uses for its before/after figures. GPUs always use torch's
+# (cuDNN RNNs, fused dropout).
+_fast_kernels = True
+
+
+def set_fast_kernels(enabled: bool) -> None:
+    global _fast_kernels
+    _fast_kernels = enabled
+
+
+def fast_kernels(device: torch.device) -> bool:
+    """Whether nmt's CPU kernels run for tensors on ``device``."""
+    return _fast_kernels and device.type == "cpu"
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))

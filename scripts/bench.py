@@ -62,7 +62,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from nmt import checkpoint  # noqa: E402
-from nmt.config import Config, from_dict  # noqa: E402
+from nmt.config import Config, apply_override, from_dict  # noqa: E402
 from nmt.data import bucket_batches, padding_fraction, read_pairs  # noqa: E402
 from nmt.model import TrainingLoss, build_model, count_parameters  # noqa: E402
 from nmt.runtime import (  # noqa: E402
@@ -70,6 +70,7 @@ from nmt.runtime import (  # noqa: E402
     grad_scaler,
     limit_kernel_cache,
     seed_everything,
+    set_fast_kernels,
     set_threads,
 )
 from nmt.tokenizer import Tokenizer  # noqa: E402
@@ -149,6 +150,8 @@ def bench_config(name: str, args: argparse.Namespace) -> Config:
         "training": {"batch_tokens": sizes["batch"], "precision": args.precision, "seed": SEED},
         "run": {"device": args.device, "threads": args.threads},
     }
+    for override in args.override:
+        apply_override(raw, override)
     return from_dict(raw, f"bench config {name}")
 
 
@@ -404,6 +407,7 @@ def bench_training(name: str, args: argparse.Namespace, lengths: Lengths) -> dic
     config = bench_config(name, args)
     device = choose_device(config.run.device)
     set_threads(config.run.threads)
+    set_fast_kernels(config.run.fast_kernels)
     corpora, tokenizer = load_data(config, Path(args.work_dir))
     corpus = corpora.train
     seed_everything(SEED)
@@ -456,6 +460,8 @@ def child_arguments(args: argparse.Namespace) -> list[str]:
         out += ["--threads", str(args.threads)]
     if args.tiny:
         out.append("--tiny")
+    for override in args.override:
+        out += ["--override", override]
     return out
 
 
@@ -671,6 +677,7 @@ def run(args: argparse.Namespace, names: list[str], lengths: Lengths) -> dict[st
             "quick": args.quick,
             "lengths": vars(lengths),
             "env": dict(args.env),
+            "overrides": args.override,
             "subprocess_per_config": not args.in_process,
         },
     }
@@ -929,6 +936,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE",
         help="environment of the per-config and translate subprocesses (repeatable)",
+    )
+    add(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override of every bench config, as nmt train --override (repeatable),\n"
+        "e.g. run.fast_kernels=false for torch's own RNN and dropout kernels",
     )
     add("--in-process", action="store_true", help="no subprocess per config (peaks then mix)")
     add("--report", metavar="JSON", help="print the tables of an earlier run and exit")

@@ -1,0 +1,282 @@
+"""The recurrence of an ``nn.GRU`` / ``nn.LSTM`` over a whole sequence as one autograd
+function: nmt's CPU fast path for the encoder and the decoders that run over all steps.
+
+On the CPU, torch runs an RNN as one small matmul and a few elementwise ops per time step, and
+autograd records every step, so the backward pass also computes the recurrent weight gradient
+step by step: a (3H x B)(B x H) matmul and an accumulation into the gradient per step and
+direction. Here the backward pass runs through time for the state gradients only, keeps the
+gate gradients of every step, and computes each weight gradient with one large matmul at the
+end. Both directions of a bidirectional layer advance together, one batched matmul per step.
+
+Lengths are honoured as packed sequences honour them: a sentence's state stops changing after
+its last token (so the backward direction starts from its last token), outputs past it are
+zero, and the final state is the state at the last token. The module's own parameters are used
+(same names, same checkpoints). Under autocast the matmuls run in the autocast dtype and the
+gates, states and their gradients in the parameters' dtype.
+
+Equations (torch's conventions, gates in this order):
+
+    GRU:   r = s(W_ir x + b_ir + W_hr h + b_hr)      z = s(W_iz x + b_iz + W_hz h + b_hz)
+           n = tanh(W_in x + b_in + r * (W_hn h + b_hn))      h' = (1 - z) * n + z * h
+    LSTM:  i, f, g, o = s, s, tanh, s (W_i* x + b_i* + W_h* h + b_h*)
+           c' = f * c + i * g                                  h' = o * tanh(c')
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from nmt.dropout import dropout
+
+RNNState = Tensor | tuple[Tensor, Tensor]
+
+
+def _compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return dtype
+
+
+def _loop_order(x: Tensor, directions: int) -> Tensor:
+    """(B, T, F) -> (D, T, B, F): the steps in the order each direction takes them."""
+    forward = x.transpose(0, 1)  # (T, B, F)
+    return torch.stack([forward, forward.flip(0)][:directions])
+
+
+def _time_order(x: Tensor) -> Tensor:
+    """(D, T, B, F) in loop order -> (B, T, D*F) in time order."""
+    parts = [x[0], x[1].flip(0)] if x.size(0) == 2 else [x[0]]
+    return torch.cat(parts, dim=-1).transpose(0, 1).contiguous()
+
+
+class _Layer(torch.autograd.Function):
+    """One layer, all directions: inputs (B, T, I), keep (D, T, B, 1) float (1 where the
+    loop's step is a real token) or None, h0/c0 (D, B, H), weights stacked over directions
+    -> outputs (B, T, D*H), h_n (D, B, H), c_n (D, B, H) or None.
+
+    Buffers are laid out (D, T, B, F) in loop order: step t of direction d is [d, t], so
+    both directions of a step are one (D, B, F) view and all steps of a direction one matrix.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        lstm: bool,
+        compute: torch.dtype,
+        inputs: Tensor,
+        keep: Tensor | None,
+        h0: Tensor,
+        c0: Tensor | None,
+        w_ih: Tensor,
+        w_hh: Tensor,
+        b_ih: Tensor,
+        b_hh: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        batch, steps, _ = inputs.shape
+        directions, gate_size, hidden = w_hh.shape
+        x = _loop_order(inputs.to(compute), directions)  # (D, T, B, I)
+        w_i, w_h = w_ih.to(compute), w_hh.to(compute)  # (D, G*H, I), (D, G*H, H)
+        bias = b_ih.clone()  # (D, G*H)
+        if lstm:
+            bias += b_hh
+        else:  # b_hn stays inside r * (W_hn h + b_hn)
+            bias[:, : 2 * hidden] += b_hh[:, : 2 * hidden]
+        gates_in = torch.baddbmm(
+            bias.to(compute).unsqueeze(1),
+            x.view(directions, steps * batch, -1),
+            w_i.transpose(1, 2),
+        ).view(directions, steps, batch, gate_size)  # W_i x + b for every step at once
+        b_hn = b_hh[:, None, 2 * hidden :]  # (D, 1, H)
+        w_h_t = w_h.transpose(1, 2)  # (D, H, G*H)
+
+        states = h0.new_empty(directions, steps, batch, hidden)  # h after each step
+        acts = h0.new_empty(directions, steps, batch, gate_size if lstm else 2 * hidden)
+        extra = h0.new_empty(1 if lstm else 2, directions, steps, batch, hidden)
+        cells = h0.new_empty(directions, steps, batch, hidden) if lstm else None
+        h, c = h0, c0
+        for t in range(steps):
+            recurrent = torch.bmm(h.to(compute), w_h_t)  # (D, B, G*H)
+            gate_in = gates_in[:, t]
+            if lstm:
+                pre = gate_in + recurrent
+                act = torch.sigmoid(pre, out=acts[:, t])  # i, f, (g), o
+                gate_g = act[..., 2 * hidden : 3 * hidden]
+                torch.tanh(pre[..., 2 * hidden : 3 * hidden], out=gate_g)
+                c_new = act[..., hidden : 2 * hidden] * c + act[..., :hidden] * gate_g
+                tanh_c = torch.tanh(c_new, out=extra[0, :, t])
+                h_new = act[..., 3 * hidden :] * tanh_c
+                if keep is not None:
+                    c_new = torch.lerp(c, c_new, keep[:, t])  # exact for weights 0 and 1
+                c = cells[:, t].copy_(c_new)  # type: ignore[index]
+            else:
+                act = torch.sigmoid(
+                    gate_in[..., : 2 * hidden] + recurrent[..., : 2 * hidden], out=acts[:, t]
+                )  # r, z
+                h_n = torch.add(recurrent[..., 2 * hidden :], b_hn, out=extra[1, :, t])
+                n = torch.tanh(
+                    torch.addcmul(gate_in[..., 2 * hidden :], act[..., :hidden], h_n),
+                    out=extra[0, :, t],
+                )
+                h_new = torch.addcmul(n, act[..., hidden:], h - n)  # (1 - z) n + z h
+            if keep is not None:
+                h_new = torch.lerp(h, h_new, keep[:, t])
+            h = states[:, t].copy_(h_new)
+        outputs = states if keep is None else states * keep
+        ctx.lstm, ctx.compute = lstm, compute
+        ctx.input_dtype, ctx.weight_dtype = inputs.dtype, w_hh.dtype
+        ctx.save_for_backward(x, keep, h0, c0, w_i, w_h, states, acts, extra, cells)
+        return _time_order(outputs), h.clone(), (c.clone() if lstm else None)  # type: ignore[union-attr]
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_outputs: Tensor, grad_h: Tensor | None, grad_c: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        x, keep, h0, c0, w_i, w_h, states, acts, extra, cells = ctx.saved_tensors
+        lstm, compute = ctx.lstm, ctx.compute
+        directions, steps, batch, hidden = states.shape
+        gate_size = w_h.size(1)
+        grad_out = grad_outputs.view(batch, steps, directions, hidden).permute(2, 1, 0, 3)
+        if directions == 2:
+            grad_out = torch.stack([grad_out[0], grad_out[1].flip(0)])
+        grad_out = grad_out.to(states.dtype)  # (D, T, B, H) in loop order
+        if keep is not None:
+            grad_out = grad_out * keep  # (D, T, B, H)
+        # gradients at the gates' pre-activations, of W_h h + b_h and (GRU: n only) W_i x + b_i
+        grad_rec = torch.empty(directions, steps, batch, gate_size, dtype=compute)
+        grad_n_in = None if lstm else torch.empty(directions, steps, batch, hidden, dtype=compute)
+        dh = grad_h.to(states.dtype) if grad_h is not None else torch.zeros_like(h0)
+        dc = None
+        if lstm:
+            dc = grad_c.to(states.dtype) if grad_c is not None else torch.zeros_like(h0)
+        for t in reversed(range(steps)):
+            dh = dh + grad_out[:, t]
+            dh_step = dh if keep is None else dh * keep[:, t]
+            act, grads = acts[:, t], grad_rec[:, t]
+            if lstm:
+                gate_i, gate_f = act[..., :hidden], act[..., hidden : 2 * hidden]
+                gate_g, gate_o = act[..., 2 * hidden : 3 * hidden], act[..., 3 * hidden :]
+                c_prev = cells[:, t - 1] if t > 0 else c0
+                tanh_c = extra[0, :, t]
+                dc_step = dc if keep is None else dc * keep[:, t]
+                dc_new = dc_step + dh_step * gate_o * (1 - tanh_c * tanh_c)
+                grads[..., :hidden] = dc_new * gate_g * gate_i * (1 - gate_i)
+                grads[..., hidden : 2 * hidden] = dc_new * c_prev * gate_f * (1 - gate_f)
+                grads[..., 2 * hidden : 3 * hidden] = dc_new * gate_i * (1 - gate_g * gate_g)
+                grads[..., 3 * hidden :] = dh_step * tanh_c * gate_o * (1 - gate_o)
+                dc_prev = dc_new * gate_f
+                if keep is not None:
+                    dc_prev += dc - dc_step
+                dc = dc_prev
+                dh_prev = torch.bmm(grads, w_h).to(states.dtype)  # (D, B, H)
+            else:
+                h_prev = states[:, t - 1] if t > 0 else h0
+                gate_r, gate_z = act[..., :hidden], act[..., hidden:]
+                n, h_n = extra[0, :, t], extra[1, :, t]
+                dn = dh_step * (1 - gate_z) * (1 - n * n)  # at n's pre-activation
+                grads[..., :hidden] = dn * h_n * gate_r * (1 - gate_r)
+                grads[..., hidden : 2 * hidden] = dh_step * (h_prev - n) * gate_z * (1 - gate_z)
+                grads[..., 2 * hidden :] = dn * gate_r
+                grad_n_in[:, t] = dn  # type: ignore[index]
+                dh_prev = torch.bmm(grads, w_h).to(states.dtype)  # (D, B, H)
+                dh_prev += dh_step * gate_z
+            if keep is not None:
+                dh_prev += dh - dh_step
+            dh = dh_prev
+        return (
+            None,
+            None,
+            *_input_and_weight_grads(ctx, x, h0, states, grad_rec, grad_n_in, dh, dc),
+        )
+
+
+def _input_and_weight_grads(
+    ctx: Any,
+    x: Tensor,
+    h0: Tensor,
+    states: Tensor,
+    grad_rec: Tensor,
+    grad_n_in: Tensor | None,
+    dh0: Tensor,
+    dc0: Tensor | None,
+) -> tuple[Tensor | None, ...]:
+    """The gradients of (inputs, keep, h0, c0, w_ih, w_hh, b_ih, b_hh) from the gate
+    gradients of every step (D, T, B, G*H): each weight's in one matmul over all steps."""
+    directions, steps, batch, hidden = states.shape
+    rows, gate_size = steps * batch, grad_rec.size(-1)
+    if grad_n_in is None:  # LSTM: W_i x and W_h h enter the gates alike
+        grad_in = grad_rec
+    else:  # GRU: only the n gate differs (r scales W_hn h + b_hn, not W_in x + b_in)
+        grad_in = torch.cat([grad_rec[..., : 2 * hidden], grad_n_in], dim=-1)
+    grad_in = grad_in.view(directions, rows, gate_size)
+    grad_rec = grad_rec.view(directions, rows, gate_size)
+    prev = torch.cat([h0.unsqueeze(1), states[:, :-1]], dim=1).to(ctx.compute)  # h_{t-1}
+    grad_w_hh = torch.bmm(grad_rec.transpose(1, 2), prev.view(directions, rows, hidden))
+    grad_w_ih = torch.bmm(grad_in.transpose(1, 2), x.view(directions, rows, -1))
+    grad_x = torch.bmm(grad_in, ctx.saved_tensors[4]).to(ctx.input_dtype)  # (D, T*B, I)
+    grad_x = grad_x.view(directions, steps, batch, -1)
+    grad_x = grad_x[0] + grad_x[1].flip(0) if directions == 2 else grad_x[0]  # (T, B, I)
+    weights = ctx.weight_dtype
+    return (
+        grad_x.transpose(0, 1),
+        None,
+        dh0,
+        dc0,
+        grad_w_ih.to(weights),
+        grad_w_hh.to(weights),
+        grad_in.sum(1).to(weights),  # accumulated in float32 by torch's reduction
+        grad_rec.sum(1).to(weights),
+    )
+
+
+def run_rnn(
+    rnn: nn.RNNBase, inputs: Tensor, mask: Tensor | None, state: RNNState | None
+) -> tuple[Tensor, RNNState]:
+    """A batch-first ``nn.GRU``/``nn.LSTM`` over ``inputs`` as the packed module would run it.
+
+    inputs: (B, T, I); mask: (B, T), True at each sentence's tokens (a prefix of its row), or
+    None when every position is real; state: (L*D, B, H), a tuple (h, c) for an LSTM, or None
+    for zeros -> outputs (B, T, D*H), zero past each sentence's end, and the final state in
+    the module's layout (the state at each sentence's last token).
+    """
+    lstm = isinstance(rnn, nn.LSTM)
+    directions = 2 if rnn.bidirectional else 1
+    weights = rnn.weight_hh_l0.dtype
+    compute = _compute_dtype(inputs.device, weights)
+    batch = inputs.size(0)
+    if state is None:
+        state = inputs.new_zeros(rnn.num_layers * directions, batch, rnn.hidden_size, dtype=weights)
+        if lstm:
+            state = (state, torch.zeros_like(state))
+    h0, c0 = state if isinstance(state, tuple) else (state, None)
+    keep = None
+    if mask is not None:
+        step_keep = mask.t().to(weights)  # (T, B)
+        keep = torch.stack([step_keep, step_keep.flip(0)][:directions])[..., None]  # (D, T, B, 1)
+    x = inputs
+    hiddens, cells = [], []
+    with torch.autocast(inputs.device.type, enabled=False):
+        for layer in range(rnn.num_layers):
+            names = [f"l{layer}", f"l{layer}_reverse"][:directions]
+            params = [
+                torch.stack([getattr(rnn, f"{kind}_{name}") for name in names])
+                for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+            ]
+            rows = slice(layer * directions, (layer + 1) * directions)
+            x, h_n, c_n = _Layer.apply(
+                lstm,
+                compute,
+                x,
+                keep,
+                h0[rows].to(weights),
+                c0[rows].to(weights) if c0 is not None else None,
+                *params,
+            )
+            hiddens.append(h_n)
+            cells.append(c_n)
+            if layer < rnn.num_layers - 1:
+                x = dropout(x, rnn.dropout, rnn.training)
+    hidden = torch.cat(hiddens)
+    return x, ((hidden, torch.cat(cells)) if lstm else hidden)
