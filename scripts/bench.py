@@ -74,7 +74,7 @@ from nmt.runtime import (  # noqa: E402
     set_threads,
 )
 from nmt.tokenizer import Tokenizer  # noqa: E402
-from nmt.train import apply_update, forward_backward  # noqa: E402
+from nmt.train import apply_update, build_optimizer, forward_backward  # noqa: E402
 from nmt.translate import Translator  # noqa: E402
 
 try:  # the data preparation moved from nmt.train to nmt.prepare
@@ -350,8 +350,7 @@ def make_step(config: Config, model: nn.Module, corpus: Any, device: torch.devic
     """One training step of ``nmt train`` on a batch of corpus indices:
     -> (loss per target token, target tokens, source tokens)."""
     cfg = config.training
-    # the optimiser as nmt.train builds it
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
+    optimizer = build_optimizer(config, model)
     scaler = grad_scaler(cfg.precision, device, 2.0**16)
     loss_module = TrainingLoss(model, cfg.label_smoothing)
 
