@@ -105,12 +105,14 @@ class _Layer(torch.autograd.Function):
                 act = torch.sigmoid(pre, out=acts[:, t])  # i, f, (g), o
                 gate_g = act[..., 2 * hidden : 3 * hidden]
                 torch.tanh(pre[..., 2 * hidden : 3 * hidden], out=gate_g)
-                c_new = act[..., hidden : 2 * hidden] * c + act[..., :hidden] * gate_g
+                c_new = torch.addcmul(act[..., hidden : 2 * hidden] * c, act[..., :hidden], gate_g)
                 tanh_c = torch.tanh(c_new, out=extra[0, :, t])
-                h_new = act[..., 3 * hidden :] * tanh_c
-                if keep is not None:
-                    c_new = torch.lerp(c, c_new, keep[:, t])  # exact for weights 0 and 1
-                c = cells[:, t].copy_(c_new)  # type: ignore[index]
+                if keep is None:
+                    c = cells[:, t].copy_(c_new)  # type: ignore[index]
+                    h = torch.mul(act[..., 3 * hidden :], tanh_c, out=states[:, t])
+                else:  # lerp is exact for weights 0 and 1
+                    c = torch.lerp(c, c_new, keep[:, t], out=cells[:, t])  # type: ignore[index]
+                    h = torch.lerp(h, act[..., 3 * hidden :] * tanh_c, keep[:, t], out=states[:, t])
             else:
                 act = torch.sigmoid(
                     gate_in[..., : 2 * hidden] + recurrent[..., : 2 * hidden], out=acts[:, t]
@@ -120,10 +122,11 @@ class _Layer(torch.autograd.Function):
                     torch.addcmul(gate_in[..., 2 * hidden :], act[..., :hidden], h_n),
                     out=extra[0, :, t],
                 )
-                h_new = torch.addcmul(n, act[..., hidden:], h - n)  # (1 - z) n + z h
-            if keep is not None:
-                h_new = torch.lerp(h, h_new, keep[:, t])
-            h = states[:, t].copy_(h_new)
+                if keep is None:  # (1 - z) n + z h
+                    h = torch.addcmul(n, act[..., hidden:], h - n, out=states[:, t])
+                else:
+                    h_new = torch.addcmul(n, act[..., hidden:], h - n)
+                    h = torch.lerp(h, h_new, keep[:, t], out=states[:, t])
         outputs = states if keep is None else states * keep
         ctx.lstm, ctx.compute = lstm, compute
         ctx.input_dtype, ctx.weight_dtype = inputs.dtype, w_hh.dtype
@@ -148,6 +151,10 @@ class _Layer(torch.autograd.Function):
         grad_rec = torch.empty(directions, steps, batch, gate_size, dtype=compute)
         grad_n_in = None if lstm else torch.empty(directions, steps, batch, hidden, dtype=compute)
         dh = grad_h.to(states.dtype) if grad_h is not None else torch.zeros_like(h0)
+        dropped = 1 - keep if keep is not None else None
+        ones = torch.ones((), dtype=states.dtype)
+        scratch = states.new_empty(directions, batch, 2 * hidden)
+        scratch4 = states.new_empty(directions, batch, 4 * hidden) if lstm else None
         dc = None
         if lstm:
             dc = grad_c.to(states.dtype) if grad_c is not None else torch.zeros_like(h0)
@@ -161,29 +168,39 @@ class _Layer(torch.autograd.Function):
                 c_prev = cells[:, t - 1] if t > 0 else c0
                 tanh_c = extra[0, :, t]
                 dc_step = dc if keep is None else dc * keep[:, t]
-                dc_new = dc_step + dh_step * gate_o * (1 - tanh_c * tanh_c)
-                grads[..., :hidden] = dc_new * gate_g * gate_i * (1 - gate_i)
-                grads[..., hidden : 2 * hidden] = dc_new * c_prev * gate_f * (1 - gate_f)
-                grads[..., 2 * hidden : 3 * hidden] = dc_new * gate_i * (1 - gate_g * gate_g)
-                grads[..., 3 * hidden :] = dh_step * tanh_c * gate_o * (1 - gate_o)
+                dc_new = torch.addcmul(ones, tanh_c, tanh_c, value=-1).mul_(gate_o)
+                dc_new = torch.addcmul(dc_step, dh_step, dc_new)  # + dh o (1 - tanh(c)^2)
+                slopes = torch.addcmul(act, act, act, value=-1)  # s'(x) = s (1 - s)
+                torch.addcmul(
+                    ones, gate_g, gate_g, value=-1, out=slopes[..., 2 * hidden : 3 * hidden]
+                )
+                torch.mul(dc_new, gate_g, out=scratch4[..., :hidden])
+                torch.mul(dc_new, c_prev, out=scratch4[..., hidden : 2 * hidden])
+                torch.mul(dc_new, gate_i, out=scratch4[..., 2 * hidden : 3 * hidden])
+                torch.mul(dh_step, tanh_c, out=scratch4[..., 3 * hidden :])
+                torch.mul(scratch4, slopes, out=grads)
                 dc_prev = dc_new * gate_f
                 if keep is not None:
-                    dc_prev += dc - dc_step
+                    dc_prev.addcmul_(dc, dropped[:, t])
                 dc = dc_prev
                 dh_prev = torch.bmm(grads, w_h).to(states.dtype)  # (D, B, H)
             else:
+                # few, fused elementwise ops: each costs about as much as the arithmetic
                 h_prev = states[:, t - 1] if t > 0 else h0
                 gate_r, gate_z = act[..., :hidden], act[..., hidden:]
                 n, h_n = extra[0, :, t], extra[1, :, t]
-                dn = dh_step * (1 - gate_z) * (1 - n * n)  # at n's pre-activation
-                grads[..., :hidden] = dn * h_n * gate_r * (1 - gate_r)
-                grads[..., hidden : 2 * hidden] = dh_step * (h_prev - n) * gate_z * (1 - gate_z)
-                grads[..., 2 * hidden :] = dn * gate_r
+                dn = torch.addcmul(dh_step, dh_step, gate_z, value=-1)  # dh (1 - z)
+                dn *= torch.addcmul(ones, n, n, value=-1)  # at n's pre-activation: (1 - n^2)
+                torch.mul(dn, h_n, out=scratch[..., :hidden])  # dr = dn h_n
+                torch.sub(h_prev, n, out=scratch[..., hidden:]).mul_(dh_step)  # dz = dh (h - n)
+                slopes = torch.addcmul(act, act, act, value=-1)  # s'(r), s'(z)
+                torch.mul(scratch, slopes, out=grads[..., : 2 * hidden])
+                torch.mul(dn, gate_r, out=grads[..., 2 * hidden :])
                 grad_n_in[:, t] = dn  # type: ignore[index]
                 dh_prev = torch.bmm(grads, w_h).to(states.dtype)  # (D, B, H)
-                dh_prev += dh_step * gate_z
+                dh_prev.addcmul_(dh_step, gate_z)
             if keep is not None:
-                dh_prev += dh - dh_step
+                dh_prev.addcmul_(dh, dropped[:, t])  # a finished sentence passes dh through
             dh = dh_prev
         return (
             None,
