@@ -52,10 +52,12 @@ class SmoothedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
         logits, target, log_z = ctx.saved_tensors
         eps = ctx.eps
-        grad = torch.exp(_at_least_float32(logits) - log_z[:, None])  # (N, V) softmax
-        grad.sub_(eps / logits.size(-1))
-        grad.scatter_add_(1, target[:, None], grad.new_full((target.size(0), 1), eps - 1.0))
-        grad.mul_(grad_loss)
+        # (softmax - eps/V) * g, then - (1 - eps) * g at the targets; the subtraction of
+        # log Z promotes (b)f16 logits to float32 in the same pass
+        grad = torch.sub(logits, log_z[:, None]).exp_()  # (N, V) softmax
+        grad.mul_(grad_loss).sub_(grad_loss * (eps / logits.size(-1)))
+        at_target = (grad_loss * (eps - 1.0)).to(grad.dtype).expand(target.size(0), 1)
+        grad.scatter_add_(1, target[:, None], at_target)
         return grad.to(logits.dtype), None, None
 
 
