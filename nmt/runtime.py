@@ -33,8 +33,8 @@ def limit_kernel_cache() -> None:
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_CAPACITY)
 
 
-# nmt's own CPU kernels for the recurrence (nmt.rnn) and dropout (nmt.dropout). On by
-# default; ``run.fast_kernels: false`` runs torch's nn.GRU/nn.LSTM (packed) and nn.Dropout
+# nmt's own CPU kernels for the recurrence (nmt.rnn) and dropout (nmt.dropout) in training.
+# On by default; ``run.fast_kernels: false`` runs torch's nn.GRU/nn.LSTM (packed) and nn.Dropout
 # instead, which the benchmark uses for its before/after figures. GPUs always use torch's
 # (cuDNN RNNs, fused dropout).
 _fast_kernels = True
@@ -46,8 +46,10 @@ def set_fast_kernels(enabled: bool) -> None:
 
 
 def fast_kernels(device: torch.device) -> bool:
-    """Whether nmt's CPU kernels run for tensors on ``device``."""
-    return _fast_kernels and device.type == "cpu"
+    """Whether nmt's CPU kernels run for tensors on ``device``: in training only, since
+    their gain is in the backward pass, and torch's RNN loop (in C++) is quicker for the few
+    sentences of a search batch."""
+    return _fast_kernels and device.type == "cpu" and torch.is_grad_enabled()
 
 
 def seed_everything(seed: int) -> None:
