@@ -12,7 +12,8 @@ Lengths are honoured as packed sequences honour them: a sentence's state stops c
 its last token (so the backward direction starts from its last token), outputs past it are
 zero, and the final state is the state at the last token. The module's own parameters are used
 (same names, same checkpoints). Under autocast the matmuls run in the autocast dtype and the
-gates, states and their gradients in the parameters' dtype.
+gates, states and their gradients in the parameters' dtype. With ``run.compile`` the per-step
+elementwise work goes through torch.compile (see docs/benchmarks.md for what it gains).
 
 Equations (torch's conventions, gates in this order):
 
@@ -30,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.dropout import dropout
+from nmt.runtime import compile_enabled
 
 RNNState = Tensor | tuple[Tensor, Tensor]
 
@@ -97,36 +99,36 @@ class _Layer(torch.autograd.Function):
         extra = h0.new_empty(1 if lstm else 2, directions, steps, batch, hidden)
         cells = h0.new_empty(directions, steps, batch, hidden) if lstm else None
         h, c = h0, c0
+        forward_step = _kernels(lstm)[0]
         for t in range(steps):
             recurrent = torch.bmm(h.to(compute), w_h_t)  # (D, B, G*H)
-            gate_in = gates_in[:, t]
+            keep_t = keep[:, t] if keep is not None else None
             if lstm:
-                pre = gate_in + recurrent
-                act = torch.sigmoid(pre, out=acts[:, t])  # i, f, (g), o
-                gate_g = act[..., 2 * hidden : 3 * hidden]
-                torch.tanh(pre[..., 2 * hidden : 3 * hidden], out=gate_g)
-                c_new = torch.addcmul(act[..., hidden : 2 * hidden] * c, act[..., :hidden], gate_g)
-                tanh_c = torch.tanh(c_new, out=extra[0, :, t])
-                if keep is None:
-                    c = cells[:, t].copy_(c_new)  # type: ignore[index]
-                    h = torch.mul(act[..., 3 * hidden :], tanh_c, out=states[:, t])
-                else:  # lerp is exact for weights 0 and 1
-                    c = torch.lerp(c, c_new, keep[:, t], out=cells[:, t])  # type: ignore[index]
-                    h = torch.lerp(h, act[..., 3 * hidden :] * tanh_c, keep[:, t], out=states[:, t])
-            else:
-                act = torch.sigmoid(
-                    gate_in[..., : 2 * hidden] + recurrent[..., : 2 * hidden], out=acts[:, t]
-                )  # r, z
-                h_n = torch.add(recurrent[..., 2 * hidden :], b_hn, out=extra[1, :, t])
-                n = torch.tanh(
-                    torch.addcmul(gate_in[..., 2 * hidden :], act[..., :hidden], h_n),
-                    out=extra[0, :, t],
+                forward_step(
+                    gates_in[:, t],
+                    recurrent,
+                    c,
+                    h,
+                    keep_t,
+                    acts[:, t],
+                    extra[0, :, t],
+                    cells[:, t],
+                    states[:, t],  # type: ignore[index]
                 )
-                if keep is None:  # (1 - z) n + z h
-                    h = torch.addcmul(n, act[..., hidden:], h - n, out=states[:, t])
-                else:
-                    h_new = torch.addcmul(n, act[..., hidden:], h - n)
-                    h = torch.lerp(h, h_new, keep[:, t], out=states[:, t])
+                c = cells[:, t]  # type: ignore[index]
+            else:
+                forward_step(
+                    gates_in[:, t],
+                    recurrent,
+                    b_hn,
+                    h,
+                    keep_t,
+                    acts[:, t],
+                    extra[0, :, t],
+                    extra[1, :, t],
+                    states[:, t],
+                )
+            h = states[:, t]
         outputs = states if keep is None else states * keep
         ctx.lstm, ctx.compute = lstm, compute
         ctx.input_dtype, ctx.weight_dtype = inputs.dtype, w_hh.dtype
@@ -158,50 +160,44 @@ class _Layer(torch.autograd.Function):
         dc = None
         if lstm:
             dc = grad_c.to(states.dtype) if grad_c is not None else torch.zeros_like(h0)
+        backward_step = _kernels(lstm)[1]
         for t in reversed(range(steps)):
-            dh = dh + grad_out[:, t]
-            dh_step = dh if keep is None else dh * keep[:, t]
-            act, grads = acts[:, t], grad_rec[:, t]
+            keep_t = keep[:, t] if keep is not None else None
+            dropped_t = dropped[:, t] if dropped is not None else None
             if lstm:
-                gate_i, gate_f = act[..., :hidden], act[..., hidden : 2 * hidden]
-                gate_g, gate_o = act[..., 2 * hidden : 3 * hidden], act[..., 3 * hidden :]
                 c_prev = cells[:, t - 1] if t > 0 else c0
-                tanh_c = extra[0, :, t]
-                dc_step = dc if keep is None else dc * keep[:, t]
-                dc_new = torch.addcmul(ones, tanh_c, tanh_c, value=-1).mul_(gate_o)
-                dc_new = torch.addcmul(dc_step, dh_step, dc_new)  # + dh o (1 - tanh(c)^2)
-                slopes = torch.addcmul(act, act, act, value=-1)  # s'(x) = s (1 - s)
-                torch.addcmul(
-                    ones, gate_g, gate_g, value=-1, out=slopes[..., 2 * hidden : 3 * hidden]
+                carry, dc = backward_step(
+                    dh,
+                    dc,
+                    grad_out[:, t],
+                    keep_t,
+                    dropped_t,
+                    acts[:, t],
+                    extra[0, :, t],
+                    c_prev,
+                    ones,
+                    scratch4,
+                    grad_rec[:, t],
                 )
-                torch.mul(dc_new, gate_g, out=scratch4[..., :hidden])
-                torch.mul(dc_new, c_prev, out=scratch4[..., hidden : 2 * hidden])
-                torch.mul(dc_new, gate_i, out=scratch4[..., 2 * hidden : 3 * hidden])
-                torch.mul(dh_step, tanh_c, out=scratch4[..., 3 * hidden :])
-                torch.mul(scratch4, slopes, out=grads)
-                dc_prev = dc_new * gate_f
-                if keep is not None:
-                    dc_prev.addcmul_(dc, dropped[:, t])
-                dc = dc_prev
-                dh_prev = torch.bmm(grads, w_h).to(states.dtype)  # (D, B, H)
             else:
-                # few, fused elementwise ops: each costs about as much as the arithmetic
                 h_prev = states[:, t - 1] if t > 0 else h0
-                gate_r, gate_z = act[..., :hidden], act[..., hidden:]
-                n, h_n = extra[0, :, t], extra[1, :, t]
-                dn = torch.addcmul(dh_step, dh_step, gate_z, value=-1)  # dh (1 - z)
-                dn *= torch.addcmul(ones, n, n, value=-1)  # at n's pre-activation: (1 - n^2)
-                torch.mul(dn, h_n, out=scratch[..., :hidden])  # dr = dn h_n
-                torch.sub(h_prev, n, out=scratch[..., hidden:]).mul_(dh_step)  # dz = dh (h - n)
-                slopes = torch.addcmul(act, act, act, value=-1)  # s'(r), s'(z)
-                torch.mul(scratch, slopes, out=grads[..., : 2 * hidden])
-                torch.mul(dn, gate_r, out=grads[..., 2 * hidden :])
-                grad_n_in[:, t] = dn  # type: ignore[index]
-                dh_prev = torch.bmm(grads, w_h).to(states.dtype)  # (D, B, H)
-                dh_prev.addcmul_(dh_step, gate_z)
-            if keep is not None:
-                dh_prev.addcmul_(dh, dropped[:, t])  # a finished sentence passes dh through
-            dh = dh_prev
+                carry = backward_step(
+                    dh,
+                    grad_out[:, t],
+                    keep_t,
+                    dropped_t,
+                    acts[:, t],
+                    extra[0, :, t],
+                    extra[1, :, t],
+                    h_prev,
+                    ones,
+                    scratch,
+                    grad_rec[:, t],
+                    grad_n_in[:, t],  # type: ignore[index]
+                )
+            dh = torch.bmm(grad_rec[:, t], w_h).to(states.dtype)  # (D, B, H)
+            if carry is not None:
+                dh += carry
         return (
             None,
             None,
@@ -246,6 +242,152 @@ def _input_and_weight_grads(
         grad_in.sum(1).to(weights),  # accumulated in float32 by torch's reduction
         grad_rec.sum(1).to(weights),
     )
+
+
+# ----------------------------------------------------------------------------- one step
+# The elementwise work of one time step, both directions at once, written into the loop's
+# buffers (few, fused ops: on the small per-step tensors each op costs about as much as its
+# arithmetic). ``run.compile`` runs them through torch.compile instead, which fuses each into
+# one or two loops.
+
+
+def _gru_forward_step(
+    gate_in: Tensor,
+    recurrent: Tensor,
+    b_hn: Tensor,
+    h: Tensor,
+    keep: Tensor | None,
+    act_out: Tensor,
+    n_out: Tensor,
+    h_n_out: Tensor,
+    h_out: Tensor,
+) -> None:
+    """gate_in = W_i x + b_i (+ b_hr, b_hz), recurrent = W_h h: (D, B, 3H) -> r and z into
+    act_out (D, B, 2H), n, W_hn h + b_hn, and h' into their (D, B, H) buffers."""
+    hidden = h.size(-1)
+    act = torch.sigmoid(gate_in[..., : 2 * hidden] + recurrent[..., : 2 * hidden], out=act_out)
+    h_n = torch.add(recurrent[..., 2 * hidden :], b_hn, out=h_n_out)
+    n = torch.tanh(torch.addcmul(gate_in[..., 2 * hidden :], act[..., :hidden], h_n), out=n_out)
+    if keep is None:  # (1 - z) n + z h
+        torch.addcmul(n, act[..., hidden:], h - n, out=h_out)
+    else:  # lerp is exact for weights 0 and 1: a finished sentence keeps its state
+        torch.lerp(h, torch.addcmul(n, act[..., hidden:], h - n), keep, out=h_out)
+
+
+def _gru_backward_step(
+    dh: Tensor,
+    grad_out: Tensor,
+    keep: Tensor | None,
+    dropped: Tensor | None,
+    act: Tensor,
+    n: Tensor,
+    h_n: Tensor,
+    h_prev: Tensor,
+    ones: Tensor,
+    scratch: Tensor,
+    grads_out: Tensor,
+    grad_n_in_out: Tensor,
+) -> Tensor:
+    """dh: gradient of h' from the next step -> the gates' gradients into grads_out (D, B, 3H:
+    r, z, W_hn h + b_hn) and grad_n_in_out (n's pre-activation); returns the part of dh_prev
+    that does not go through W_h."""
+    hidden = h_prev.size(-1)
+    dh = dh + grad_out
+    dh_step = dh if keep is None else dh * keep
+    gate_r, gate_z = act[..., :hidden], act[..., hidden:]
+    dn = torch.addcmul(dh_step, dh_step, gate_z, value=-1)  # dh (1 - z)
+    dn *= torch.addcmul(ones, n, n, value=-1)  # at n's pre-activation: (1 - n^2)
+    torch.mul(dn, h_n, out=scratch[..., :hidden])  # dr = dn h_n
+    torch.sub(h_prev, n, out=scratch[..., hidden:]).mul_(dh_step)  # dz = dh (h - n)
+    slopes = torch.addcmul(act, act, act, value=-1)  # s'(r), s'(z)
+    torch.mul(scratch, slopes, out=grads_out[..., : 2 * hidden])
+    torch.mul(dn, gate_r, out=grads_out[..., 2 * hidden :])
+    grad_n_in_out.copy_(dn)
+    carry = dh_step * gate_z
+    if dropped is not None:
+        carry.addcmul_(dh, dropped)  # a finished sentence passes dh through
+    return carry
+
+
+def _lstm_forward_step(
+    gate_in: Tensor,
+    recurrent: Tensor,
+    c: Tensor,
+    h: Tensor,
+    keep: Tensor | None,
+    act_out: Tensor,
+    tanh_c_out: Tensor,
+    c_out: Tensor,
+    h_out: Tensor,
+) -> None:
+    """gate_in = W_i x + b_i + b_h, recurrent = W_h h: (D, B, 4H) -> i, f, g, o into act_out,
+    tanh(c'), c' and h' into their (D, B, H) buffers."""
+    hidden = h.size(-1)
+    pre = gate_in + recurrent
+    act = torch.sigmoid(pre, out=act_out)  # i, f, (g), o
+    gate_g = torch.tanh(pre[..., 2 * hidden : 3 * hidden], out=act[..., 2 * hidden : 3 * hidden])
+    c_new = torch.addcmul(act[..., hidden : 2 * hidden] * c, act[..., :hidden], gate_g)
+    tanh_c = torch.tanh(c_new, out=tanh_c_out)
+    if keep is None:
+        c_out.copy_(c_new)
+        torch.mul(act[..., 3 * hidden :], tanh_c, out=h_out)
+    else:  # lerp is exact for weights 0 and 1
+        torch.lerp(c, c_new, keep, out=c_out)
+        torch.lerp(h, act[..., 3 * hidden :] * tanh_c, keep, out=h_out)
+
+
+def _lstm_backward_step(
+    dh: Tensor,
+    dc: Tensor,
+    grad_out: Tensor,
+    keep: Tensor | None,
+    dropped: Tensor | None,
+    act: Tensor,
+    tanh_c: Tensor,
+    c_prev: Tensor,
+    ones: Tensor,
+    scratch: Tensor,
+    grads_out: Tensor,
+) -> tuple[Tensor | None, Tensor]:
+    """dh, dc: gradients of h' and c' from the next step -> the gates' gradients into
+    grads_out (D, B, 4H); returns the part of dh_prev that does not go through W_h (None
+    when no sentence has finished) and dc_prev."""
+    hidden = c_prev.size(-1)
+    dh = dh + grad_out
+    dh_step = dh if keep is None else dh * keep
+    dc_step = dc if keep is None else dc * keep
+    gate_i, gate_f = act[..., :hidden], act[..., hidden : 2 * hidden]
+    gate_g, gate_o = act[..., 2 * hidden : 3 * hidden], act[..., 3 * hidden :]
+    dc_new = torch.addcmul(ones, tanh_c, tanh_c, value=-1).mul_(gate_o)
+    dc_new = torch.addcmul(dc_step, dh_step, dc_new)  # + dh o (1 - tanh(c)^2)
+    slopes = torch.addcmul(act, act, act, value=-1)  # s'(x) = s (1 - s)
+    torch.addcmul(ones, gate_g, gate_g, value=-1, out=slopes[..., 2 * hidden : 3 * hidden])
+    torch.mul(dc_new, gate_g, out=scratch[..., :hidden])
+    torch.mul(dc_new, c_prev, out=scratch[..., hidden : 2 * hidden])
+    torch.mul(dc_new, gate_i, out=scratch[..., 2 * hidden : 3 * hidden])
+    torch.mul(dh_step, tanh_c, out=scratch[..., 3 * hidden :])
+    torch.mul(scratch, slopes, out=grads_out)
+    dc_prev = dc_new * gate_f
+    if dropped is None:
+        return None, dc_prev
+    dc_prev.addcmul_(dc, dropped)
+    return dh * dropped, dc_prev
+
+
+_EAGER = {
+    False: (_gru_forward_step, _gru_backward_step),
+    True: (_lstm_forward_step, _lstm_backward_step),
+}
+_COMPILED: dict[bool, tuple[Any, Any]] = {}
+
+
+def _kernels(lstm: bool) -> tuple[Any, Any]:
+    """The step functions, compiled on first use when ``run.compile`` is set."""
+    if not compile_enabled():
+        return _EAGER[lstm]
+    if lstm not in _COMPILED:
+        _COMPILED[lstm] = tuple(torch.compile(f, dynamic=True) for f in _EAGER[lstm])  # type: ignore[assignment]
+    return _COMPILED[lstm]
 
 
 def run_rnn(
