@@ -235,10 +235,6 @@ class RunConfig(_Section):
         True,
         description="CPU: nmt's own RNN and dropout kernels (false: torch's, e.g. to compare)",
     )
-    compile: bool = Field(
-        False,
-        description="torch.compile the RNN kernel's per-step work (needs a C++ compiler)",
-    )
 
 
 class Config(_Section):

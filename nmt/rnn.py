@@ -12,8 +12,7 @@ Lengths are honoured as packed sequences honour them: a sentence's state stops c
 its last token (so the backward direction starts from its last token), outputs past it are
 zero, and the final state is the state at the last token. The module's own parameters are used
 (same names, same checkpoints). Under autocast the matmuls run in the autocast dtype and the
-gates, states and their gradients in the parameters' dtype. With ``run.compile`` the per-step
-elementwise work goes through torch.compile (see docs/benchmarks.md for what it gains).
+gates, states and their gradients in the parameters' dtype.
 
 Equations (torch's conventions, gates in this order):
 
@@ -31,7 +30,6 @@ import torch
 from torch import Tensor, nn
 
 from nmt.dropout import dropout
-from nmt.runtime import compile_enabled
 
 RNNState = Tensor | tuple[Tensor, Tensor]
 
@@ -99,7 +97,7 @@ class _Layer(torch.autograd.Function):
         extra = h0.new_empty(1 if lstm else 2, directions, steps, batch, hidden)
         cells = h0.new_empty(directions, steps, batch, hidden) if lstm else None
         h, c = h0, c0
-        forward_step = _kernels(lstm)[0]
+        forward_step = _STEPS[lstm][0]
         for t in range(steps):
             recurrent = torch.bmm(h.to(compute), w_h_t)  # (D, B, G*H)
             keep_t = keep[:, t] if keep is not None else None
@@ -160,7 +158,7 @@ class _Layer(torch.autograd.Function):
         dc = None
         if lstm:
             dc = grad_c.to(states.dtype) if grad_c is not None else torch.zeros_like(h0)
-        backward_step = _kernels(lstm)[1]
+        backward_step = _STEPS[lstm][1]
         for t in reversed(range(steps)):
             keep_t = keep[:, t] if keep is not None else None
             dropped_t = dropped[:, t] if dropped is not None else None
@@ -247,8 +245,8 @@ def _input_and_weight_grads(
 # ----------------------------------------------------------------------------- one step
 # The elementwise work of one time step, both directions at once, written into the loop's
 # buffers (few, fused ops: on the small per-step tensors each op costs about as much as its
-# arithmetic). ``run.compile`` runs them through torch.compile instead, which fuses each into
-# one or two loops.
+# arithmetic). torch.compile fuses each into one loop, 5-20x faster alone, but its per-call
+# overhead made training 6% slower (docs/benchmarks.md), so they run eagerly.
 
 
 def _gru_forward_step(
@@ -374,20 +372,10 @@ def _lstm_backward_step(
     return dh * dropped, dc_prev
 
 
-_EAGER = {
+_STEPS = {
     False: (_gru_forward_step, _gru_backward_step),
     True: (_lstm_forward_step, _lstm_backward_step),
 }
-_COMPILED: dict[bool, tuple[Any, Any]] = {}
-
-
-def _kernels(lstm: bool) -> tuple[Any, Any]:
-    """The step functions, compiled on first use when ``run.compile`` is set."""
-    if not compile_enabled():
-        return _EAGER[lstm]
-    if lstm not in _COMPILED:
-        _COMPILED[lstm] = tuple(torch.compile(f, dynamic=True) for f in _EAGER[lstm])  # type: ignore[assignment]
-    return _COMPILED[lstm]
 
 
 def run_rnn(

@@ -45,19 +45,6 @@ def set_fast_kernels(enabled: bool) -> None:
     _fast_kernels = enabled
 
 
-_compile = False
-
-
-def set_compile(enabled: bool) -> None:
-    global _compile
-    _compile = enabled
-
-
-def compile_enabled() -> bool:
-    """Whether nmt's RNN kernel runs its per-step elementwise work through torch.compile."""
-    return _compile
-
-
 def fast_kernels(device: torch.device) -> bool:
     """Whether nmt's CPU kernels run for tensors on ``device``: in training only, since
     their gain is in the backward pass, and torch's RNN loop (in C++) is quicker for the few

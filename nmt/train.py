@@ -57,7 +57,6 @@ from nmt.runtime import (
     init_distributed,
     limit_kernel_cache,
     seed_everything,
-    set_compile,
     set_fast_kernels,
     set_threads,
     shutdown_distributed,
@@ -222,7 +221,6 @@ def _train_locked(
     setup_logging(run_dir if place.is_main else None, quiet=quiet or not place.is_main)
     set_threads(config.run.threads)
     set_fast_kernels(config.run.fast_kernels)
-    set_compile(config.run.compile)
     precision = choose_precision(config.training.precision, device)
     started = time.time()
     saved, tokenizer = read_checkpoint(resume_from, config)

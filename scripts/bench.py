@@ -70,7 +70,6 @@ from nmt.runtime import (  # noqa: E402
     grad_scaler,
     limit_kernel_cache,
     seed_everything,
-    set_compile,
     set_fast_kernels,
     set_threads,
 )
@@ -408,7 +407,6 @@ def bench_training(name: str, args: argparse.Namespace, lengths: Lengths) -> dic
     device = choose_device(config.run.device)
     set_threads(config.run.threads)
     set_fast_kernels(config.run.fast_kernels)
-    set_compile(config.run.compile)
     corpora, tokenizer = load_data(config, Path(args.work_dir))
     corpus = corpora.train
     seed_everything(SEED)

@@ -12,7 +12,6 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.rnn import run_rnn
-from nmt.runtime import set_compile
 
 INPUT, HIDDEN = 5, 7
 LENGTHS = [6, 3, 1, 5, 6]  # padding present, a one-token sentence, unsorted
@@ -225,25 +224,3 @@ def test_dropout_between_layers_only_in_training() -> None:
     dropped, _ = run_rnn(rnn, x, mask, None)
     assert (dropped - undropped).abs().max() > 1e-3
     assert (dropped[~mask] == 0).all()  # padding stays zero
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
-def test_compiled_steps_equal_eager(cell) -> None:
-    """run.compile: the per-step work through torch.compile gives the eager results."""
-    torch.manual_seed(5)
-    rnn = _rnn(cell, True, 1, torch.float32)
-    x, lengths, h0, c0 = _inputs(2, 1, cell == "lstm", torch.float32)
-    x.requires_grad_(True)
-    mask = torch.arange(x.size(1))[None] < lengths[:, None]
-    results = []
-    for compiled in (False, True):
-        set_compile(compiled)
-        try:
-            outputs, final = run_rnn(rnn, x, mask, _state(h0, c0))
-            grads = torch.autograd.grad(outputs.square().sum(), [x, *rnn.parameters()])
-        finally:
-            set_compile(False)
-        results.append((outputs, _split(final)[0], *grads))
-    for eager, compiled in zip(*results, strict=True):
-        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
