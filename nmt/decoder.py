@@ -57,7 +57,7 @@ def _position(state: DecoderState, like: Tensor) -> Tensor:
     return torch.arange(state.step, state.step + 1, device=like.device)
 
 
-def _decoder_rnn(cfg: DecoderConfig, input_size: int) -> nn.Module:
+def _decoder_rnn(cfg: DecoderConfig, input_size: int) -> nn.RNNBase:
     """The decoder's stacked GRU/LSTM, batch first, dropout between layers."""
     return RNNS[cfg.rnn](
         input_size,

@@ -16,7 +16,7 @@ from nmt.rnn import run_rnn
 from nmt.runtime import fast_kernels
 from nmt.tokenizer import PAD_ID
 
-RNNS = {"gru": nn.GRU, "lstm": nn.LSTM}
+RNNS: dict[str, type[nn.GRU] | type[nn.LSTM]] = {"gru": nn.GRU, "lstm": nn.LSTM}
 
 
 @dataclass

@@ -24,6 +24,7 @@ Equations (torch's conventions, gates in this order):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -102,6 +103,7 @@ class _Layer(torch.autograd.Function):
             recurrent = torch.bmm(h.to(compute), w_h_t)  # (D, B, G*H)
             keep_t = keep[:, t] if keep is not None else None
             if lstm:
+                assert c is not None and cells is not None
                 forward_step(
                     gates_in[:, t],
                     recurrent,
@@ -111,9 +113,9 @@ class _Layer(torch.autograd.Function):
                     acts[:, t],
                     extra[0, :, t],
                     cells[:, t],
-                    states[:, t],  # type: ignore[index]
+                    states[:, t],
                 )
-                c = cells[:, t]  # type: ignore[index]
+                c = cells[:, t]
             else:
                 forward_step(
                     gates_in[:, t],
@@ -372,7 +374,7 @@ def _lstm_backward_step(
     return dh * dropped, dc_prev
 
 
-_STEPS = {
+_STEPS: dict[bool, tuple[Callable[..., Any], Callable[..., Any]]] = {
     False: (_gru_forward_step, _gru_backward_step),
     True: (_lstm_forward_step, _lstm_backward_step),
 }
@@ -390,7 +392,7 @@ def run_rnn(
     """
     lstm = isinstance(rnn, nn.LSTM)
     directions = 2 if rnn.bidirectional else 1
-    weights = rnn.weight_hh_l0.dtype
+    weights = next(rnn.parameters()).dtype
     compute = _compute_dtype(inputs.device, weights)
     batch = inputs.size(0)
     if state is None:
