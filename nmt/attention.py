@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from nmt.config import CONTENT_SCORES, SCORES, AttentionConfig
 from nmt.errors import ConfigError
+from nmt.runtime import compute_dtype
 
 
 class GradientSink:
@@ -40,10 +41,9 @@ class GradientSink:
     """
 
     def __init__(self, tensor: Tensor):
-        device = tensor.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         self.records: list[tuple[Tensor, Tensor, bool]] = []  # (factor, gradient, transposed)
-        self.tensor: Tensor = _SinkCopy.apply(tensor, self, dtype or tensor.dtype)
+        dtype = compute_dtype(tensor.device, tensor.dtype)
+        self.tensor: Tensor = _SinkCopy.apply(tensor, self, dtype)
 
     def gradient(self) -> Tensor | None:
         """sum over steps of a^T g (out = a M) or g^T a (out = a M^T): (B, S, F)."""

@@ -31,20 +31,15 @@ import torch
 from torch import Tensor, nn
 
 from nmt.dropout import dropout
+from nmt.runtime import compute_dtype
 
 RNNState = Tensor | tuple[Tensor, Tensor]
 
 
-def _compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
-    if torch.is_autocast_enabled(device.type):
-        return torch.get_autocast_dtype(device.type)
-    return dtype
-
-
-def _loop_order(x: Tensor, directions: int) -> Tensor:
-    """(B, T, F) -> (D, T, B, F): the steps in the order each direction takes them."""
-    forward = x.transpose(0, 1)  # (T, B, F)
-    return torch.stack([forward, forward.flip(0)][:directions])
+def _loop_order(x: Tensor) -> Tensor:
+    """(B, T, D, F) -> (D, T, B, F): each direction's steps in the order it takes them."""
+    x = x.permute(2, 1, 0, 3)  # (D, T, B, F)
+    return torch.stack([x[0], x[1].flip(0)]) if x.size(0) == 2 else x
 
 
 def _time_order(x: Tensor) -> Tensor:
@@ -78,7 +73,8 @@ class _Layer(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         batch, steps, _ = inputs.shape
         directions, gate_size, hidden = w_hh.shape
-        x = _loop_order(inputs.to(compute), directions)  # (D, T, B, I)
+        x = _loop_order(inputs.to(compute).unsqueeze(2).expand(-1, -1, directions, -1))
+        x = x.contiguous()  # (D, T, B, I)
         w_i, w_h = w_ih.to(compute), w_hh.to(compute)  # (D, G*H, I), (D, G*H, H)
         bias = b_ih.clone()  # (D, G*H)
         if lstm:
@@ -143,10 +139,8 @@ class _Layer(torch.autograd.Function):
         lstm, compute = ctx.lstm, ctx.compute
         directions, steps, batch, hidden = states.shape
         gate_size = w_h.size(1)
-        grad_out = grad_outputs.view(batch, steps, directions, hidden).permute(2, 1, 0, 3)
-        if directions == 2:
-            grad_out = torch.stack([grad_out[0], grad_out[1].flip(0)])
-        grad_out = grad_out.to(states.dtype)  # (D, T, B, H) in loop order
+        grad_out = _loop_order(grad_outputs.view(batch, steps, directions, hidden))
+        grad_out = grad_out.to(states.dtype)  # (D, T, B, H)
         if keep is not None:
             grad_out = grad_out * keep  # (D, T, B, H)
         # gradients at the gates' pre-activations, of W_h h + b_h and (GRU: n only) W_i x + b_i
@@ -201,13 +195,14 @@ class _Layer(torch.autograd.Function):
         return (
             None,
             None,
-            *_input_and_weight_grads(ctx, x, h0, states, grad_rec, grad_n_in, dh, dc),
+            *_input_and_weight_grads(ctx, x, w_i, h0, states, grad_rec, grad_n_in, dh, dc),
         )
 
 
 def _input_and_weight_grads(
     ctx: Any,
     x: Tensor,
+    w_i: Tensor,
     h0: Tensor,
     states: Tensor,
     grad_rec: Tensor,
@@ -228,7 +223,7 @@ def _input_and_weight_grads(
     prev = torch.cat([h0.unsqueeze(1), states[:, :-1]], dim=1).to(ctx.compute)  # h_{t-1}
     grad_w_hh = torch.bmm(grad_rec.transpose(1, 2), prev.view(directions, rows, hidden))
     grad_w_ih = torch.bmm(grad_in.transpose(1, 2), x.view(directions, rows, -1))
-    grad_x = torch.bmm(grad_in, ctx.saved_tensors[4]).to(ctx.input_dtype)  # (D, T*B, I)
+    grad_x = torch.bmm(grad_in, w_i).to(ctx.input_dtype)  # (D, T*B, I)
     grad_x = grad_x.view(directions, steps, batch, -1)
     grad_x = grad_x[0] + grad_x[1].flip(0) if directions == 2 else grad_x[0]  # (T, B, I)
     weights = ctx.weight_dtype
@@ -393,7 +388,7 @@ def run_rnn(
     lstm = isinstance(rnn, nn.LSTM)
     directions = 2 if rnn.bidirectional else 1
     weights = next(rnn.parameters()).dtype
-    compute = _compute_dtype(inputs.device, weights)
+    compute = compute_dtype(inputs.device, weights)
     batch = inputs.size(0)
     if state is None:
         state = inputs.new_zeros(rnn.num_layers * directions, batch, rnn.hidden_size, dtype=weights)

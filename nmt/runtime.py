@@ -52,6 +52,13 @@ def fast_kernels(device: torch.device) -> bool:
     return _fast_kernels and device.type == "cpu" and torch.is_grad_enabled()
 
 
+def compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype matmuls run in: autocast's on ``device`` when it is on, else ``dtype``."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return dtype
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
