@@ -39,3 +39,16 @@ def data_section(root: Path, test: bool = False) -> dict[str, object]:
         "dev": str(root / "dev"),
         "test": str(root / "test") if test else None,
     }
+
+
+def luong_model_section(
+    size: int = 16, dropout: float = 0.1, score: str = "general"
+) -> dict[str, object]:
+    """The config's `model` section of the tiny Luong model the training tests train."""
+    return {
+        "embedding_size": size,
+        "embedding_dropout": dropout,
+        "encoder": {"hidden_size": size, "dropout": dropout},
+        "decoder": {"style": "luong", "hidden_size": size, "dropout": dropout},
+        "attention": {"score": score},
+    }

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
-from synthetic import data_section, write_corpus
+from synthetic import data_section, luong_model_section, write_corpus
 
 from nmt import checkpoint
 from nmt.config import from_dict
@@ -153,12 +153,7 @@ def write_run(root: Path, **training: Any) -> Path:
     config = {
         "data": data_section(root),
         "tokenizer": {"vocab_size": 40, "type": "bpe"},
-        "model": {
-            "embedding_size": 16,
-            "embedding_dropout": 0.1,
-            "encoder": {"hidden_size": 16, "dropout": 0.1},
-            "decoder": {"style": "luong", "hidden_size": 16, "dropout": 0.1},
-        },
+        "model": luong_model_section(score="additive"),
         "training": {"batch_tokens": 200, "validate_every": 5, "log_every": 5, **training},
         "decoding": {"max_len_offset": 3, "max_len_ratio": 1.0},
         "run": {"dir": str(root / "run"), "device": "cpu"},

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from synthetic import data_section, write_corpus
+from synthetic import data_section, luong_model_section, write_corpus
 
 from nmt.config import from_dict
 from nmt.tracking import read_metrics
@@ -33,13 +33,7 @@ def final_dev_loss(corpus: Path, run_dir: Path, precision: str) -> float:
         {
             "data": data_section(corpus),
             "tokenizer": {"vocab_size": 60, "type": "bpe"},
-            "model": {
-                "embedding_size": 64,
-                "embedding_dropout": 0.0,
-                "encoder": {"hidden_size": 64, "dropout": 0.0},
-                "decoder": {"style": "luong", "hidden_size": 64, "dropout": 0.0},
-                "attention": {"score": "general"},
-            },
+            "model": luong_model_section(64, dropout=0.0),
             "training": {
                 "epochs": 4,
                 "batch_tokens": 1000,

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from synthetic import data_section, write_corpus
+from synthetic import data_section, luong_model_section, write_corpus
 
 import nmt.train as train_module
 from nmt import __version__, checkpoint
@@ -52,13 +52,7 @@ def raw_config(corpus: Path, run_dir: Path, **training: Any) -> dict[str, Any]:
     return {
         "data": data_section(corpus),
         "tokenizer": {"vocab_size": 40, "type": "bpe"},
-        "model": {
-            "embedding_size": 16,
-            "embedding_dropout": 0.1,
-            "encoder": {"hidden_size": 16, "dropout": 0.1},
-            "decoder": {"style": "luong", "hidden_size": 16, "dropout": 0.1},
-            "attention": {"score": "general"},
-        },
+        "model": luong_model_section(),
         "training": {
             "epochs": 3,
             "batch_tokens": 200,
