@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from nmt.config import CONTENT_SCORES, SCORES, AttentionConfig
 from nmt.errors import ConfigError
-from nmt.runtime import compute_dtype
+from nmt.runtime import compute_dtype, fast_kernels
 
 
 class GradientSink:
@@ -220,8 +220,47 @@ class AdditiveAttention(Attention):
 
     def energies(self, query: Tensor, memory: Memory) -> Tensor:
         q = self.query_proj(query)  # (B, T, A)
+        if fast_kernels(query.device):
+            return _AdditiveEnergies.apply(q, memory.keys, self.v.weight)
         hidden = torch.tanh(q[:, :, None, :] + memory.keys[:, None, :, :])  # (B, T, S, A)
         return self.v(hidden).squeeze(-1)  # (B, T, S)
+
+
+class _AdditiveEnergies(torch.autograd.Function):
+    """e = v^T tanh(q + k) for every (query, key) pair, as ``AdditiveAttention.energies``,
+    keeping only q, k and v for the backward pass, which recomputes the (B, T, S, A) tanh
+    layer. Kept, that layer was a fifth of a Bahdanau training step's peak memory (one per
+    decoder step); recomputed, it costs an add and a tanh per step (docs/benchmarks.md).
+    Runs in the autocast dtype when autocast is on, like the modules it replaces."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, keys: Tensor, v: Tensor) -> Tensor:  # type: ignore[override]
+        dtype = compute_dtype(q.device, v.dtype)
+        q, keys, v_cast = q.to(dtype), keys.to(dtype), v.to(dtype)
+        ctx.save_for_backward(q, keys, v_cast)
+        ctx.dtypes = (q.dtype, keys.dtype, v.dtype)
+        with torch.autocast(q.device.type, enabled=False):
+            hidden = _tanh_layer(q, keys)
+            return torch.matmul(hidden, v_cast.squeeze(0))  # (B, T, S)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        q, keys, v = ctx.saved_tensors
+        q_dtype, keys_dtype, v_dtype = ctx.dtypes
+        grad = grad.to(v.dtype)
+        hidden = _tanh_layer(q, keys)  # (B, T, S, A)
+        size = hidden.size(-1)
+        grad_v = grad.reshape(1, -1).mm(hidden.view(-1, size))  # (1, A)
+        grad_hidden = grad.reshape(-1, 1).mm(v).view_as(hidden)  # g v^T at every (t, s)
+        grad_pre = torch.ops.aten.tanh_backward(grad_hidden, hidden)  # * (1 - tanh^2)
+        # a step-by-step decoder has T = 1, where sum(1) would copy the whole layer
+        grad_keys = grad_pre.squeeze(1) if grad_pre.size(1) == 1 else grad_pre.sum(1)
+        return grad_pre.sum(2).to(q_dtype), grad_keys.to(keys_dtype), grad_v.to(v_dtype)
+
+
+def _tanh_layer(q: Tensor, keys: Tensor) -> Tensor:
+    """tanh(q_t + k_s): (B, T, A), (B, S, A) -> (B, T, S, A)."""
+    return torch.add(q[:, :, None, :], keys[:, None, :, :]).tanh_()
 
 
 class DotAttention(Attention):

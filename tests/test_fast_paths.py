@@ -1,6 +1,6 @@
 """Speed never costs correctness: the model's loss and every gradient are the same with nmt's
-CPU kernels (nmt.rnn, nmt.dropout) and with torch's own (run.fast_kernels: false), and the
-step-by-step decoders' attention memory gives the same gradients through a GradientSink as
+CPU kernels (nmt.rnn, nmt.dropout, the additive score's recomputed tanh layer) and with torch's
+own (run.fast_kernels: false), and the step-by-step decoders' attention memory gives the same gradients through a GradientSink as
 through plain autograd; float64, padding present, every decoder and each score kind."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from nmt import attention
 from nmt.attention import Attention, Memory
 from nmt.config import from_dict
 from nmt.data import make_batch
@@ -87,6 +88,32 @@ def test_fast_kernels_give_the_plain_loss_and_gradients(style, feeding, rnn, lay
     _assert_same(fast, plain)
 
 
+@pytest.mark.parametrize(("style", "feeding"), DECODERS)
+def test_recomputed_additive_layer_gives_the_plain_loss_and_gradients(
+    style, feeding, monkeypatch
+) -> None:
+    """The additive score keeps q, k and v and recomputes tanh(q + k) in backward: one query
+    step at a time (Bahdanau, Luong with input feeding) or all steps at once (without)."""
+    model, batch = _model(style, feeding, "gru", 1, "additive"), _batch(2)
+    calls = []
+    original = attention._AdditiveEnergies.apply
+
+    def counting(*args):
+        calls.append(args[0].size(1))  # T, the query steps of the call
+        return original(*args)
+
+    monkeypatch.setattr(attention._AdditiveEnergies, "apply", counting)
+    fused = _loss_and_grads(model, batch)
+    steps = max(TRG_LENGTHS) + 1  # the decoder's input: BOS and the target
+    assert calls == ([1] * steps if feeding else [steps])
+    set_fast_kernels(False)
+    try:
+        plain = _loss_and_grads(model, batch)
+    finally:
+        set_fast_kernels(True)
+    _assert_same(fused, plain)
+
+
 SCORES = ["additive", "dot", "general", "scaled_dot", "cosine", "location", "multihead"]
 SCORES += ["local-m", "local-p"]
 SINK_CASES = list(itertools.product([("bahdanau", True), ("luong", True)], SCORES))
@@ -122,9 +149,12 @@ def test_no_sinks_without_gradients() -> None:
         assert model.decoder.attention.for_steps(memory) is memory
 
 
-def test_bf16_fast_and_plain_losses_agree() -> None:
+@pytest.mark.parametrize(
+    ("style", "feeding", "score"), [("luong", False, "general"), ("bahdanau", True, "additive")]
+)
+def test_bf16_fast_and_plain_losses_agree(style, feeding, score) -> None:
     """Under bf16 autocast the two paths round differently; the losses stay close."""
-    model, batch = _model("luong", False, "gru", 1, "general"), _batch()
+    model, batch = _model(style, feeding, "gru", 1, score), _batch()
     model = model.float()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fast, _ = model.loss(batch, 0.1)
