@@ -233,7 +233,8 @@ class RunConfig(_Section):
     threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: all)")
     fast_kernels: bool = Field(
         True,
-        description="CPU: nmt's own RNN and dropout kernels (false: torch's, e.g. to compare)",
+        description="CPU training: nmt's RNN and dropout kernels, the additive score's "
+        "recomputed layer and malloc settings (false: torch's plain path, e.g. to compare)",
     )
 
 

@@ -8,8 +8,10 @@ the local rank. Without them training is a single process and no process group e
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import random
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,10 +35,11 @@ def limit_kernel_cache() -> None:
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_CAPACITY)
 
 
-# nmt's own CPU kernels for the recurrence (nmt.rnn) and dropout (nmt.dropout) in training.
-# On by default; ``run.fast_kernels: false`` runs torch's nn.GRU/nn.LSTM (packed) and nn.Dropout
-# instead, which the benchmark uses for its before/after figures. GPUs always use torch's
-# (cuDNN RNNs, fused dropout).
+# nmt's own CPU paths in training: the recurrence (nmt.rnn), dropout (nmt.dropout), the additive
+# score's recomputed layer (nmt.attention) and the malloc settings below. On by default;
+# ``run.fast_kernels: false`` runs torch's nn.GRU/nn.LSTM (packed), nn.Dropout and plain
+# autograd instead, which the benchmark uses for its before/after figures. GPUs always use
+# torch's (cuDNN RNNs, fused dropout).
 _fast_kernels = True
 
 
@@ -50,6 +53,40 @@ def fast_kernels(device: torch.device) -> bool:
     their gain is in the backward pass, and torch's RNN loop (in C++) is quicker for the few
     sentences of a search batch."""
     return _fast_kernels and device.type == "cpu" and torch.is_grad_enabled()
+
+
+# glibc's malloc hands a freed block above its mmap threshold (128 KiB at first, raised up to
+# 32 MiB as blocks are freed) back to the system, and the next allocation of that size faults
+# its pages in again, zero-filled: 21,000-26,000 page faults per Luong (input feeding) training
+# step at the benchmark sizes. Serving blocks up to 32 MiB (the most glibc allows) from the
+# heap and keeping freed heap memory for reuse cut that to about 4,400 and made the
+# step-by-step decoders' steps 3-10% faster at the same peak RSS (docs/benchmarks.md).
+_MALLOC_SETTINGS = {-3: 32 << 20, -1: (1 << 31) - 1}  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+_MALLOC_ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+
+
+def tune_allocator() -> bool:
+    """Apply the malloc settings above (CPU training, glibc on Linux); False where they do
+    not apply: another platform, or the user set malloc's thresholds in the environment."""
+    if not sys.platform.startswith("linux") or any(k in os.environ for k in _MALLOC_ENVIRONMENT):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the C library the process already uses
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    applied = True
+    for option, value in _MALLOC_SETTINGS.items():
+        applied = mallopt(option, value) == 1 and applied  # 1: taken (glibc's convention)
+    return applied
+
+
+def choose_fast_paths(enabled: bool, device: torch.device) -> None:
+    """``run.fast_kernels`` for a run on ``device``: nmt's CPU kernels on or off, and on a CPU
+    with them on, the malloc settings too (``nmt train`` and the benchmark)."""
+    set_fast_kernels(enabled)
+    if enabled and device.type == "cpu":
+        tune_allocator()
 
 
 def compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:

@@ -51,13 +51,13 @@ from nmt.runtime import (
     Distributed,
     all_reduce,
     autocast,
+    choose_fast_paths,
     choose_precision,
     gather_objects,
     grad_scaler,
     init_distributed,
     limit_kernel_cache,
     seed_everything,
-    set_fast_kernels,
     set_threads,
     shutdown_distributed,
 )
@@ -220,7 +220,7 @@ def _train_locked(
     resume_from = prepare_run_dir(run_dir, resume)
     setup_logging(run_dir if place.is_main else None, quiet=quiet or not place.is_main)
     set_threads(config.run.threads)
-    set_fast_kernels(config.run.fast_kernels)
+    choose_fast_paths(config.run.fast_kernels, device)
     precision = choose_precision(config.training.precision, device)
     started = time.time()
     saved, tokenizer = read_checkpoint(resume_from, config)

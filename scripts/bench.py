@@ -67,10 +67,10 @@ from nmt.data import bucket_batches, padding_fraction, read_pairs  # noqa: E402
 from nmt.model import TrainingLoss, build_model, count_parameters  # noqa: E402
 from nmt.runtime import (  # noqa: E402
     choose_device,
+    choose_fast_paths,
     grad_scaler,
     limit_kernel_cache,
     seed_everything,
-    set_fast_kernels,
     set_threads,
 )
 from nmt.tokenizer import Tokenizer  # noqa: E402
@@ -406,7 +406,7 @@ def bench_training(name: str, args: argparse.Namespace, lengths: Lengths) -> dic
     config = bench_config(name, args)
     device = choose_device(config.run.device)
     set_threads(config.run.threads)
-    set_fast_kernels(config.run.fast_kernels)
+    choose_fast_paths(config.run.fast_kernels, device)
     corpora, tokenizer = load_data(config, Path(args.work_dir))
     corpus = corpora.train
     seed_everything(SEED)
