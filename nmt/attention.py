@@ -235,10 +235,10 @@ class _AdditiveEnergies(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, keys: Tensor, v: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.dtypes = (q.dtype, keys.dtype, v.dtype)  # of the gradients backward returns
         dtype = compute_dtype(q.device, v.dtype)
         q, keys, v_cast = q.to(dtype), keys.to(dtype), v.to(dtype)
         ctx.save_for_backward(q, keys, v_cast)
-        ctx.dtypes = (q.dtype, keys.dtype, v.dtype)
         with torch.autocast(q.device.type, enabled=False):
             hidden = _tanh_layer(q, keys)
             return torch.matmul(hidden, v_cast.squeeze(0))  # (B, T, S)
