@@ -58,6 +58,15 @@ def _loss_and_grads(model, batch):
     return loss.detach(), nll, grads
 
 
+def _plain_loss_and_grads(model, batch):
+    """The same, through torch's plain path (run.fast_kernels: false)."""
+    set_fast_kernels(False)
+    try:
+        return _loss_and_grads(model, batch)
+    finally:
+        set_fast_kernels(True)
+
+
 def _assert_same(first, second) -> None:
     (loss_a, nll_a, grads_a), (loss_b, nll_b, grads_b) = first, second
     torch.testing.assert_close(loss_a, loss_b, rtol=1e-12, atol=0)
@@ -79,13 +88,7 @@ KERNEL_CASES = [
 @pytest.mark.parametrize(("style", "feeding", "rnn", "layers"), KERNEL_CASES)
 def test_fast_kernels_give_the_plain_loss_and_gradients(style, feeding, rnn, layers) -> None:
     model, batch = _model(style, feeding, rnn, layers, "general"), _batch()
-    fast = _loss_and_grads(model, batch)
-    set_fast_kernels(False)
-    try:
-        plain = _loss_and_grads(model, batch)
-    finally:
-        set_fast_kernels(True)
-    _assert_same(fast, plain)
+    _assert_same(_loss_and_grads(model, batch), _plain_loss_and_grads(model, batch))
 
 
 @pytest.mark.parametrize(("style", "feeding"), DECODERS)
@@ -106,12 +109,7 @@ def test_recomputed_additive_layer_gives_the_plain_loss_and_gradients(
     fused = _loss_and_grads(model, batch)
     steps = max(TRG_LENGTHS) + 1  # the decoder's input: BOS and the target
     assert calls == ([1] * steps if feeding else [steps])
-    set_fast_kernels(False)
-    try:
-        plain = _loss_and_grads(model, batch)
-    finally:
-        set_fast_kernels(True)
-    _assert_same(fused, plain)
+    _assert_same(fused, _plain_loss_and_grads(model, batch))
 
 
 SCORES = ["additive", "dot", "general", "scaled_dot", "cosine", "location", "multihead"]
@@ -164,3 +162,20 @@ def test_bf16_fast_and_plain_losses_agree(style, feeding, score) -> None:
         finally:
             set_fast_kernels(True)
     assert abs(fast.item() - plain.item()) / plain.item() < 2e-2
+
+
+def test_recomputed_additive_layer_returns_gradients_in_the_inputs_dtypes() -> None:
+    """Under autocast a float32 query meets bf16 keys: each gradient comes back in its input's
+    dtype, and close to the float64 one."""
+    generator = torch.Generator().manual_seed(3)
+    q, keys, v = (
+        torch.randn(shape, generator=generator) for shape in [(2, 1, 5), (2, 3, 5), (1, 5)]
+    )
+    inputs = [q.requires_grad_(), keys.bfloat16().requires_grad_(), v.requires_grad_()]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        attention._AdditiveEnergies.apply(*inputs).float().sum().backward()
+    wide = [x.detach().double().requires_grad_() for x in inputs]
+    attention._AdditiveEnergies.apply(*wide).sum().backward()
+    for x, reference in zip(inputs, wide, strict=True):
+        assert x.grad is not None and x.grad.dtype == x.dtype
+        torch.testing.assert_close(x.grad.double(), reference.grad, rtol=0.05, atol=0.05)
