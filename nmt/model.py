@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -12,53 +15,112 @@ from nmt.data import Batch
 from nmt.decoder import BahdanauDecoder, DecoderState, LuongDecoder
 from nmt.encoder import Bridge, Encoder
 from nmt.errors import ConfigError
+from nmt.runtime import compute_dtype
 from nmt.tokenizer import PAD_ID
 
 DECODERS = {"bahdanau": BahdanauDecoder, "luong": LuongDecoder}
 
-# Logits rows handled at once in the loss, so that a (B*T, V) float32 tensor is never
-# materialised whole (and the float32 temporaries stay cache-sized).
-LOSS_CHUNK_ELEMENTS = 1 << 21
+# Logit rows whose softmax statistics are computed at once in float32: a (rows, V) float32
+# temporary of about 4 MiB, so that the passes over it stay in cache and a (B*T, V) float32
+# tensor is never materialised. The output layer's matmul covers LOSS_MATMUL_CHUNKS of them.
+LOSS_CHUNK_ELEMENTS = 1 << 20
+LOSS_MATMUL_CHUNKS = 8
+LOG2_E = math.log2(math.e)
 
 
-def _at_least_float32(x: Tensor) -> Tensor:
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+class OutputLayerLoss(torch.autograd.Function):
+    """The output layer and its label-smoothed cross-entropy summed over rows, fused with the
+    gradient.
 
+    logits = features W^T (N, V); loss = sum_n (1 - eps) * (-log p_n[y_n]) + eps * mean_v(-log
+    p_n[v]), the same as ``F.cross_entropy(logits, y, label_smoothing=eps, reduction="sum")``.
+    Also returns the plain NLL sum (not differentiable) for perplexity.
 
-class SmoothedCrossEntropy(torch.autograd.Function):
-    """Label-smoothed cross-entropy summed over rows, fused with its gradient.
-
-    loss = sum_n (1 - eps) * (-log p_n[y_n]) + eps * mean_v(-log p_n[v]), the same as
-    ``F.cross_entropy(..., label_smoothing=eps, reduction="sum")``. The gradient with respect
-    to the logits is softmax - (1 - eps) * onehot(y) - eps / V, computed directly in backward
-    from the saved (possibly bf16) logits and the log-partition, which avoids the separate
-    log-softmax, gather and mean passes of the composed version. Also returns the plain NLL sum
-    (not differentiable) for perplexity.
+    The loss's gradient at the logits, G = softmax - (1 - eps) * onehot(y) - eps / V, does not
+    depend on the incoming gradient g (a scalar), so forward computes it chunk by chunk in
+    float32 and stores it in the logits' own buffer, in the matmul dtype (bf16 under autocast,
+    as the logits were). Backward is two matmuls with no pass over (N, V): d features = g G W
+    and d W = g G^T features.
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        x = _at_least_float32(logits)  # (N, V)
-        log_z = torch.logsumexp(x, dim=-1)  # (N,)
-        nll = log_z - x.gather(1, target[:, None]).squeeze(1)  # (N,)
-        smooth = log_z - x.mean(dim=-1)  # (N,)
-        ctx.save_for_backward(logits, target, log_z)
-        ctx.eps = eps
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        features: Tensor,
+        weight: Tensor,
+        target: Tensor,
+        eps: float,
+        dtype: torch.dtype,
+        keep_grad: bool,
+    ) -> tuple[Tensor, Tensor]:
+        rows, vocab = features.size(0), weight.size(0)
+        chunk = max(1, LOSS_CHUNK_ELEMENTS // vocab)
+        block = chunk * LOSS_MATMUL_CHUNKS
+        stats = features.new_empty(3, rows, dtype=torch.promote_types(dtype, torch.float32))
+        with torch.autocast(features.device.type, enabled=False):
+            x, w = features.to(dtype), weight.to(dtype)  # (N, O), (V, O)
+            # G for every row when it is needed, else one block's logits at a time
+            buffer = x.new_empty(rows if keep_grad else min(rows, block), vocab)  # (N, V)
+            for start in range(0, rows, block):
+                stop = min(rows, start + block)
+                logits = buffer[start:stop] if keep_grad else buffer[: stop - start]
+                torch.mm(x[start:stop], w.t(), out=logits)  # (n, V)
+                for first in range(start, stop, chunk):
+                    last = min(stop, first + chunk)
+                    _softmax_rows(
+                        logits[first - start : last - start],
+                        target[first:last, None],
+                        stats[:, first:last],
+                        eps if keep_grad else None,
+                    )
+            nll, smooth, p_target = stats  # (N,) each
+            if keep_grad:  # G at the targets, in float32 before the rounding to dtype
+                positions = torch.arange(rows, device=x.device) * vocab + target
+                at_target = p_target - (1.0 - eps) - eps / vocab
+                buffer.view(-1)[positions] = at_target.to(dtype)
+                ctx.save_for_backward(buffer, x, w)
+        ctx.dtypes = features.dtype, weight.dtype
         nll_sum = nll.sum()
         ctx.mark_non_differentiable(nll_sum)
         return ((1.0 - eps) * nll + eps * smooth).sum(), nll_sum
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
-        logits, target, log_z = ctx.saved_tensors
-        eps = ctx.eps
-        # (softmax - eps/V) * g, then - (1 - eps) * g at the targets; the subtraction of
-        # log Z promotes (b)f16 logits to float32 in the same pass
-        grad = torch.sub(logits, log_z[:, None]).exp_()  # (N, V) softmax
-        grad.mul_(grad_loss).sub_(grad_loss * (eps / logits.size(-1)))
-        at_target = (grad_loss * (eps - 1.0)).to(grad.dtype).expand(target.size(0), 1)
-        grad.scatter_add_(1, target[:, None], at_target)
-        return grad.to(logits.dtype), None, None
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_loss: Tensor, grad_nll: Tensor
+    ) -> tuple[Tensor | None, ...]:
+        grad, x, w = ctx.saved_tensors  # (N, V), (N, O), (V, O)
+        grad_features = grad_weight = None
+        with torch.autocast(x.device.type, enabled=False):
+            if ctx.needs_input_grad[0]:
+                grad_features = torch.mm(grad, w).to(ctx.dtypes[0]).mul_(grad_loss)
+            if ctx.needs_input_grad[1]:
+                grad_weight = torch.mm(grad.t(), x).to(ctx.dtypes[1]).mul_(grad_loss)
+        return grad_features, grad_weight, None, None, None, None
+
+
+def _softmax_rows(logits: Tensor, target: Tensor, stats: Tensor, eps: float | None) -> None:
+    """One chunk of logits (n, V) and targets (n, 1) -> -log p[y], -mean_v log p[v] and p[y]
+    into stats (3, n); with eps, also overwrites the logits with softmax - eps / V.
+
+    The exponential is evaluated as 2^(x log2 e): torch's CPU float32 ``exp`` is several times
+    slower than its ``exp2``.
+    """
+    z = logits.to(stats.dtype)  # (n, V); the logits themselves when already float32
+    top = z.amax(-1, keepdim=True)  # (n, 1)
+    mean = z.mean(-1)  # (n,)
+    at_target = z.gather(1, target).squeeze(1)  # (n,)
+    z.sub_(top).mul_(LOG2_E).exp2_()  # exp(logit - max)
+    total = z.sum(-1, keepdim=True)  # (n, 1)
+    log_z = total.log().add_(top).squeeze(1)  # log partition
+    torch.sub(log_z, at_target, out=stats[0])
+    torch.sub(log_z, mean, out=stats[1])
+    if eps is None:
+        return
+    z.mul_(total.reciprocal_())  # softmax
+    stats[2].copy_(z.gather(1, target).squeeze(1))
+    if eps:
+        z.sub_(eps / z.size(-1))
+    logits.copy_(z)
 
 
 class Seq2Seq(nn.Module):
@@ -118,17 +180,10 @@ class Seq2Seq(nn.Module):
         gold = batch.trg_out.reshape(-1)  # (B*T,)
         keep = gold != PAD_ID
         flat, gold = flat[keep], gold[keep]  # padding never reaches the output layer
-        rows = max(1, LOSS_CHUNK_ELEMENTS // self.trg_vocab_size)
-        loss_sum = flat.new_zeros((), dtype=torch.float32)
-        nll_sum = flat.new_zeros((), dtype=torch.float32)
-        for start in range(0, flat.size(0), rows):
-            logits = self.generator(flat[start : start + rows])  # (N, V)
-            loss, nll = SmoothedCrossEntropy.apply(
-                logits, gold[start : start + rows], label_smoothing
-            )
-            loss_sum = loss_sum + loss
-            nll_sum = nll_sum + nll
-        return loss_sum, nll_sum
+        weight = self.generator.weight  # (V, O)
+        dtype = compute_dtype(flat.device, torch.promote_types(flat.dtype, weight.dtype))
+        keep_grad = torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)
+        return OutputLayerLoss.apply(flat, weight, gold, label_smoothing, dtype, keep_grad)
 
 
 class TrainingLoss(nn.Module):

@@ -185,6 +185,64 @@ def test_loss_equals_torch_cross_entropy(style, feeding, label_smoothing, monkey
         torch.testing.assert_close(value.double(), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("chunk_rows", [None, 5], ids=["one-chunk", "5-row-chunks"])
+def test_loss_gradients_equal_torch_cross_entropy(
+    label_smoothing, tied, chunk_rows, monkeypatch
+) -> None:
+    """The fused output layer and loss give autograd's gradients through the plain logits and
+    F.cross_entropy for every parameter, in float64, with padding present; 5-row chunks in
+    10-row matmul blocks leave a partial block and chunk (12 target tokens)."""
+    embedding = DEC_HIDDEN if tied else EMBED  # tying needs the output size
+    model = _model(
+        _config("luong", "gru", "bridge", False, tie_embeddings=tied, embedding_size=embedding),
+        seed=6,
+    ).double()
+    batch = _batch([6, 2, 4], [3, 5, 1], seed=7)
+    params = list(model.parameters())
+    scale = 0.37  # the incoming gradient, as 1 / tokens would be
+    features, _ = model(batch.src, batch.src_lengths, batch.trg_in)
+    logits = model.generator(features).reshape(-1, TRG_VOCAB)
+    gold = batch.trg_out.reshape(-1)
+    ref = F.cross_entropy(
+        logits, gold, ignore_index=PAD_ID, label_smoothing=label_smoothing, reduction="sum"
+    )
+    ref_grads = torch.autograd.grad(scale * ref, params)
+    if chunk_rows is not None:
+        monkeypatch.setattr(nmt.model, "LOSS_CHUNK_ELEMENTS", chunk_rows * TRG_VOCAB)
+        monkeypatch.setattr(nmt.model, "LOSS_MATMUL_CHUNKS", 2)
+    loss, _ = model.loss(batch, label_smoothing)
+    grads = torch.autograd.grad(scale * loss, params)
+    torch.testing.assert_close(loss, ref, rtol=1e-12, atol=0)
+    for param, grad, ref_grad in zip(params, grads, ref_grads, strict=True):
+        assert grad.dtype == param.dtype
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-12)
+
+
+def test_loss_under_bf16_autocast_is_close_to_float64() -> None:
+    """Under CPU bf16 autocast the fused loss rounds its logits and the stored gradient G to
+    bf16 once each; the loss and the gradients stay within bf16's precision of float64."""
+    generator = torch.Generator().manual_seed(8)
+    rows, width, vocab = 300, 32, 500
+    features = torch.randn(rows, width, generator=generator, dtype=torch.float64)
+    weight = 0.3 * torch.randn(vocab, width, generator=generator, dtype=torch.float64)
+    gold = torch.randint(0, vocab, (rows,), generator=generator)
+    ref_x, ref_w = features.clone().requires_grad_(), weight.clone().requires_grad_()
+    ref = F.cross_entropy(ref_x @ ref_w.t(), gold, label_smoothing=0.1, reduction="sum")
+    ref.backward()
+    x, w = features.float().requires_grad_(), weight.float().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, nll = nmt.model.OutputLayerLoss.apply(x, w, gold, 0.1, torch.bfloat16, True)
+    loss.backward()
+    assert loss.dtype == nll.dtype == torch.float32
+    assert x.grad.dtype == w.grad.dtype == torch.float32
+    assert abs(loss.item() - ref.item()) < 5e-4 * ref.item()
+    for grad, ref_grad in [(x.grad, ref_x.grad), (w.grad, ref_w.grad)]:
+        error = (grad.double() - ref_grad).norm() / ref_grad.norm()
+        assert error < 1e-2
+
+
 def test_loss_backpropagates() -> None:
     model = _model(_config("luong", "lstm", "final", True, layers=2), seed=4).train()
     loss, _ = model.loss(_batch([3, 5], [4, 2]), 0.1)
