@@ -246,17 +246,6 @@ def _input_and_weight_grads(
 # overhead made training 6% slower (docs/benchmarks.md), so they run eagerly.
 
 
-_MINUS_ONE = torch.tensor(-1.0)
-
-
-def _tanh(x: Tensor, out: Tensor) -> Tensor:
-    """tanh(x) = 2 s(2x) - 1 into ``out`` (which may be ``x``): torch's CPU float32 tanh is
-    slower than its sigmoid and the two extra passes together (a (2, 64, 512) step: 154 against
-    45 us on 2 cores); the absolute error stays below 2e-7 in float32."""
-    torch.sigmoid(torch.mul(x, 2, out=out), out=out)
-    return torch.add(_MINUS_ONE, out, alpha=2, out=out)
-
-
 def _gru_forward_step(
     gate_in: Tensor,
     recurrent: Tensor,
@@ -273,7 +262,7 @@ def _gru_forward_step(
     hidden = h.size(-1)
     act = torch.sigmoid(gate_in[..., : 2 * hidden] + recurrent[..., : 2 * hidden], out=act_out)
     h_n = torch.add(recurrent[..., 2 * hidden :], b_hn, out=h_n_out)
-    n = _tanh(torch.addcmul(gate_in[..., 2 * hidden :], act[..., :hidden], h_n, out=n_out), n_out)
+    n = torch.tanh(torch.addcmul(gate_in[..., 2 * hidden :], act[..., :hidden], h_n), out=n_out)
     if keep is None:  # (1 - z) n + z h
         torch.addcmul(n, act[..., hidden:], h - n, out=h_out)
     else:  # lerp is exact for weights 0 and 1: a finished sentence keeps its state
@@ -330,12 +319,10 @@ def _lstm_forward_step(
     tanh(c'), c' and h' into their (D, B, H) buffers."""
     hidden = h.size(-1)
     pre = gate_in + recurrent
-    pre[..., 2 * hidden : 3 * hidden] *= 2  # g = tanh(x) = 2 s(2x) - 1, with the other gates
-    act = torch.sigmoid(pre, out=act_out)  # i, f, s(2 x_g), o
-    gate_g = act[..., 2 * hidden : 3 * hidden]
-    torch.add(_MINUS_ONE, gate_g, alpha=2, out=gate_g)
+    act = torch.sigmoid(pre, out=act_out)  # i, f, (g), o
+    gate_g = torch.tanh(pre[..., 2 * hidden : 3 * hidden], out=act[..., 2 * hidden : 3 * hidden])
     c_new = torch.addcmul(act[..., hidden : 2 * hidden] * c, act[..., :hidden], gate_g)
-    tanh_c = _tanh(c_new, tanh_c_out)
+    tanh_c = torch.tanh(c_new, out=tanh_c_out)
     if keep is None:
         c_out.copy_(c_new)
         torch.mul(act[..., 3 * hidden :], tanh_c, out=h_out)
