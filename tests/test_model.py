@@ -220,27 +220,32 @@ def test_loss_gradients_equal_torch_cross_entropy(
         torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-12)
 
 
-def test_loss_under_bf16_autocast_is_close_to_float64() -> None:
-    """Under CPU bf16 autocast the fused loss rounds its logits and the stored gradient G to
-    bf16 once each; the loss and the gradients stay within bf16's precision of float64."""
+@pytest.mark.parametrize(
+    ("dtype", "bound"), [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)], ids=["bf16", "fp16"]
+)
+def test_loss_under_autocast_is_close_to_float64(dtype, bound) -> None:
+    """Under autocast the fused loss rounds its logits and the stored gradient G to the
+    autocast dtype once each; with a GradScaler-sized incoming gradient (2^16 over the token
+    count) the loss and the gradients stay within that dtype's precision of float64."""
     generator = torch.Generator().manual_seed(8)
     rows, width, vocab = 300, 32, 500
+    scale = 2.0**16 / rows
     features = torch.randn(rows, width, generator=generator, dtype=torch.float64)
     weight = 0.3 * torch.randn(vocab, width, generator=generator, dtype=torch.float64)
     gold = torch.randint(0, vocab, (rows,), generator=generator)
     ref_x, ref_w = features.clone().requires_grad_(), weight.clone().requires_grad_()
     ref = F.cross_entropy(ref_x @ ref_w.t(), gold, label_smoothing=0.1, reduction="sum")
-    ref.backward()
+    (scale * ref).backward()
     x, w = features.float().requires_grad_(), weight.float().requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss, nll = nmt.model.OutputLayerLoss.apply(x, w, gold, 0.1, torch.bfloat16, True)
-    loss.backward()
+    with torch.autocast("cpu", dtype=dtype):
+        loss, nll = nmt.model.OutputLayerLoss.apply(x, w, gold, 0.1, dtype, True)
+    (scale * loss).backward()
     assert loss.dtype == nll.dtype == torch.float32
     assert x.grad.dtype == w.grad.dtype == torch.float32
     assert abs(loss.item() - ref.item()) < 5e-4 * ref.item()
     for grad, ref_grad in [(x.grad, ref_x.grad), (w.grad, ref_w.grad)]:
         error = (grad.double() - ref_grad).norm() / ref_grad.norm()
-        assert error < 1e-2
+        assert error < bound
 
 
 def test_loss_backpropagates() -> None:
