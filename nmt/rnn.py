@@ -89,14 +89,24 @@ class _Layer(torch.autograd.Function):
         b_hn = b_hh[:, None, 2 * hidden :]  # (D, 1, H)
         w_h_t = w_h.transpose(1, 2)  # (D, H, G*H)
 
-        states = h0.new_empty(directions, steps, batch, hidden)  # h after each step
+        # h before each step (h_0 .. h_{T-1}) as the matmuls take it, kept for W_hh's gradient;
+        # in the states' dtype the two are one buffer, offset by a step
+        if compute == h0.dtype:
+            history = h0.new_empty(directions, steps + 1, batch, hidden)
+            history[:, 0] = h0
+            states, prev = history[:, 1:], history[:, :-1]  # h after each step, h before
+        else:
+            states = h0.new_empty(directions, steps, batch, hidden)
+            prev = h0.new_empty(directions, steps, batch, hidden, dtype=compute)
         acts = h0.new_empty(directions, steps, batch, gate_size if lstm else 2 * hidden)
         extra = h0.new_empty(1 if lstm else 2, directions, steps, batch, hidden)
         cells = h0.new_empty(directions, steps, batch, hidden) if lstm else None
         h, c = h0, c0
         forward_step = _STEPS[lstm][0]
         for t in range(steps):
-            recurrent = torch.bmm(h.to(compute), w_h_t)  # (D, B, G*H)
+            if prev.dtype != h.dtype:
+                prev[:, t].copy_(h)
+            recurrent = torch.bmm(prev[:, t], w_h_t)  # (D, B, G*H)
             keep_t = keep[:, t] if keep is not None else None
             if lstm:
                 assert c is not None and cells is not None
@@ -128,14 +138,14 @@ class _Layer(torch.autograd.Function):
         outputs = states if keep is None else states * keep
         ctx.lstm, ctx.compute = lstm, compute
         ctx.input_dtype, ctx.weight_dtype = inputs.dtype, w_hh.dtype
-        ctx.save_for_backward(x, keep, h0, c0, w_i, w_h, states, acts, extra, cells)
+        ctx.save_for_backward(x, keep, h0, c0, w_i, w_h, states, prev, acts, extra, cells)
         return _time_order(outputs), h.clone(), (c.clone() if lstm else None)  # type: ignore[union-attr]
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, grad_outputs: Tensor, grad_h: Tensor | None, grad_c: Tensor | None
     ) -> tuple[Tensor | None, ...]:
-        x, keep, h0, c0, w_i, w_h, states, acts, extra, cells = ctx.saved_tensors
+        x, keep, h0, c0, w_i, w_h, states, prev, acts, extra, cells = ctx.saved_tensors
         lstm, compute = ctx.lstm, ctx.compute
         directions, steps, batch, hidden = states.shape
         gate_size = w_h.size(1)
@@ -195,7 +205,7 @@ class _Layer(torch.autograd.Function):
         return (
             None,
             None,
-            *_input_and_weight_grads(ctx, x, w_i, h0, states, grad_rec, grad_n_in, dh, dc),
+            *_input_and_weight_grads(ctx, x, w_i, prev, grad_rec, grad_n_in, dh, dc),
         )
 
 
@@ -203,16 +213,16 @@ def _input_and_weight_grads(
     ctx: Any,
     x: Tensor,
     w_i: Tensor,
-    h0: Tensor,
-    states: Tensor,
+    prev: Tensor,
     grad_rec: Tensor,
     grad_n_in: Tensor | None,
     dh0: Tensor,
     dc0: Tensor | None,
 ) -> tuple[Tensor | None, ...]:
     """The gradients of (inputs, keep, h0, c0, w_ih, w_hh, b_ih, b_hh) from the gate
-    gradients of every step (D, T, B, G*H): each weight's in one matmul over all steps."""
-    directions, steps, batch, hidden = states.shape
+    gradients of every step (D, T, B, G*H) and the states before each step, prev (D, T, B, H),
+    as the matmuls took them: each weight's in one matmul over all steps."""
+    directions, steps, batch, hidden = prev.shape
     rows, gate_size = steps * batch, grad_rec.size(-1)
     if grad_n_in is None:  # LSTM: W_i x and W_h h enter the gates alike
         grad_in = grad_rec
@@ -220,7 +230,6 @@ def _input_and_weight_grads(
         grad_in = torch.cat([grad_rec[..., : 2 * hidden], grad_n_in], dim=-1)
     grad_in = grad_in.view(directions, rows, gate_size)
     grad_rec = grad_rec.view(directions, rows, gate_size)
-    prev = torch.cat([h0.unsqueeze(1), states[:, :-1]], dim=1).to(ctx.compute)  # h_{t-1}
     grad_w_hh = torch.bmm(grad_rec.transpose(1, 2), prev.view(directions, rows, hidden))
     grad_w_ih = torch.bmm(grad_in.transpose(1, 2), x.view(directions, rows, -1))
     grad_x = torch.bmm(grad_in, w_i).to(ctx.input_dtype)  # (D, T*B, I)
