@@ -58,11 +58,22 @@ def fast_kernels(device: torch.device) -> bool:
 # glibc's malloc hands a freed block above its mmap threshold (128 KiB at first, raised up to
 # 32 MiB as blocks are freed) back to the system, and the next allocation of that size faults
 # its pages in again, zero-filled: 21,000-26,000 page faults per Luong (input feeding) training
-# step at the benchmark sizes. Serving blocks up to 32 MiB (the most glibc allows) from the
-# heap and keeping freed heap memory for reuse cut that to about 4,400 and made the
-# step-by-step decoders' steps 3-10% faster at the same peak RSS (docs/benchmarks.md).
-_MALLOC_SETTINGS = {-3: 32 << 20, -1: (1 << 31) - 1}  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
-_MALLOC_ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+# step at the benchmark sizes. Serving every block from the heap (no mmap; the threshold is
+# set too, for a C library that ignores the count) and keeping freed heap memory for reuse cut
+# that to about 4,400 and made the step-by-step decoders' steps 3-10% faster at the same peak
+# RSS; the RNN's buffers of over 32 MiB, mapped afresh each batch, had cost another 2-3%
+# (docs/benchmarks.md).
+_MALLOC_SETTINGS = {  # M_MMAP_THRESHOLD, M_MMAP_MAX, M_TRIM_THRESHOLD
+    -3: 32 << 20,
+    -4: 0,
+    -1: (1 << 31) - 1,
+}
+_MALLOC_ENVIRONMENT = (
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_MMAP_MAX_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "GLIBC_TUNABLES",
+)
 
 
 def tune_allocator() -> bool:

@@ -1,4 +1,4 @@
-"""The malloc settings of CPU training (nmt.runtime.tune_allocator): blocks up to 32 MiB come
+"""The malloc settings of CPU training (nmt.runtime.tune_allocator): blocks of every size come
 from the heap and stay there for reuse, instead of being mapped and unmapped (and their pages
 faulted in again) every time; users' own malloc settings win; only CPU runs with
 ``run.fast_kernels`` apply them."""
@@ -15,7 +15,7 @@ import torch
 
 from nmt import runtime
 
-# A fresh process allocates an 8 MiB tensor and prints how many bytes malloc has mapped
+# A fresh process allocates a tensor of argv[2] bytes and prints how many bytes malloc has mapped
 # outside its heap while the tensor lives (glibc's mallinfo2, 2.33 and later).
 MAPPED_WHILE_HELD = """
 import ctypes, sys, torch
@@ -28,7 +28,7 @@ libc.mallinfo2.restype = Info
 if sys.argv[1] == "tuned":
     assert tune_allocator()
 before = libc.mallinfo2().hblkhd
-block = torch.ones(8 << 20, dtype=torch.uint8)
+block = torch.ones(int(sys.argv[2]), dtype=torch.uint8)
 print(libc.mallinfo2().hblkhd - before)
 """
 
@@ -42,11 +42,11 @@ def _glibc_with_mallinfo2() -> bool:
         return False
 
 
-def _mapped_while_held(mode: str) -> int:
+def _mapped_while_held(mode: str, size: int) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env.pop("GLIBC_TUNABLES", None)
     done = subprocess.run(
-        [sys.executable, "-c", MAPPED_WHILE_HELD, mode],
+        [sys.executable, "-c", MAPPED_WHILE_HELD, mode, str(size)],
         capture_output=True,
         text=True,
         env=env,
@@ -56,9 +56,10 @@ def _mapped_while_held(mode: str) -> int:
 
 
 @pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="glibc 2.33+ on Linux only")
-def test_tuned_malloc_serves_large_blocks_from_its_heap() -> None:
-    assert _mapped_while_held("default") >= 8 << 20  # glibc maps a first 8 MiB block
-    assert _mapped_while_held("tuned") == 0  # tuned: from the heap, kept there when freed
+@pytest.mark.parametrize("size", [8 << 20, 64 << 20])  # below and above glibc's largest threshold
+def test_tuned_malloc_serves_large_blocks_from_its_heap(size) -> None:
+    assert _mapped_while_held("default", size) >= size  # glibc maps a first block this large
+    assert _mapped_while_held("tuned", size) == 0  # tuned: from the heap, kept there when freed
 
 
 def test_users_malloc_settings_win(monkeypatch) -> None:
@@ -66,7 +67,7 @@ def test_users_malloc_settings_win(monkeypatch) -> None:
         raise AssertionError("mallopt must not be called")
 
     monkeypatch.setattr(runtime.ctypes, "CDLL", refuse)
-    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"):
+    for name in runtime._MALLOC_ENVIRONMENT:
         with monkeypatch.context() as env:
             env.setenv(name, "1048576")
             assert runtime.tune_allocator() is False
