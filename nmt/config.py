@@ -178,7 +178,10 @@ class TrainingConfig(_Section):
     clip_grad_norm: float | None = Field(1.0, gt=0, description="max gradient norm (null: off)")
     label_smoothing: float = Field(0.1, ge=0, lt=1, description="label smoothing epsilon")
     batch_tokens: int = Field(
-        4000, ge=1, description="max padded tokens per batch (sentences x longest side)"
+        4000,
+        ge=1,
+        description="max padded tokens per batch (sentences x longest side); pairs are "
+        "bucketed by their longer side, then source length",
     )
     epochs: int = Field(10, ge=1, description="passes over the training data")
     max_steps: int | None = Field(None, ge=1, description="stop after this many updates")

@@ -245,14 +245,18 @@ def bucket_batches(
 ) -> list[np.ndarray]:
     """Token-based batches of similar lengths, in a seeded order for this epoch.
 
-    Pairs are sorted by (target, source) length with ties broken randomly, cut into batches
-    whose padded size (sentences x longest side) stays within ``batch_tokens``, and the batch
-    order is shuffled. The result depends only on (lengths, batch_tokens, seed, epoch), which
-    makes the data order reproducible for exact resume.
+    Pairs are sorted by their longer side, then source length, then target length, with ties
+    broken randomly, and cut into batches whose padded size (sentences x longest side) stays
+    within ``batch_tokens``; the batch order is shuffled. Sorting by the side the budget
+    counts fills each batch to it, and the source length next keeps the encoder's padding
+    small (the bidirectional encoder costs the most per padded position). The result depends
+    only on (lengths, batch_tokens, seed, epoch), which makes the data order reproducible for
+    exact resume.
     """
     rng = np.random.default_rng([seed, epoch])
     tie_break = rng.permutation(len(src_lengths))
-    order = np.lexsort((tie_break, src_lengths, trg_lengths))
+    longer = np.maximum(src_lengths, trg_lengths)
+    order = np.lexsort((tie_break, trg_lengths, src_lengths, longer))
     batches: list[np.ndarray] = []
     start, longest = 0, 0
     for position, index in enumerate(order):

@@ -183,7 +183,7 @@ def test_torchrun_trains_with_one_run_directory(tmp_path: Path) -> None:
     messages = [line.split(" ", 1)[1] for line in lines]  # without the time stamp
     assert len(messages) == len(set(messages)), "duplicated log lines"
     assert sum("data: 300 training pairs" in m for m in messages) == 1
-    assert "epoch 1: 34 batches, 2.7% padding; 17 steps of 2 batches" in messages
+    assert "epoch 1: 33 batches, 2.3% padding; 16 steps of 2 batches" in messages
     assert not any("disagree" in m for m in messages)
     assert messages[-1].startswith("done: 10 steps (training.max_steps reached)")
     assert len(list((run / "tensorboard").iterdir())) == 1

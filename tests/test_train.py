@@ -41,7 +41,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """300 training pairs (34 batches of at most 200 padded tokens), 8 dev pairs."""
+    """300 training pairs (33 batches of at most 200 padded tokens), 8 dev pairs."""
     root = tmp_path_factory.mktemp("corpus")
     write_corpus(root, {"train": 300, "dev": 8})
     return root
@@ -108,7 +108,7 @@ def wait_for(path: Path, process: subprocess.Popen, log: Path, timeout: float = 
         time.sleep(0.01)
 
 
-RESUME = {"epochs": 2, "validate_every": 20}  # 68 steps, a checkpoint every 20
+RESUME = {"epochs": 2, "validate_every": 20}  # 66 steps, a checkpoint every 20
 
 
 def write_config(corpus: Path, root: Path) -> Path:
@@ -140,7 +140,7 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(
     resumed = start(config, "--resume", log=log)
     assert resumed.wait(timeout=300) == 0, log.read_text()
     result = saved(run_dir / "last.pt")
-    assert result["progress"]["step"] == final["progress"]["step"] == 68
+    assert result["progress"]["step"] == final["progress"]["step"] == 66
     assert_same_weights(result["model"], final["model"])
     assert (run_dir / "spm.model").read_bytes() == (uninterrupted / "spm.model").read_bytes()
     assert f"resuming from {run_dir / 'last.pt'} (step {killed_at})" in (
@@ -158,7 +158,7 @@ def test_resume_after_sigterm_equals_an_uninterrupted_run(
     process.send_signal(signal.SIGTERM)  # saves at the next step boundary, exits 130
     assert process.wait(timeout=120) == 130, log.read_text()
     stopped_at = saved(run_dir / "last.pt")["progress"]["step"]
-    assert 20 < stopped_at < 68  # saved at the signal, between validations
+    assert 20 < stopped_at < 66  # saved at the signal, between validations
     train_log = (run_dir / "train.log").read_text(encoding="utf-8")
     assert f"stopped by signal {int(signal.SIGTERM)} at step {stopped_at}" in train_log
 
@@ -460,10 +460,10 @@ def test_resume_refuses_a_model_change_in_one_line(
 
 def test_resume_applies_and_reports_an_allowed_change(corpus: Path, tmp_path: Path) -> None:
     run_dir = run_training(corpus, tmp_path / "run", epochs=1, validate_every=50)
-    assert saved(run_dir / "last.pt")["progress"]["step"] == 34  # one epoch of 34 batches
+    assert saved(run_dir / "last.pt")["progress"]["step"] == 33  # one epoch of 33 batches
     run_training(corpus, run_dir, resume=True, epochs=2, validate_every=50)
     progress = saved(run_dir / "last.pt")["progress"]
-    assert progress["step"] == 68 and progress["epoch"] == 2
+    assert progress["step"] == 66 and progress["epoch"] == 2
     text = (run_dir / "train.log").read_text(encoding="utf-8")
     assert "config changed since the checkpoint: training.epochs 1 -> 2" in text
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["training"]["epochs"] == 2
