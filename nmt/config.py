@@ -8,6 +8,7 @@ closest match; every problem in a file is reported at once, one per line, as
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -320,7 +321,7 @@ def _section_fields(path: tuple[str, ...]) -> list[str]:
     return list(model.model_fields)
 
 
-def _describe(error: dict[str, Any]) -> str:
+def _describe(error: Mapping[str, Any]) -> str:
     loc = tuple(str(p) for p in error["loc"])
     where = ".".join(loc)
     kind = error["type"]

@@ -202,8 +202,8 @@ class LuongDecoder(nn.Module):
             rnn_input = torch.cat([embedded, feed], dim=-1)
         output, rnn_state = self.rnn(rnn_input, state.rnn_state())  # (B, 1, H)
         attentional, alphas = self._attend(output, memory, _position(state, output))
-        feed = attentional.squeeze(1) if self.input_feeding else None
-        return attentional, alphas, _state_from_rnn(rnn_state, feed, state.step + 1)
+        next_feed = attentional.squeeze(1) if self.input_feeding else None
+        return attentional, alphas, _state_from_rnn(rnn_state, next_feed, state.step + 1)
 
     def forward(self, trg_in: Tensor, memory: Memory, state: DecoderState) -> tuple[Tensor, Tensor]:
         """trg_in: (B, T) -> features (B, T, H), alphas (B, T, S)."""

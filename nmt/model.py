@@ -18,7 +18,10 @@ from nmt.errors import ConfigError
 from nmt.runtime import compute_dtype
 from nmt.tokenizer import PAD_ID
 
-DECODERS = {"bahdanau": BahdanauDecoder, "luong": LuongDecoder}
+DECODERS: dict[str, type[BahdanauDecoder] | type[LuongDecoder]] = {
+    "bahdanau": BahdanauDecoder,
+    "luong": LuongDecoder,
+}
 
 # Logit rows whose softmax statistics are computed at once in float32: a (rows, V) float32
 # temporary of about 4 MiB, so that the passes over it stay in cache and a (B*T, V) float32
@@ -135,7 +138,7 @@ class Seq2Seq(nn.Module):
         attention = build_attention(
             cfg.attention, query_size=cfg.decoder.hidden_size, key_size=self.encoder.output_size
         )
-        self.decoder = DECODERS[cfg.decoder.style](
+        self.decoder: BahdanauDecoder | LuongDecoder = DECODERS[cfg.decoder.style](
             trg_vocab_size,
             cfg.embedding_size,
             cfg.embedding_dropout,

@@ -59,7 +59,9 @@ def greedy_search(
     longest = int(limit_tensor.max())
     memory, state = model.encode(src, src_lengths)
     prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=src.device)
-    tokens, scores, alphas = [], [], []
+    tokens: list[Tensor] = []
+    scores: list[Tensor] = []
+    alphas: list[Tensor] = []
     done = torch.zeros(batch, dtype=torch.bool, device=src.device)
     for t in range(longest):
         features, alpha_t, state = model.decoder.step(prev, memory, state)
