@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from nmt import __version__
+from nmt import ONEDNN_CACHE_CAPACITY, __version__
 from nmt.errors import ConfigError, NMTError
 
 app = typer.Typer(
@@ -226,7 +226,7 @@ def main() -> None:
     Click runs in standalone mode, so it reports its own usage errors (exit 2), honours
     ``typer.Exit`` codes and turns Ctrl-C into "Aborted!".
     """
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")  # see nmt.runtime
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_CAPACITY)
     try:
         app()
     except (NMTError, OSError) as exc:

@@ -20,14 +20,15 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
+from nmt import ONEDNN_CACHE_CAPACITY
 from nmt.errors import ConfigError
 
 # oneDNN (the CPU matmul library) caches a compiled kernel for every matmul shape it meets,
 # 1,024 by default. Length-bucketed batches bring new shapes almost every step, and the cache
-# grew a CPU training run's memory by 0.4-1 GiB (docs/benchmarks.md). 64 kernels hold one
-# step's shapes, so step-by-step decoders do not rebuild kernels within a batch (a cache of 8
-# cost them ~12% of their speed); it is read when the first kernel is made.
-ONEDNN_CACHE_CAPACITY = "64"
+# grew a CPU training run's memory by 0.4-1 GiB (docs/benchmarks.md). 32 kernels hold the
+# shapes that a step meets again and again, so step-by-step decoders do not rebuild kernels
+# within a batch (a cache of 8 once cost them ~12% of their speed), and hold 0.1-0.2 GiB less
+# than 64 after an epoch's first 120 steps; it is read when the first kernel is made.
 
 
 def limit_kernel_cache() -> None:
