@@ -236,15 +236,15 @@ def _write_attention(
 ) -> None:
     from nmt.plots import save_attention
 
-    if not item.hypotheses or item.hypotheses[0].alphas is None:
+    if not item.hypotheses:
         return
     best = item.hypotheses[0]
-    alphas = best.alphas
-    assert alphas is not None
+    if best.alphas is None:
+        return
     tokenizer = translator.tokenizer
     src = tokenizer.src_pieces(item.src_ids)
     trg = [*tokenizer.trg_pieces(best.tokens), "</s>"]
-    save_attention(directory / f"{index:06d}", src, trg, alphas.float().numpy())
+    save_attention(directory / f"{index:06d}", src, trg, best.alphas.float().numpy())
 
 
 def translate_command(

@@ -1,7 +1,7 @@
 """The malloc settings of CPU training (nmt.runtime.tune_allocator): blocks of every size come
 from the heap and stay there for reuse, instead of being mapped and unmapped (and their pages
 faulted in again) every time; users' own malloc settings win; only CPU runs with
-``run.fast_kernels`` apply them."""
+``run.fast_kernels`` apply them. And the `nmt` command's cap on oneDNN's kernel cache."""
 
 from __future__ import annotations
 
