@@ -24,7 +24,6 @@ Equations (torch's conventions, gates in this order):
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,16 +35,32 @@ from nmt.runtime import compute_dtype
 RNNState = Tensor | tuple[Tensor, Tensor]
 
 
-def _loop_order(x: Tensor) -> Tensor:
-    """(B, T, D, F) -> (D, T, B, F): each direction's steps in the order it takes them."""
-    x = x.permute(2, 1, 0, 3)  # (D, T, B, F)
-    return torch.stack([x[0], x[1].flip(0)]) if x.size(0) == 2 else x
+def _loop_order(parts: list[Tensor], keep: Tensor | None, out: Tensor) -> Tensor:
+    """Each direction's (T, B, F) part in time order -> out (D, T, B, F): the steps in the
+    order the direction's loop takes them, times keep (D, T, B, 1, loop order) where given.
+    One pass over each part (two for the backward direction's reversal)."""
+    for d, part in enumerate(parts):
+        part = part.flip(0) if d == 1 else part
+        if keep is None:
+            out[d].copy_(part)
+        else:
+            torch.mul(part, keep[d], out=out[d])
+    return out
 
 
-def _time_order(x: Tensor) -> Tensor:
-    """(D, T, B, F) in loop order -> (B, T, D*F) in time order."""
-    parts = [x[0], x[1].flip(0)] if x.size(0) == 2 else [x[0]]
-    return torch.cat(parts, dim=-1).transpose(0, 1).contiguous()
+def _time_order(states: Tensor, keep: Tensor | None) -> Tensor:
+    """(D, T, B, F) in loop order -> (B, T, D*F) in time order, times keep (D, T, B, 1, loop
+    order) where given: zero past each sentence's end."""
+    directions, steps, batch, features = states.shape
+    out = states.new_empty(batch, steps, directions, features)
+    for d in range(directions):
+        part = states[d].flip(0) if d == 1 else states[d]  # (T, B, F) in time order
+        target = out[:, :, d].transpose(0, 1)
+        if keep is None:
+            target.copy_(part)
+        else:  # the forward direction's mask is in time order
+            torch.mul(part, keep[0], out=target)
+    return out.view(batch, steps, directions * features)
 
 
 class _Layer(torch.autograd.Function):
@@ -55,6 +70,9 @@ class _Layer(torch.autograd.Function):
 
     Buffers are laid out (D, T, B, F) in loop order: step t of direction d is [d, t], so
     both directions of a step are one (D, B, F) view and all steps of a direction one matrix.
+    The GRU's gate inputs, which only the step reads, are laid out (T, D, B, 3H), so that the
+    step's matmul writes them in place. Steps that every sentence takes in every direction
+    (most, in length-bucketed batches) skip the masking.
     """
 
     @staticmethod
@@ -73,8 +91,8 @@ class _Layer(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         batch, steps, _ = inputs.shape
         directions, gate_size, hidden = w_hh.shape
-        x = _loop_order(inputs.to(compute).unsqueeze(2).expand(-1, -1, directions, -1))
-        x = x.contiguous()  # (D, T, B, I)
+        x = inputs.new_empty(directions, steps, batch, inputs.size(-1), dtype=compute)
+        _loop_order([inputs.transpose(0, 1)] * directions, None, x)  # (D, T, B, I)
         w_i, w_h = w_ih.to(compute), w_hh.to(compute)  # (D, G*H, I), (D, G*H, H)
         bias = b_ih.clone()  # (D, G*H)
         if lstm:
@@ -86,8 +104,11 @@ class _Layer(torch.autograd.Function):
             x.view(directions, steps * batch, -1),
             w_i.transpose(1, 2),
         ).view(directions, steps, batch, gate_size)  # W_i x + b for every step at once
-        b_hn = b_hh[:, None, 2 * hidden :]  # (D, 1, H)
+        if not lstm:  # W_in x + b_in apart in float32; b_hn joins W_hn h in the step's matmul
+            n_in = gates_in[..., 2 * hidden :].to(h0.dtype, copy=True)  # (D, T, B, H)
+            gates_in[..., 2 * hidden :] = b_hh[:, None, None, 2 * hidden :]
         w_h_t = w_h.transpose(1, 2)  # (D, H, G*H)
+        full = _full_steps(keep, steps)
 
         # h before each step (h_0 .. h_{T-1}) as the matmuls take it, kept for W_hh's gradient;
         # in the states' dtype the two are one buffer, offset by a step
@@ -98,48 +119,44 @@ class _Layer(torch.autograd.Function):
         else:
             states = h0.new_empty(directions, steps, batch, hidden)
             prev = h0.new_empty(directions, steps, batch, hidden, dtype=compute)
-        acts = h0.new_empty(directions, steps, batch, gate_size if lstm else 2 * hidden)
-        extra = h0.new_empty(1 if lstm else 2, directions, steps, batch, hidden)
+        if lstm:  # the gates i, f, g, o
+            acts = h0.new_empty(directions, steps, batch, gate_size)
+            recurrent = gates_in.new_empty(directions, batch, gate_size)
+        else:  # the gates' inputs as the step's matmul left them, (T, D, B, 3H): backward
+            # takes r and z from them again, which costs less than storing them in float32
+            acts = gates_in.new_empty(steps, directions, batch, gate_size)
+            gates = h0.new_empty(directions, batch, gate_size)
+        extra = h0.new_empty(directions, steps, batch, hidden)  # LSTM: tanh(c'); GRU: n
         cells = h0.new_empty(directions, steps, batch, hidden) if lstm else None
         h, c = h0, c0
-        forward_step = _STEPS[lstm][0]
         for t in range(steps):
             if prev.dtype != h.dtype:
                 prev[:, t].copy_(h)
-            recurrent = torch.bmm(prev[:, t], w_h_t)  # (D, B, G*H)
-            keep_t = keep[:, t] if keep is not None else None
+            keep_t = None if full[t] else keep[:, t]  # type: ignore[index]
             if lstm:
                 assert c is not None and cells is not None
-                forward_step(
-                    gates_in[:, t],
+                torch.baddbmm(gates_in[:, t], prev[:, t], w_h_t, out=recurrent)  # (D, B, 4H)
+                _lstm_forward_step(
                     recurrent,
                     c,
                     h,
                     keep_t,
                     acts[:, t],
-                    extra[0, :, t],
+                    extra[:, t],
                     cells[:, t],
                     states[:, t],
                 )
                 c = cells[:, t]
             else:
-                forward_step(
-                    gates_in[:, t],
-                    recurrent,
-                    b_hn,
-                    h,
-                    keep_t,
-                    acts[:, t],
-                    extra[0, :, t],
-                    extra[1, :, t],
-                    states[:, t],
-                )
+                # W_hr h + W_ir x + b_r, W_hz h + W_iz x + b_z, W_hn h + b_hn: (D, B, 3H)
+                torch.baddbmm(gates_in[:, t], prev[:, t], w_h_t, out=acts[t])
+                _gru_gates(acts[t], gates)
+                _gru_forward_step(gates, n_in[:, t], h, keep_t, extra[:, t], states[:, t])
             h = states[:, t]
-        outputs = states if keep is None else states * keep
         ctx.lstm, ctx.compute = lstm, compute
         ctx.input_dtype, ctx.weight_dtype = inputs.dtype, w_hh.dtype
         ctx.save_for_backward(x, keep, h0, c0, w_i, w_h, states, prev, acts, extra, cells)
-        return _time_order(outputs), h.clone(), (c.clone() if lstm else None)  # type: ignore[union-attr]
+        return _time_order(states, keep), h.clone(), (c.clone() if lstm else None)  # type: ignore[union-attr]
 
     @staticmethod
     def backward(  # type: ignore[override]
@@ -149,59 +166,58 @@ class _Layer(torch.autograd.Function):
         lstm, compute = ctx.lstm, ctx.compute
         directions, steps, batch, hidden = states.shape
         gate_size = w_h.size(1)
-        grad_out = _loop_order(grad_outputs.view(batch, steps, directions, hidden))
-        grad_out = grad_out.to(states.dtype)  # (D, T, B, H)
-        if keep is not None:
-            grad_out = grad_out * keep  # (D, T, B, H)
+        grads = grad_outputs.view(batch, steps, directions, hidden).permute(2, 1, 0, 3)
+        grad_out = _loop_order(list(grads), keep, torch.empty_like(states))  # (D, T, B, H)
         # gradients at the gates' pre-activations, of W_h h + b_h and (GRU: n only) W_i x + b_i
         grad_rec = torch.empty(directions, steps, batch, gate_size, dtype=compute)
         grad_n_in = None if lstm else torch.empty(directions, steps, batch, hidden, dtype=compute)
-        dh = grad_h.to(states.dtype) if grad_h is not None else torch.zeros_like(h0)
+        dh = grad_h.to(states.dtype, copy=True) if grad_h is not None else torch.zeros_like(h0)
         dropped = 1 - keep if keep is not None else None
         ones = torch.ones((), dtype=states.dtype)
         scratch = states.new_empty(directions, batch, 2 * hidden)
-        scratch4 = states.new_empty(directions, batch, 4 * hidden) if lstm else None
+        # LSTM: the gate gradients before the slopes; GRU: r, z and W_hn h + b_hn again
+        scratch_gates = states.new_empty(directions, batch, gate_size)
         dc = None
         if lstm:
             dc = grad_c.to(states.dtype) if grad_c is not None else torch.zeros_like(h0)
-        backward_step = _STEPS[lstm][1]
+        full = _full_steps(keep, steps)
+        recurrent = grad_rec.new_empty(directions, batch, hidden)
         for t in reversed(range(steps)):
-            keep_t = keep[:, t] if keep is not None else None
-            dropped_t = dropped[:, t] if dropped is not None else None
+            keep_t = None if full[t] else keep[:, t]
+            dropped_t = None if full[t] else dropped[:, t]  # type: ignore[index]
             if lstm:
+                assert dc is not None
                 c_prev = cells[:, t - 1] if t > 0 else c0
-                carry, dc = backward_step(
+                carry, dc = _lstm_backward_step(
                     dh,
                     dc,
                     grad_out[:, t],
                     keep_t,
                     dropped_t,
                     acts[:, t],
-                    extra[0, :, t],
+                    extra[:, t],
                     c_prev,
                     ones,
-                    scratch4,
+                    scratch_gates,
                     grad_rec[:, t],
                 )
             else:
                 h_prev = states[:, t - 1] if t > 0 else h0
-                carry = backward_step(
+                carry = _gru_backward_step(
                     dh,
                     grad_out[:, t],
                     keep_t,
                     dropped_t,
-                    acts[:, t],
-                    extra[0, :, t],
-                    extra[1, :, t],
+                    _gru_gates(acts[t], scratch_gates),
+                    extra[:, t],
                     h_prev,
                     ones,
                     scratch,
                     grad_rec[:, t],
                     grad_n_in[:, t],  # type: ignore[index]
                 )
-            dh = torch.bmm(grad_rec[:, t], w_h).to(states.dtype)  # (D, B, H)
-            if carry is not None:
-                dh += carry
+            torch.bmm(grad_rec[:, t], w_h, out=recurrent)  # (D, B, H)
+            dh = recurrent.to(states.dtype, copy=True) if carry is None else carry.add_(recurrent)
         return (
             None,
             None,
@@ -224,16 +240,27 @@ def _input_and_weight_grads(
     as the matmuls took them: each weight's in one matmul over all steps."""
     directions, steps, batch, hidden = prev.shape
     rows, gate_size = steps * batch, grad_rec.size(-1)
-    if grad_n_in is None:  # LSTM: W_i x and W_h h enter the gates alike
-        grad_in = grad_rec
-    else:  # GRU: only the n gate differs (r scales W_hn h + b_hn, not W_in x + b_in)
-        grad_in = torch.cat([grad_rec[..., : 2 * hidden], grad_n_in], dim=-1)
-    grad_in = grad_in.view(directions, rows, gate_size)
+    x = x.view(directions, rows, -1)
     grad_rec = grad_rec.view(directions, rows, gate_size)
     grad_w_hh = torch.bmm(grad_rec.transpose(1, 2), prev.view(directions, rows, hidden))
-    grad_w_ih = torch.bmm(grad_in.transpose(1, 2), x.view(directions, rows, -1))
-    grad_x = torch.bmm(grad_in, w_i).to(ctx.input_dtype)  # (D, T*B, I)
-    grad_x = grad_x.view(directions, steps, batch, -1)
+    if grad_n_in is None:  # LSTM: W_i x and W_h h enter the gates alike
+        grad_w_ih = torch.bmm(grad_rec.transpose(1, 2), x)
+        grad_x = torch.bmm(grad_rec, w_i)  # (D, T*B, I)
+        grad_b_ih = grad_rec.sum(1)
+    else:  # GRU: only the n gate differs (r scales W_hn h + b_hn, not W_in x + b_in)
+        # r's and z's part is read in place, by one direction's matmul at a time (the strided
+        # batched matmul is twice as slow; joining the parts took longer than the matmuls)
+        grad_n_in = grad_n_in.view(directions, rows, hidden)
+        grad_rz = grad_rec[..., : 2 * hidden]
+        grad_w_ih = x.new_empty(directions, gate_size, x.size(-1))
+        grad_x = x.new_empty(directions, rows, x.size(-1))
+        for d in range(directions):
+            torch.mm(grad_rz[d].t(), x[d], out=grad_w_ih[d, : 2 * hidden])
+            torch.mm(grad_n_in[d].t(), x[d], out=grad_w_ih[d, 2 * hidden :])
+            torch.mm(grad_rz[d], w_i[d, : 2 * hidden], out=grad_x[d])
+            grad_x[d].addmm_(grad_n_in[d], w_i[d, 2 * hidden :])
+        grad_b_ih = torch.cat([grad_rz.sum(1), grad_n_in.sum(1)], dim=-1)
+    grad_x = grad_x.to(ctx.input_dtype).view(directions, steps, batch, -1)
     grad_x = grad_x[0] + grad_x[1].flip(0) if directions == 2 else grad_x[0]  # (T, B, I)
     weights = ctx.weight_dtype
     return (
@@ -243,7 +270,7 @@ def _input_and_weight_grads(
         dc0,
         grad_w_ih.to(weights),
         grad_w_hh.to(weights),
-        grad_in.sum(1).to(weights),  # accumulated in float32 by torch's reduction
+        grad_b_ih.to(weights),  # sums accumulated in float32 by torch's reduction
         grad_rec.sum(1).to(weights),
     )
 
@@ -255,27 +282,34 @@ def _input_and_weight_grads(
 # overhead made training 6% slower (docs/benchmarks.md), so they run eagerly.
 
 
+def _tanh(x: Tensor, out: Tensor) -> Tensor:
+    """tanh(x) into out (x itself allowed) as 2 sigmoid(2x) - 1: torch's CPU float32 tanh
+    takes 1.3 ns per element on 2 cores against 0.23 for its sigmoid. It differs from tanh by
+    a few units of the dtype's rounding step at 0.5 (at most 2e-7 in float32)."""
+    return torch.sigmoid_(torch.mul(x, 2, out=out)).mul_(2).sub_(1)
+
+
+def _gru_gates(pre: Tensor, out: Tensor) -> Tensor:
+    """pre = (W_hr h + W_ir x + b_r, W_hz h + W_iz x + b_z, W_hn h + b_hn) (D, B, 3H) in the
+    matmul dtype -> r, z and W_hn h + b_hn in out (D, B, 3H, float32)."""
+    hidden = pre.size(-1) // 3
+    torch.sigmoid_(out.copy_(pre)[..., : 2 * hidden])
+    return out
+
+
 def _gru_forward_step(
-    gate_in: Tensor,
-    recurrent: Tensor,
-    b_hn: Tensor,
-    h: Tensor,
-    keep: Tensor | None,
-    act_out: Tensor,
-    n_out: Tensor,
-    h_n_out: Tensor,
-    h_out: Tensor,
+    gates: Tensor, n_in: Tensor, h: Tensor, keep: Tensor | None, n_out: Tensor, h_out: Tensor
 ) -> None:
-    """gate_in = W_i x + b_i (+ b_hr, b_hz), recurrent = W_h h: (D, B, 3H) -> r and z into
-    act_out (D, B, 2H), n, W_hn h + b_hn, and h' into their (D, B, H) buffers."""
+    """gates = r, z, W_hn h + b_hn (D, B, 3H), n_in = W_in x + b_in (D, B, H) -> n and h'
+    into their (D, B, H) buffers."""
     hidden = h.size(-1)
-    act = torch.sigmoid(gate_in[..., : 2 * hidden] + recurrent[..., : 2 * hidden], out=act_out)
-    h_n = torch.add(recurrent[..., 2 * hidden :], b_hn, out=h_n_out)
-    n = torch.tanh(torch.addcmul(gate_in[..., 2 * hidden :], act[..., :hidden], h_n), out=n_out)
+    gate_z = gates[..., hidden : 2 * hidden]
+    n = torch.addcmul(n_in, gates[..., :hidden], gates[..., 2 * hidden :], out=n_out)
+    _tanh(n, n)
     if keep is None:  # (1 - z) n + z h
-        torch.addcmul(n, act[..., hidden:], h - n, out=h_out)
+        torch.lerp(n, h, gate_z, out=h_out)
     else:  # lerp is exact for weights 0 and 1: a finished sentence keeps its state
-        torch.lerp(h, torch.addcmul(n, act[..., hidden:], h - n), keep, out=h_out)
+        torch.lerp(h, torch.lerp(n, h, gate_z), keep, out=h_out)
 
 
 def _gru_backward_step(
@@ -285,25 +319,25 @@ def _gru_backward_step(
     dropped: Tensor | None,
     act: Tensor,
     n: Tensor,
-    h_n: Tensor,
     h_prev: Tensor,
     ones: Tensor,
     scratch: Tensor,
     grads_out: Tensor,
     grad_n_in_out: Tensor,
 ) -> Tensor:
-    """dh: gradient of h' from the next step -> the gates' gradients into grads_out (D, B, 3H:
-    r, z, W_hn h + b_hn) and grad_n_in_out (n's pre-activation); returns the part of dh_prev
-    that does not go through W_h."""
+    """dh: gradient of h' from the next step (updated in place) -> the gates' gradients into
+    grads_out (D, B, 3H: r, z, W_hn h + b_hn) and grad_n_in_out (n's pre-activation); returns
+    the part of dh_prev that does not go through W_h."""
     hidden = h_prev.size(-1)
-    dh = dh + grad_out
+    dh += grad_out
     dh_step = dh if keep is None else dh * keep
-    gate_r, gate_z = act[..., :hidden], act[..., hidden:]
+    gates = act[..., : 2 * hidden]
+    gate_r, gate_z, h_n = act[..., :hidden], act[..., hidden : 2 * hidden], act[..., 2 * hidden :]
     dn = torch.addcmul(dh_step, dh_step, gate_z, value=-1)  # dh (1 - z)
     dn *= torch.addcmul(ones, n, n, value=-1)  # at n's pre-activation: (1 - n^2)
     torch.mul(dn, h_n, out=scratch[..., :hidden])  # dr = dn h_n
     torch.sub(h_prev, n, out=scratch[..., hidden:]).mul_(dh_step)  # dz = dh (h - n)
-    slopes = torch.addcmul(act, act, act, value=-1)  # s'(r), s'(z)
+    slopes = torch.addcmul(gates, gates, gates, value=-1)  # s'(r), s'(z)
     torch.mul(scratch, slopes, out=grads_out[..., : 2 * hidden])
     torch.mul(dn, gate_r, out=grads_out[..., 2 * hidden :])
     grad_n_in_out.copy_(dn)
@@ -314,8 +348,7 @@ def _gru_backward_step(
 
 
 def _lstm_forward_step(
-    gate_in: Tensor,
-    recurrent: Tensor,
+    pre: Tensor,
     c: Tensor,
     h: Tensor,
     keep: Tensor | None,
@@ -324,16 +357,17 @@ def _lstm_forward_step(
     c_out: Tensor,
     h_out: Tensor,
 ) -> None:
-    """gate_in = W_i x + b_i + b_h, recurrent = W_h h: (D, B, 4H) -> i, f, g, o into act_out,
-    tanh(c'), c' and h' into their (D, B, H) buffers."""
+    """pre = W_i x + b_i + W_h h + b_h (D, B, 4H) in the matmul dtype -> i, f, g, o into
+    act_out, tanh(c'), c' and h' into their (D, B, H) buffers."""
     hidden = h.size(-1)
-    pre = gate_in + recurrent
-    act = torch.sigmoid(pre, out=act_out)  # i, f, (g), o
-    gate_g = torch.tanh(pre[..., 2 * hidden : 3 * hidden], out=act[..., 2 * hidden : 3 * hidden])
-    c_new = torch.addcmul(act[..., hidden : 2 * hidden] * c, act[..., :hidden], gate_g)
-    tanh_c = torch.tanh(c_new, out=tanh_c_out)
+    act = act_out.copy_(pre)
+    act[..., 2 * hidden : 3 * hidden].mul_(2)
+    torch.sigmoid_(act)  # i, f, o, and g as sigmoid(2x)
+    gate_g = act[..., 2 * hidden : 3 * hidden].mul_(2).sub_(1)  # tanh x = 2 sigmoid(2x) - 1
+    c_new = c_out if keep is None else torch.empty_like(c)
+    torch.mul(act[..., hidden : 2 * hidden], c, out=c_new).addcmul_(act[..., :hidden], gate_g)
+    tanh_c = _tanh(c_new, tanh_c_out)
     if keep is None:
-        c_out.copy_(c_new)
         torch.mul(act[..., 3 * hidden :], tanh_c, out=h_out)
     else:  # lerp is exact for weights 0 and 1
         torch.lerp(c, c_new, keep, out=c_out)
@@ -378,10 +412,11 @@ def _lstm_backward_step(
     return dh * dropped, dc_prev
 
 
-_STEPS: dict[bool, tuple[Callable[..., Any], Callable[..., Any]]] = {
-    False: (_gru_forward_step, _gru_backward_step),
-    True: (_lstm_forward_step, _lstm_backward_step),
-}
+def _full_steps(keep: Tensor | None, steps: int) -> list[bool]:
+    """For each step of the loop, whether every sentence of every direction is still going."""
+    if keep is None:
+        return [True] * steps
+    return (keep.amin(dim=(0, 2, 3)) == 1).tolist()  # type: ignore[no-any-return]
 
 
 def run_rnn(

@@ -15,8 +15,11 @@ from nmt.rnn import run_rnn
 
 INPUT, HIDDEN = 5, 7
 LENGTHS = [6, 3, 1, 5, 6]  # padding present, a one-token sentence, unsorted
-CASES = list(itertools.product(["gru", "lstm"], [False, True], [1, 2]))
-IDS = [f"{cell}-{'bi' if bi else 'uni'}-L{layers}" for cell, bi, layers in CASES]
+# nearly equal lengths, as bucketed batches have: the steps that every sentence (and, in a
+# bidirectional layer, both directions) still takes run without the mask, the others with it
+EVEN_LENGTHS = [6, 6, 5, 6]
+CASES = list(itertools.product(["gru", "lstm"], [False, True], [1, 2], ["ragged", "even"]))
+IDS = [f"{cell}-{'bi' if bi else 'uni'}-L{layers}-{kind}" for cell, bi, layers, kind in CASES]
 
 
 def _rnn(cell: str, bidirectional: bool, layers: int, dtype=torch.float64) -> nn.RNNBase:
@@ -28,10 +31,10 @@ def _rnn(cell: str, bidirectional: bool, layers: int, dtype=torch.float64) -> nn
     return rnn.to(dtype)
 
 
-def _inputs(directions: int, layers: int, lstm: bool, dtype=torch.float64):
-    batch, steps = len(LENGTHS), max(LENGTHS)
+def _inputs(directions: int, layers: int, lstm: bool, dtype=torch.float64, lengths=LENGTHS):
+    batch, steps = len(lengths), max(lengths)
     x = torch.randn(batch, steps, INPUT, dtype=dtype)
-    lengths = torch.tensor(LENGTHS)
+    lengths = torch.tensor(lengths)
     x = x * (torch.arange(steps)[None, :, None] < lengths[:, None, None])  # zero padding
     h0 = torch.randn(layers * directions, batch, HIDDEN, dtype=dtype)
     c0 = torch.randn(layers * directions, batch, HIDDEN, dtype=dtype) if lstm else None
@@ -102,12 +105,13 @@ def _grads(rnn, x, h0, c0, outputs, hidden, cell, weights):
     return torch.autograd.grad(loss, wrt)
 
 
-@pytest.mark.parametrize(("cell", "bidirectional", "layers"), CASES, ids=IDS)
-def test_matches_equations_and_packed_torch(cell, bidirectional, layers) -> None:
+@pytest.mark.parametrize(("cell", "bidirectional", "layers", "kind"), CASES, ids=IDS)
+def test_matches_equations_and_packed_torch(cell, bidirectional, layers, kind) -> None:
     torch.manual_seed(0)
     rnn = _rnn(cell, bidirectional, layers)
     directions = 2 if bidirectional else 1
-    x, lengths, h0, c0 = _inputs(directions, layers, cell == "lstm")
+    lengths = LENGTHS if kind == "ragged" else EVEN_LENGTHS
+    x, lengths, h0, c0 = _inputs(directions, layers, cell == "lstm", lengths=lengths)
     for tensor in (x, h0, c0):
         if tensor is not None:
             tensor.requires_grad_(True)
@@ -121,7 +125,7 @@ def test_matches_equations_and_packed_torch(cell, bidirectional, layers) -> None
     torch_out, _ = pad_packed_sequence(torch_packed, batch_first=True, total_length=x.size(1))
     torch_h, torch_c = _split(torch_final)
 
-    assert outputs.shape == (len(LENGTHS), max(LENGTHS), directions * HIDDEN)
+    assert outputs.shape == (len(lengths), int(lengths.max()), directions * HIDDEN)
     assert (outputs[~mask] == 0).all()  # nothing past a sentence's end
     for ours, ref, theirs in [(outputs, ref_out, torch_out), (hidden, ref_h, torch_h)]:
         torch.testing.assert_close(ours, ref, rtol=0, atol=1e-12)
