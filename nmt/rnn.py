@@ -35,17 +35,16 @@ from nmt.runtime import compute_dtype
 RNNState = Tensor | tuple[Tensor, Tensor]
 
 
-def _loop_order(parts: list[Tensor], keep: Tensor | None, out: Tensor) -> Tensor:
-    """Each direction's (T, B, F) part in time order -> out (D, T, B, F): the steps in the
-    order the direction's loop takes them, times keep (D, T, B, 1, loop order) where given.
-    One pass over each part (two for the backward direction's reversal)."""
-    for d, part in enumerate(parts):
+def _reorder(parts: list[Tensor], masks: list[Tensor] | None, targets: list[Tensor]) -> None:
+    """Direction d's (T, B, F) part -> targets[d], reversed in time for the backward direction
+    (loop order <-> time order), times masks[d] (T, B, 1) where given: one pass per part (two
+    for the reversal)."""
+    for d, (part, target) in enumerate(zip(parts, targets, strict=True)):
         part = part.flip(0) if d == 1 else part
-        if keep is None:
-            out[d].copy_(part)
+        if masks is None:
+            target.copy_(part)
         else:
-            torch.mul(part, keep[d], out=out[d])
-    return out
+            torch.mul(part, masks[d], out=target)
 
 
 def _time_order(states: Tensor, keep: Tensor | None) -> Tensor:
@@ -53,13 +52,9 @@ def _time_order(states: Tensor, keep: Tensor | None) -> Tensor:
     order) where given: zero past each sentence's end."""
     directions, steps, batch, features = states.shape
     out = states.new_empty(batch, steps, directions, features)
-    for d in range(directions):
-        part = states[d].flip(0) if d == 1 else states[d]  # (T, B, F) in time order
-        target = out[:, :, d].transpose(0, 1)
-        if keep is None:
-            target.copy_(part)
-        else:  # the forward direction's mask is in time order
-            torch.mul(part, keep[0], out=target)
+    targets = [out[:, :, d].transpose(0, 1) for d in range(directions)]  # (T, B, F) views
+    masks = None if keep is None else [keep[0]] * directions  # the forward one is in time order
+    _reorder(list(states), masks, targets)
     return out.view(batch, steps, directions * features)
 
 
@@ -92,7 +87,7 @@ class _Layer(torch.autograd.Function):
         batch, steps, _ = inputs.shape
         directions, gate_size, hidden = w_hh.shape
         x = inputs.new_empty(directions, steps, batch, inputs.size(-1), dtype=compute)
-        _loop_order([inputs.transpose(0, 1)] * directions, None, x)  # (D, T, B, I)
+        _reorder([inputs.transpose(0, 1)] * directions, None, list(x))  # (D, T, B, I)
         w_i, w_h = w_ih.to(compute), w_hh.to(compute)  # (D, G*H, I), (D, G*H, H)
         bias = b_ih.clone()  # (D, G*H)
         if lstm:
@@ -167,7 +162,8 @@ class _Layer(torch.autograd.Function):
         directions, steps, batch, hidden = states.shape
         gate_size = w_h.size(1)
         grads = grad_outputs.view(batch, steps, directions, hidden).permute(2, 1, 0, 3)
-        grad_out = _loop_order(list(grads), keep, torch.empty_like(states))  # (D, T, B, H)
+        grad_out = torch.empty_like(states)  # (D, T, B, H) in loop order
+        _reorder(list(grads), None if keep is None else list(keep), list(grad_out))
         # gradients at the gates' pre-activations, of W_h h + b_h and (GRU: n only) W_i x + b_i
         grad_rec = torch.empty(directions, steps, batch, gate_size, dtype=compute)
         grad_n_in = None if lstm else torch.empty(directions, steps, batch, hidden, dtype=compute)
