@@ -1,6 +1,6 @@
 """python -m nmt; also what torchrun starts on every rank (see nmt/train.py), as in
 ``torchrun --nproc-per-node N -m nmt train CONFIG.yaml``."""
 
-from nmt.cli import main
+from nmt.cli import command
 
-main()
+command()

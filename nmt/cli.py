@@ -9,12 +9,15 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from nmt import ONEDNN_CACHE_CAPACITY, __version__
 from nmt.errors import ConfigError, NMTError
+
+if TYPE_CHECKING:
+    from nmt.config import Config
 
 app = typer.Typer(
     help="Attention-based RNN encoder-decoder machine translation: train, translate, evaluate.",
@@ -23,7 +26,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-_state = {"debug": False}
+_state = {"debug": False, "may_restart": False}
 
 
 def _version(value: bool) -> None:
@@ -69,6 +72,8 @@ def train(
     from nmt.train import train as run_training
 
     cfg = load(config, override or [])
+    if _state["may_restart"]:
+        _restart_for_cpu_training(cfg)
     try:
         run_training(cfg, run_dir, resume=resume, quiet=quiet)
     except KeyboardInterrupt:
@@ -219,9 +224,28 @@ def eval_(
     typer.echo(report.to_json() if json_out else report.to_table())
 
 
+def _restart_for_cpu_training(cfg: Config) -> None:
+    """Start this `nmt train` again with glibc's tcache off (nmt.runtime.MALLOC_TUNABLES) when
+    it will train on a CPU with run.fast_kernels; it has written nothing yet."""
+    from nmt.runtime import choose_device, restart_with_malloc_tunables, wants_malloc_tunables
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = choose_device(cfg.run.device, local_rank)
+    if wants_malloc_tunables(device, cfg.run.fast_kernels):
+        restart_with_malloc_tunables()
+
+
+def command() -> None:
+    """The `nmt` command (console script and ``python -m nmt``): ``main``, allowed to start
+    itself again with other malloc settings before it trains on a CPU."""
+    _state["may_restart"] = True
+    main()
+
+
 def main() -> None:
-    """Console entry point: an NMTError (or a failed file operation) is one stderr line and exit
-    status 2; ``--debug`` re-raises it with its traceback.
+    """The command's body (the tests also run it in-process): an NMTError (or a failed file
+    operation) is one stderr line and exit status 2; ``--debug`` re-raises it with its
+    traceback.
 
     Click runs in standalone mode, so it reports its own usage errors (exit 2), honours
     ``typer.Exit`` codes and turns Ctrl-C into "Aborted!".

@@ -238,7 +238,11 @@ class RunConfig(_Section):
     fast_kernels: bool = Field(
         True,
         description="CPU training: nmt's RNN and dropout kernels, the additive score's "
-        "recomputed layer and malloc settings (false: torch's plain path, e.g. to compare)",
+        "recomputed layer and malloc settings (false: torch's plain path, e.g. to compare). "
+        "On glibc `nmt train` then starts itself again, before it writes anything, with "
+        "glibc's tcache off (`GLIBC_TUNABLES=glibc.malloc.tcache_count=0`, recorded in the "
+        "run's environment.json): over an epoch the tcache fragments the heap (see "
+        "docs/benchmarks.md). A `GLIBC_TUNABLES` of your own, even empty, is kept instead",
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import subprocess
 import time
@@ -80,6 +81,7 @@ def write_run_info(
         "threads": torch.get_num_threads(),
         "precision": precision,
         "world_size": world_size,
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),  # nmt.runtime.MALLOC_TUNABLES
     }
     checkpoint.atomic_write_text(run_dir / "environment.json", json.dumps(info, indent=2) + "\n")
 

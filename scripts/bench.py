@@ -66,12 +66,14 @@ from nmt.config import Config, apply_override, from_dict  # noqa: E402
 from nmt.data import bucket_batches, padding_fraction, read_pairs  # noqa: E402
 from nmt.model import TrainingLoss, build_model, count_parameters  # noqa: E402
 from nmt.runtime import (  # noqa: E402
+    MALLOC_TUNABLES,
     choose_device,
     choose_fast_paths,
     grad_scaler,
     limit_kernel_cache,
     seed_everything,
     set_threads,
+    wants_malloc_tunables,
 )
 from nmt.tokenizer import Tokenizer  # noqa: E402
 from nmt.train import apply_update, build_optimizer, forward_backward  # noqa: E402
@@ -442,6 +444,7 @@ def bench_training(name: str, args: argparse.Namespace, lengths: Lengths) -> dic
         "windows": windows,
         "padding_fraction": padding_fraction(batches, corpus.src_lengths, corpus.trg_lengths),
         "peak_rss_gib": peak_rss_bytes() / GIB,
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
         "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(device) / GIB
         if device.type == "cuda"
         else None,
@@ -478,9 +481,14 @@ def run_config(name: str, args: argparse.Namespace, lengths: Lengths) -> dict[st
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         command = [sys.executable, __file__, "--one", name, "--one-json", str(out)]
+        env = child_environment(args)
+        config = bench_config(name, args)
+        device = choose_device(config.run.device)
+        if "GLIBC_TUNABLES" not in env and wants_malloc_tunables(device, config.run.fast_kernels):
+            env["GLIBC_TUNABLES"] = MALLOC_TUNABLES  # as `nmt train` restarts itself with
         proc = subprocess.run(
             command + child_arguments(args),
-            env=child_environment(args),
+            env=env,
             stdout=subprocess.DEVNULL,
             stderr=None if args.verbose else subprocess.PIPE,
             text=True,
@@ -615,7 +623,7 @@ def machine(device: torch.device, precision: str) -> dict[str, Any]:
                     break
         except OSError:
             pass
-    watched = ("OMP_NUM_THREADS", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "MALLOC_")
+    watched = ("OMP_NUM_THREADS", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "MALLOC_", "GLIBC_TUNABLES")
     return {
         "device": device.type,
         "device_name": name,

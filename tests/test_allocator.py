@@ -1,19 +1,25 @@
 """The malloc settings of CPU training (nmt.runtime.tune_allocator): blocks of every size come
 from the heap and stay there for reuse, instead of being mapped and unmapped (and their pages
 faulted in again) every time; users' own malloc settings win; only CPU runs with
-``run.fast_kernels`` apply them. And the `nmt` command's cap on oneDNN's kernel cache."""
+``run.fast_kernels`` apply them. `nmt train` on a CPU starts itself again with glibc's tcache
+off (nmt.runtime.MALLOC_TUNABLES), and this glibc takes that setting. And the `nmt` command's
+cap on oneDNN's kernel cache."""
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from synthetic import data_section, luong_model_section, write_corpus
 
-from nmt import runtime
+from nmt import cli, runtime
 
 # A fresh process allocates a tensor of argv[2] bytes and prints how many bytes malloc has mapped
 # outside its heap while the tensor lives (glibc's mallinfo2, 2.33 and later).
@@ -42,9 +48,14 @@ def _glibc_with_mallinfo2() -> bool:
         return False
 
 
-def _mapped_while_held(mode: str, size: int) -> int:
+def _without_malloc_settings() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env.pop("GLIBC_TUNABLES", None)
+    return env
+
+
+def _mapped_while_held(mode: str, size: int, **extra: str) -> int:
+    env = {**_without_malloc_settings(), **extra}
     done = subprocess.run(
         [sys.executable, "-c", MAPPED_WHILE_HELD, mode, str(size)],
         capture_output=True,
@@ -60,6 +71,12 @@ def _mapped_while_held(mode: str, size: int) -> int:
 def test_tuned_malloc_serves_large_blocks_from_its_heap(size) -> None:
     assert _mapped_while_held("default", size) >= size  # glibc maps a first block this large
     assert _mapped_while_held("tuned", size) == 0  # tuned: from the heap, kept there when freed
+
+
+@pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="glibc 2.33+ on Linux only")
+def test_the_restarts_own_tunables_keep_the_malloc_settings() -> None:
+    size = 64 << 20
+    assert _mapped_while_held("tuned", size, GLIBC_TUNABLES=runtime.MALLOC_TUNABLES) == 0
 
 
 def test_users_malloc_settings_win(monkeypatch) -> None:
@@ -109,3 +126,113 @@ def test_the_command_caps_onednns_kernel_cache_unless_the_user_did() -> None:
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
     assert _kernel_cache_seen_by_the_command(env) == "32"
     assert _kernel_cache_seen_by_the_command({**env, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "7"}) == "7"
+
+
+# ----------------------------------------------------------------------------- tcache restart
+
+
+# A fresh process takes 8 small chunks (emptying the tcache's list of that size, which holds at
+# most 7), frees one and prints how many chunks glibc's fast bins hold more than before: 0 when
+# the chunk went to the tcache, 1 when it went to a fast bin (where the next large allocation
+# merges it with the free space beside it).
+FREED_TO_FAST_BINS = """
+import ctypes
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+chunks = [libc.malloc(40) for _ in range(8)]
+before = libc.mallinfo2().smblks
+libc.free(chunks.pop())
+print(libc.mallinfo2().smblks - before)
+"""
+
+
+def _freed_to_fast_bins(**extra: str) -> int:
+    env = {**_without_malloc_settings(), **extra}
+    done = subprocess.run(
+        [sys.executable, "-c", FREED_TO_FAST_BINS], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip())
+
+
+@pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="glibc 2.33+ on Linux only")
+def test_the_restarts_tunables_switch_glibcs_tcache_off() -> None:
+    assert _freed_to_fast_bins() == 0  # the tcache took it
+    assert _freed_to_fast_bins(GLIBC_TUNABLES=runtime.MALLOC_TUNABLES) == 1
+
+
+def test_only_cpu_runs_with_fast_kernels_and_no_tunables_of_the_users_restart(
+    monkeypatch,
+) -> None:
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.setattr(runtime, "_glibc", lambda: True)
+    cpu = torch.device("cpu")
+    assert runtime.wants_malloc_tunables(cpu, True)
+    assert not runtime.wants_malloc_tunables(cpu, False)
+    assert not runtime.wants_malloc_tunables(torch.device("cuda"), True)
+    monkeypatch.setenv("GLIBC_TUNABLES", "")  # the user's, even empty: left alone
+    assert not runtime.wants_malloc_tunables(cpu, True)
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setattr(runtime, "_glibc", lambda: False)  # musl, macOS, Windows
+    assert not runtime.wants_malloc_tunables(cpu, True)
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("restart")
+    write_corpus(root, {"train": 60, "dev": 8})
+    config = {
+        "data": data_section(root),
+        "tokenizer": {"vocab_size": 40, "type": "bpe"},
+        "model": luong_model_section(8),
+        "training": {"max_steps": 1, "batch_tokens": 200},
+        "run": {"device": "cpu"},
+    }
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def _tunables_of_the_run(run_dir: Path) -> str | None:
+    info = json.loads((run_dir / "environment.json").read_text(encoding="utf-8"))
+    return info["glibc_tunables"]
+
+
+@pytest.mark.skipif(not runtime._glibc(), reason="glibc on Linux only")
+def test_nmt_train_on_a_cpu_runs_with_the_tcache_off(tiny_config: Path, tmp_path: Path) -> None:
+    env = _without_malloc_settings()
+    runs = {
+        "restarted": ([], env),
+        "plain path": (["-O", "run.fast_kernels=false"], env),
+        "users": ([], {**env, "GLIBC_TUNABLES": ""}),
+    }
+    for name, (options, environment) in runs.items():
+        command = [sys.executable, "-m", "nmt", "train", str(tiny_config), *options, "-q"]
+        command += ["--run-dir", str(tmp_path / name)]
+        done = subprocess.run(command, capture_output=True, text=True, env=environment)
+        assert done.returncode == 0, done.stderr
+    assert _tunables_of_the_run(tmp_path / "restarted") == runtime.MALLOC_TUNABLES
+    assert _tunables_of_the_run(tmp_path / "plain path") is None
+    assert _tunables_of_the_run(tmp_path / "users") == ""
+
+
+def test_only_the_command_restarts_never_an_in_process_call(
+    tiny_config: Path, tmp_path: Path, monkeypatch
+) -> None:
+    restarts = []
+    monkeypatch.setattr(runtime, "_glibc", lambda: True)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.setattr(runtime, "restart_with_malloc_tunables", lambda: restarts.append(1))
+    monkeypatch.setitem(cli._state, "may_restart", False)
+    for entry, run_dir in ((cli.main, tmp_path / "main"), (cli.command, tmp_path / "command")):
+        monkeypatch.setattr(sys, "argv", ["nmt", "train", str(tiny_config), "-q"])
+        sys.argv += ["--run-dir", str(run_dir)]
+        with pytest.raises(SystemExit) as stopped:
+            entry()
+        assert stopped.value.code == 0
+        assert restarts == ([] if entry is cli.main else [1])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -76,6 +77,11 @@ def test_quick_tiny_run_writes_every_figure(tmp_path: Path) -> None:
     for key in ("peak_rss_gib", "flops_per_step", "flops_per_target_token", "achieved_gflops"):
         assert positive(train[key]), key
     assert 0 < train["fraction_of_matmul"] < 1
+    if sys.platform.startswith("linux") and "GLIBC_TUNABLES" not in os.environ:
+        from nmt.runtime import MALLOC_TUNABLES, _glibc
+
+        if _glibc():  # its subprocess runs with the malloc settings `nmt train` restarts with
+            assert train["glibc_tunables"] == MALLOC_TUNABLES
 
     decoding = result["decoding"]
     assert decoding["trained"] is False and "untrained" in decoding["note"]
