@@ -62,11 +62,12 @@ def fast_kernels(device: torch.device) -> bool:
 # of its own: cached, it soon goes to a small allocation that may live for many steps, and
 # when the big block beside it is freed, the two holes around that small chunk cannot join.
 # Over an epoch the heap fragments: in `luong-nofeed` training the live memory stayed at 0.6
-# GiB between steps, while the free memory held in the heap grew to 1.3 GiB in 180 steps and
-# the RSS passed 2.4 GiB in 300. Without the tcache these chunks go to glibc's fast bins, which
-# are merged back before the next large allocation, and the same 300 steps end at 1.55 GiB
-# (docs/benchmarks.md). The tcache can only be switched off as a process starts, so `nmt train`
-# on a CPU starts itself again with it off, before it has written anything.
+# GiB between steps, while the free memory held in the heap grew to 1.3 GiB in 180 steps.
+# Without the tcache these chunks go to glibc's fast bins, which are merged back before the
+# next large allocation: over 243 steps the benchmark's configs peak at 1.43-1.76 GiB RSS
+# instead of 2.13-2.49, at the same speed within the noise (docs/benchmarks.md). The tcache
+# can only be switched off as a process starts, so `nmt train` on a CPU starts itself again
+# with it off, before it has written anything.
 MALLOC_TUNABLES = "glibc.malloc.tcache_count=0"
 
 

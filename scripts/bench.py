@@ -840,6 +840,10 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
             f"translate command: {command.get('error') or command['command']} "
             f"({command.get('sentences', '?')} sentences)"
         )
+    trained = [r for r in result.get("training", {}).values() if "error" not in r]
+    tunables = sorted({str(r.get("glibc_tunables")) for r in trained})
+    if tunables != ["None"] and tunables:
+        lines.append(f"training processes' GLIBC_TUNABLES: {', '.join(tunables)}")
     load = result.get("load_average_start")
     lines.append(
         f"load average at start {load[0]:.2f} (cores {m['cpu_count']}); "

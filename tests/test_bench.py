@@ -82,6 +82,7 @@ def test_quick_tiny_run_writes_every_figure(tmp_path: Path) -> None:
 
         if _glibc():  # its subprocess runs with the malloc settings `nmt train` restarts with
             assert train["glibc_tunables"] == MALLOC_TUNABLES
+            assert f"GLIBC_TUNABLES: {MALLOC_TUNABLES}" in proc.stdout
 
     decoding = result["decoding"]
     assert decoding["trained"] is False and "untrained" in decoding["note"]
