@@ -21,22 +21,31 @@ from synthetic import data_section, luong_model_section, write_corpus
 
 from nmt import cli, runtime
 
-# A fresh process allocates a tensor of argv[2] bytes and prints how many bytes malloc has mapped
-# outside its heap while the tensor lives (glibc's mallinfo2, 2.33 and later).
-MAPPED_WHILE_HELD = """
-import ctypes, sys, torch
-from nmt.runtime import tune_allocator
+# The start of a script for a fresh process: glibc's malloc statistics (mallinfo2, 2.33 and
+# later) through ctypes.
+MALLINFO2 = """
+import ctypes
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
                 "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = Info
+"""
+
+# A fresh process allocates a tensor of argv[2] bytes and prints how many bytes malloc has mapped
+# outside its heap while the tensor lives.
+MAPPED_WHILE_HELD = (
+    MALLINFO2
+    + """
+import sys, torch
+from nmt.runtime import tune_allocator
 if sys.argv[1] == "tuned":
     assert tune_allocator()
 before = libc.mallinfo2().hblkhd
 block = torch.ones(int(sys.argv[2]), dtype=torch.uint8)
 print(libc.mallinfo2().hblkhd - before)
 """
+)
 
 
 def _glibc_with_mallinfo2() -> bool:
@@ -54,16 +63,18 @@ def _without_malloc_settings() -> dict[str, str]:
     return env
 
 
-def _mapped_while_held(mode: str, size: int, **extra: str) -> int:
-    env = {**_without_malloc_settings(), **extra}
+def _printed_number(script: str, *args: str, **extra_env: str) -> int:
+    """What ``script`` prints, run in a fresh process without any malloc settings but extra_env."""
+    env = {**_without_malloc_settings(), **extra_env}
     done = subprocess.run(
-        [sys.executable, "-c", MAPPED_WHILE_HELD, mode, str(size)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=env
     )
+    assert done.returncode == 0, done.stderr
     return int(done.stdout.strip())
+
+
+def _mapped_while_held(mode: str, size: int, **extra_env: str) -> int:
+    return _printed_number(MAPPED_WHILE_HELD, mode, str(size), **extra_env)
 
 
 @pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="glibc 2.33+ on Linux only")
@@ -135,13 +146,9 @@ def test_the_command_caps_onednns_kernel_cache_unless_the_user_did() -> None:
 # most 7), frees one and prints how many chunks glibc's fast bins hold more than before: 0 when
 # the chunk went to the tcache, 1 when it went to a fast bin (where the next large allocation
 # merges it with the free space beside it).
-FREED_TO_FAST_BINS = """
-import ctypes
-class Info(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-libc = ctypes.CDLL(None)
-libc.mallinfo2.restype = Info
+FREED_TO_FAST_BINS = (
+    MALLINFO2
+    + """
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
 chunks = [libc.malloc(40) for _ in range(8)]
@@ -149,21 +156,14 @@ before = libc.mallinfo2().smblks
 libc.free(chunks.pop())
 print(libc.mallinfo2().smblks - before)
 """
-
-
-def _freed_to_fast_bins(**extra: str) -> int:
-    env = {**_without_malloc_settings(), **extra}
-    done = subprocess.run(
-        [sys.executable, "-c", FREED_TO_FAST_BINS], capture_output=True, text=True, env=env
-    )
-    assert done.returncode == 0, done.stderr
-    return int(done.stdout.strip())
+)
 
 
 @pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="glibc 2.33+ on Linux only")
 def test_the_restarts_tunables_switch_glibcs_tcache_off() -> None:
-    assert _freed_to_fast_bins() == 0  # the tcache took it
-    assert _freed_to_fast_bins(GLIBC_TUNABLES=runtime.MALLOC_TUNABLES) == 1
+    assert _printed_number(FREED_TO_FAST_BINS) == 0  # the tcache took it
+    tuned = _printed_number(FREED_TO_FAST_BINS, GLIBC_TUNABLES=runtime.MALLOC_TUNABLES)
+    assert tuned == 1
 
 
 def test_only_cpu_runs_with_fast_kernels_and_no_tunables_of_the_users_restart(
