@@ -239,6 +239,10 @@ class RunConfig(_Section):
         True,
         description="CPU training: nmt's RNN and dropout kernels, the additive score's "
         "recomputed layer and malloc settings (false: torch's plain path, e.g. to compare). "
+        "The RNN's time steps run as C kernels (nmt/kernels.c) that nmt compiles with the "
+        "machine's C compiler (`$CC`, else `cc`) on first use into ~/.cache/nmt "
+        "(`$NMT_CACHE_DIR`); without a compiler, or with `NMT_NATIVE_KERNELS=0`, torch ops run "
+        "them (environment.json's `native_kernels` says which). "
         "On glibc `nmt train` then starts itself again, before it writes anything, with "
         "glibc's tcache off (`GLIBC_TUNABLES=glibc.malloc.tcache_count=0`, recorded in the "
         "run's environment.json): over an epoch the tcache fragments the heap (see "

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from nmt import __version__, checkpoint
+from nmt import __version__, checkpoint, native
 from nmt.config import Config, to_yaml
 from nmt.data import TokenizedCorpus, drop_empty, drop_long, read_pairs, tokenize
 from nmt.errors import ConfigError, DataError
@@ -82,6 +82,9 @@ def write_run_info(
         "precision": precision,
         "world_size": world_size,
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),  # nmt.runtime.MALLOC_TUNABLES
+        "native_kernels": native.status()
+        if device.type == "cpu" and config.run.fast_kernels
+        else None,
     }
     checkpoint.atomic_write_text(run_dir / "environment.json", json.dumps(info, indent=2) + "\n")
 

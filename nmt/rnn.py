@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.dropout import dropout
+from nmt.native import Kernels, rnn_kernels
 from nmt.runtime import compute_dtype
 
 RNNState = Tensor | tuple[Tensor, Tensor]
@@ -123,30 +124,34 @@ class _Layer(torch.autograd.Function):
             gates = h0.new_empty(directions, batch, gate_size)
         extra = h0.new_empty(directions, steps, batch, hidden)  # LSTM: tanh(c'); GRU: n
         cells = h0.new_empty(directions, steps, batch, hidden) if lstm else None
+        kernels = rnn_kernels(compute, h0)
+        # the compiled step writes h' in the matmul dtype for the next step's matmul itself
+        convert = prev.dtype != h0.dtype
         h, c = h0, c0
         for t in range(steps):
-            if prev.dtype != h.dtype:
+            if convert and (kernels is None or t == 0):
                 prev[:, t].copy_(h)
             keep_t = None if full[t] else keep[:, t]  # type: ignore[index]
+            prev_out = prev[:, t + 1] if convert and t + 1 < steps else None
             if lstm:
                 assert c is not None and cells is not None
                 torch.baddbmm(gates_in[:, t], prev[:, t], w_h_t, out=recurrent)  # (D, B, 4H)
-                _lstm_forward_step(
-                    recurrent,
-                    c,
-                    h,
-                    keep_t,
-                    acts[:, t],
-                    extra[:, t],
-                    cells[:, t],
-                    states[:, t],
-                )
+                step_out = acts[:, t], extra[:, t], cells[:, t], states[:, t]
+                if kernels is not None:
+                    kernels.lstm_forward(recurrent, c, h, keep_t, *step_out, prev_out)
+                else:
+                    _lstm_forward_step(recurrent, c, h, keep_t, *step_out)
                 c = cells[:, t]
             else:
                 # W_hr h + W_ir x + b_r, W_hz h + W_iz x + b_z, W_hn h + b_hn: (D, B, 3H)
                 torch.baddbmm(gates_in[:, t], prev[:, t], w_h_t, out=acts[t])
-                _gru_gates(acts[t], gates)
-                _gru_forward_step(gates, n_in[:, t], h, keep_t, extra[:, t], states[:, t])
+                if kernels is not None:
+                    kernels.gru_forward(
+                        acts[t], n_in[:, t], h, keep_t, extra[:, t], states[:, t], prev_out
+                    )
+                else:
+                    _gru_gates(acts[t], gates)
+                    _gru_forward_step(gates, n_in[:, t], h, keep_t, extra[:, t], states[:, t])
             h = states[:, t]
         ctx.lstm, ctx.compute = lstm, compute
         ctx.input_dtype, ctx.weight_dtype = inputs.dtype, w_hh.dtype
@@ -167,7 +172,9 @@ class _Layer(torch.autograd.Function):
         # gradients at the gates' pre-activations, of W_h h + b_h and (GRU: n only) W_i x + b_i
         grad_rec = torch.empty(directions, steps, batch, gate_size, dtype=compute)
         grad_n_in = None if lstm else torch.empty(directions, steps, batch, hidden, dtype=compute)
-        dh = grad_h.to(states.dtype, copy=True) if grad_h is not None else torch.zeros_like(h0)
+        dh = torch.zeros(directions, batch, hidden, dtype=states.dtype)
+        if grad_h is not None:
+            dh.copy_(grad_h)
         dropped = 1 - keep if keep is not None else None
         ones = torch.ones((), dtype=states.dtype)
         scratch = states.new_empty(directions, batch, 2 * hidden)
@@ -175,10 +182,34 @@ class _Layer(torch.autograd.Function):
         scratch_gates = states.new_empty(directions, batch, gate_size)
         dc = None
         if lstm:
-            dc = grad_c.to(states.dtype) if grad_c is not None else torch.zeros_like(h0)
+            dc = torch.zeros_like(dh)
+            if grad_c is not None:
+                dc.copy_(grad_c)
         full = _full_steps(keep, steps)
         recurrent = grad_rec.new_empty(directions, batch, hidden)
-        for t in reversed(range(steps)):
+        kernels = rnn_kernels(compute, states)
+        if kernels is not None:
+            recurrent.zero_()  # the compiled step adds W_h^T times the later step's gradients
+            dh = _native_backward(
+                kernels,
+                lstm,
+                keep,
+                full,
+                h0,
+                c0,
+                w_h,
+                states,
+                acts,
+                extra,
+                cells,
+                grad_out,
+                grad_rec,
+                grad_n_in,
+                dh,
+                dc,
+                recurrent,
+            )
+        for t in reversed(range(steps if kernels is None else 0)):
             keep_t = None if full[t] else keep[:, t]
             dropped_t = None if full[t] else dropped[:, t]  # type: ignore[index]
             if lstm:
@@ -219,6 +250,62 @@ class _Layer(torch.autograd.Function):
             None,
             *_input_and_weight_grads(ctx, x, w_i, prev, grad_rec, grad_n_in, dh, dc),
         )
+
+
+def _native_backward(
+    kernels: Kernels,
+    lstm: bool,
+    keep: Tensor | None,
+    full: list[bool],
+    h0: Tensor,
+    c0: Tensor | None,
+    w_h: Tensor,
+    states: Tensor,
+    acts: Tensor,
+    extra: Tensor,
+    cells: Tensor | None,
+    grad_out: Tensor,
+    grad_rec: Tensor,
+    grad_n_in: Tensor | None,
+    dh: Tensor,
+    dc: Tensor | None,
+    recurrent: Tensor,
+) -> Tensor:
+    """_Layer.backward's loop through time with the compiled steps: the gate gradients into
+    grad_rec (and grad_n_in), dc updated in place to dL/dc_0 -> dL/dh_0. dh holds the part of
+    dL/dh' that skips W_h and recurrent (zeros) the part through it; each step adds them."""
+    for t in reversed(range(len(full))):
+        keep_t = None if full[t] else keep[:, t]  # type: ignore[index]
+        if lstm:
+            assert dc is not None and cells is not None and c0 is not None
+            c_prev = cells[:, t - 1] if t > 0 else c0
+            kernels.lstm_backward(
+                dh,
+                recurrent,
+                grad_out[:, t],
+                keep_t,
+                dc,
+                acts[:, t],
+                extra[:, t],
+                c_prev,
+                grad_rec[:, t],
+            )
+        else:
+            assert grad_n_in is not None
+            h_prev = states[:, t - 1] if t > 0 else h0
+            kernels.gru_backward(
+                dh,
+                recurrent,
+                grad_out[:, t],
+                keep_t,
+                acts[t],
+                extra[:, t],
+                h_prev,
+                grad_rec[:, t],
+                grad_n_in[:, t],
+            )
+        torch.bmm(grad_rec[:, t], w_h, out=recurrent)  # (D, B, H)
+    return dh.add_(recurrent)
 
 
 def _input_and_weight_grads(
@@ -455,8 +542,8 @@ def run_rnn(
                 compute,
                 x,
                 keep,
-                h0[rows].to(weights),
-                c0[rows].to(weights) if c0 is not None else None,
+                h0[rows].to(weights).contiguous(),
+                c0[rows].to(weights).contiguous() if c0 is not None else None,
                 *params,
             )
             hiddens.append(h_n)

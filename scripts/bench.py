@@ -61,7 +61,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from nmt import checkpoint  # noqa: E402
+from nmt import checkpoint, native  # noqa: E402
 from nmt.config import Config, apply_override, from_dict  # noqa: E402
 from nmt.data import bucket_batches, padding_fraction, read_pairs  # noqa: E402
 from nmt.model import TrainingLoss, build_model, count_parameters  # noqa: E402
@@ -445,6 +445,9 @@ def bench_training(name: str, args: argparse.Namespace, lengths: Lengths) -> dic
         "padding_fraction": padding_fraction(batches, corpus.src_lengths, corpus.trg_lengths),
         "peak_rss_gib": peak_rss_bytes() / GIB,
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+        "native_kernels": native.status()
+        if device.type == "cpu" and config.run.fast_kernels
+        else None,
         "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(device) / GIB
         if device.type == "cuda"
         else None,
@@ -844,6 +847,9 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     tunables = sorted({str(r.get("glibc_tunables")) for r in trained})
     if tunables != ["None"] and tunables:
         lines.append(f"training processes' GLIBC_TUNABLES: {', '.join(tunables)}")
+    kernels = sorted({str(r.get("native_kernels")) for r in trained})
+    if kernels != ["None"] and kernels:
+        lines.append(f"RNN step kernels: {'; '.join(kernels)}")
     load = result.get("load_average_start")
     lines.append(
         f"load average at start {load[0]:.2f} (cores {m['cpu_count']}); "

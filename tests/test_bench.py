@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from nmt import native
+
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = "sol luna mar rio casa perro gato libro agua fuego tierra aire".split()
 
@@ -83,6 +85,8 @@ def test_quick_tiny_run_writes_every_figure(tmp_path: Path) -> None:
         if _glibc():  # its subprocess runs with the malloc settings `nmt train` restarts with
             assert train["glibc_tunables"] == MALLOC_TUNABLES
             assert f"GLIBC_TUNABLES: {MALLOC_TUNABLES}" in proc.stdout
+    assert train["native_kernels"] == native.status()  # the subprocess saw what this one sees
+    assert f"RNN step kernels: {native.status()}" in proc.stdout
 
     decoding = result["decoding"]
     assert decoding["trained"] is False and "untrained" in decoding["note"]

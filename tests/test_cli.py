@@ -11,6 +11,8 @@ import pytest
 import yaml
 from synthetic import write_corpus
 
+from nmt import native
+
 
 def nmt(
     *args: str, stdin: str | None = None, cwd: Path | None = None
@@ -74,6 +76,7 @@ def test_train_writes_a_complete_run_dir(trained: Path) -> None:
     assert saved["training"]["seed"] == 3  # the override is in the resolved config
     info = json.loads((run / "environment.json").read_text())
     assert info["torch_version"] and info["device"] == "cpu"
+    assert info["native_kernels"] == native.status()  # whether the compiled RNN steps ran
 
 
 def test_translate_and_eval_from_files(trained: Path) -> None:

@@ -301,7 +301,7 @@ def _learner(style: str, score: str, encoder_size: int = 24, **decoder: object) 
 # (id, model config, training steps); about 5-8 s each on one CPU thread.
 LEARNERS = [
     ("luong-dot-feed", _learner("luong", "dot", encoder_size=16), 400),
-    ("luong-local-p", _learner("luong", "local-p"), 400),
+    ("luong-local-p", _learner("luong", "local-p"), 500),
     ("luong-location", _learner("luong", "location"), 300),
     pytest.param(
         "bahdanau-additive-maxout",

@@ -1,0 +1,187 @@
+"""nmt.native: the compiled CPU step kernels against the float64 equations (through run_rnn,
+with padding), against the torch-op steps they replace, their sigmoid and tanh against float64
+on the whole float range, their bfloat16 rounding against torch's, and the loader's fallbacks."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_rnn import LENGTHS, _inputs, _rnn, _split, _state, reference
+
+import nmt.rnn
+from nmt import native
+from nmt.rnn import run_rnn
+
+needs_kernels = pytest.mark.skipif(
+    native.library() is None, reason=f"no compiled kernels: {native.status()}"
+)
+CASES = list(itertools.product(["gru", "lstm"], [False, True], [1, 2]))
+IDS = [f"{cell}-{'bi' if bi else 'uni'}-L{layers}" for cell, bi, layers in CASES]
+
+
+def _run(cell, bidirectional, layers, compiled: bool, autocast: bool, monkeypatch):
+    """run_rnn in float32 on ragged lengths -> outputs, final h (and c), the gradients of a
+    random projection of them w.r.t. inputs, initial state and weights, and the inputs."""
+    torch.manual_seed(0)
+    rnn = _rnn(cell, bidirectional, layers, torch.float32)
+    directions = 2 if bidirectional else 1
+    x, lengths, h0, c0 = _inputs(directions, layers, cell == "lstm", torch.float32)
+    for tensor in (x, h0, c0):
+        if tensor is not None:
+            tensor.requires_grad_(True)
+    mask = torch.arange(x.size(1))[None] < lengths[:, None]
+    with monkeypatch.context() as patch:
+        if not compiled:
+            patch.setattr(nmt.rnn, "rnn_kernels", lambda compute, state: None)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            outputs, final = run_rnn(rnn, x, mask, _state(h0, c0))
+        hidden, cell_state = _split(final)
+        results = [outputs, hidden] + ([cell_state] if cell_state is not None else [])
+        torch.manual_seed(1)
+        loss = sum((r * torch.randn_like(r)).sum() for r in results)
+        wrt = [x, h0] + ([c0] if c0 is not None else []) + list(rnn.parameters())
+        grads = torch.autograd.grad(loss, wrt)
+    assert (outputs[~mask] == 0).all()  # nothing past a sentence's end
+    return [r.detach() for r in results], grads, (rnn, x, lengths, h0, c0)
+
+
+@needs_kernels
+@pytest.mark.parametrize(("cell", "bidirectional", "layers"), CASES, ids=IDS)
+def test_compiled_steps_match_equations_and_torch_ops(cell, bidirectional, layers, monkeypatch):
+    results, grads, (rnn, x, lengths, h0, c0) = _run(
+        cell, bidirectional, layers, True, False, monkeypatch
+    )
+    eager_results, eager_grads, _ = _run(cell, bidirectional, layers, False, False, monkeypatch)
+    # the float64 equations, sentence by sentence over the real tokens
+    with torch.no_grad():
+        ref = reference(rnn.double(), x.double(), lengths, h0.double(), _double(c0))
+    for ours, expected in zip(results, [r for r in ref if r is not None], strict=True):
+        torch.testing.assert_close(ours.double(), expected, rtol=0, atol=2e-6)
+    for ours, eager in zip(results, eager_results, strict=True):
+        torch.testing.assert_close(ours, eager, rtol=0, atol=1e-6)
+    for ours, eager in zip(grads, eager_grads, strict=True):
+        torch.testing.assert_close(ours, eager, rtol=1e-5, atol=1e-5)
+
+
+def _double(tensor):
+    return None if tensor is None else tensor.double()
+
+
+@needs_kernels
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_compiled_steps_under_bf16_autocast_match_torch_ops(cell, monkeypatch):
+    """bf16 matmuls: the same roundings as the torch-op steps, up to a rare flip of the
+    last bf16 bit where the float32 values straddle a rounding boundary."""
+    results, grads, _ = _run(cell, True, 2, True, True, monkeypatch)
+    eager_results, eager_grads, _ = _run(cell, True, 2, False, True, monkeypatch)
+    for ours, eager in zip([*results, *grads], [*eager_results, *eager_grads], strict=True):
+        torch.testing.assert_close(ours, eager, rtol=2e-2, atol=2e-2)
+        assert (ours - eager).abs().mean() <= 1e-3 * eager.abs().mean() + 1e-6
+
+
+def _gru_step(pre: torch.Tensor, n_in: torch.Tensor, h: torch.Tensor, prev: torch.Tensor | None):
+    """One compiled GRU step on (1, B, H) tensors -> n, h'."""
+    kernels = native.rnn_kernels(pre.dtype, h)
+    assert kernels is not None
+    n_out, h_out = torch.empty_like(h), torch.empty_like(h)
+    kernels.gru_forward(pre, n_in, h, None, n_out, h_out, prev)
+    return n_out, h_out
+
+
+@needs_kernels
+def test_sigmoid_and_tanh_are_accurate_over_the_float_range():
+    """With a_n = 0, h = 1: n = tanh(n_in) and h' = n + z (1 - n), so z = (h' - n) / (1 - n);
+    with n_in = 0 too, h' = z = sigmoid(a_z) itself."""
+    x = torch.cat([torch.linspace(-100, 100, 20001), torch.tensor([-1e30, 1e30, 0.0])])
+    width = x.numel()
+    zeros = torch.zeros(1, 1, width)
+    pre = torch.cat([zeros, x.view(1, 1, width), zeros], dim=-1)  # a_r, a_z, a_n
+    _, z = _gru_step(pre, zeros, torch.ones(1, 1, width), None)
+    expected = torch.sigmoid(x.double())
+    error = (z.view(-1).double() - expected).abs()
+    normal = expected > 1e-30  # below it, exp's clamp at -87.3 leaves at most 1e-37
+    assert (error[normal] <= 2.4e-7 * expected[normal]).all()  # 2 float32 rounding steps
+    assert (error[~normal] <= 1e-37).all()
+    n, _ = _gru_step(torch.zeros(1, 1, 3 * width), x.view(1, 1, width), zeros, None)
+    assert ((n.view(-1).double() - torch.tanh(x.double())).abs() <= 2.4e-7).all()
+    pre = torch.zeros(1, 1, 3)
+    pre[..., 1] = float("nan")
+    _, h_out = _gru_step(pre, torch.zeros(1, 1, 1), torch.ones(1, 1, 1), None)
+    assert h_out.isnan().all()  # a NaN is not clamped away
+
+
+@needs_kernels
+def test_bfloat16_copy_rounds_as_torch_does():
+    """The step's h' for the next matmul, rounded to bfloat16, equals torch's rounding of h'
+    bit for bit, ties to even included."""
+    torch.manual_seed(4)
+    width = 4096
+    h = torch.randn(1, 1, width)
+    # ties: float32 values in [1, 2) exactly halfway between two bfloat16 values
+    bits = torch.randint(0, 2**7, (width // 4,), dtype=torch.int32) << 16 | 0x8000
+    h[0, 0, : width // 4] = (bits | 0x3F800000).view(torch.float32)
+    pre = torch.full((1, 1, 3 * width), 0.0, dtype=torch.bfloat16)
+    pre[..., width : 2 * width] = 1e4  # z = 1: h' = h
+    prev = torch.empty(1, 1, width, dtype=torch.bfloat16)
+    _, h_out = _gru_step(pre, torch.zeros(1, 1, width), h, prev)
+    torch.testing.assert_close(h_out, h, rtol=0, atol=0)
+    assert torch.equal(prev.view(torch.int16), h_out.to(torch.bfloat16).view(torch.int16))
+
+
+def _fresh_library(monkeypatch) -> None:
+    monkeypatch.setattr(native, "_state", {})
+
+
+def test_switched_off_runs_torch_ops(monkeypatch, caplog):
+    _fresh_library(monkeypatch)
+    monkeypatch.setenv(native.SWITCH, "0")
+    with caplog.at_level(logging.WARNING, logger="nmt.native"):
+        assert native.rnn_kernels(torch.float32, torch.zeros(1)) is None
+    assert native.status() == f"off: {native.SWITCH}=0"
+    assert "torch ops run instead" in caplog.text
+
+
+def test_a_failing_compiler_falls_back_to_torch_ops(monkeypatch, tmp_path, caplog):
+    _fresh_library(monkeypatch)
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", shutil.which("false") or "false")
+    with caplog.at_level(logging.WARNING, logger="nmt.native"):
+        assert native.library() is None
+    assert native.status().startswith("off: could not build them")
+    assert list(tmp_path.glob("*.so")) == []  # nothing half-written left behind
+    torch.manual_seed(5)
+    rnn = _rnn("gru", True, 1, torch.float32)
+    x, lengths, h0, _ = _inputs(2, 1, False, torch.float32, LENGTHS)
+    mask = torch.arange(x.size(1))[None] < lengths[:, None]
+    outputs, _ = run_rnn(rnn, x, mask, h0)  # the torch-op steps
+    with torch.no_grad():
+        ref, _, _ = reference(rnn.double(), x.double(), lengths, h0.double(), None)
+    torch.testing.assert_close(outputs.double(), ref, rtol=0, atol=2e-6)
+
+
+def test_no_compiler_on_path(monkeypatch):
+    _fresh_library(monkeypatch)
+    monkeypatch.setenv("CC", "no-such-compiler-nmt")
+    assert native.library() is None
+    assert native.status() == "off: no C compiler (no-such-compiler-nmt) on PATH"
+
+
+@needs_kernels
+def test_builds_once_per_source_into_the_cache(monkeypatch, tmp_path):
+    _fresh_library(monkeypatch)
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))
+    assert native.library() is not None
+    (built,) = (tmp_path / "cache").glob("kernels-*.so")
+    # a changed source gets a library of its own
+    changed = tmp_path / "kernels.c"
+    changed.write_text(native.SOURCE.read_text() + "\n/* changed */\n")
+    monkeypatch.setattr(native, "SOURCE", changed)
+    compiler = native._compiler()
+    assert compiler is not None
+    assert native.library_path(compiler) != built
+    assert native.library_path(compiler).parent == Path(tmp_path / "cache")
