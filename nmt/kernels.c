@@ -18,6 +18,8 @@
  */
 
 #include <stdint.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef uint16_t bf16;
@@ -259,3 +261,71 @@ GRU(f32, float)
 
 LSTM(bf16, bf16)
 LSTM(f32, float)
+
+/* ------------------------------------------------------------------------ the output layer */
+
+
+/* One row of logits z (V) and its target y -> nll = log sum_v exp(z_v) - z_y, smooth =
+ * log sum_v exp(z_v) - mean_v z_v and p_y = softmax(z)_y; with write_grad, overwrites z with
+ * the loss's gradient at the logits, softmax(z) - eps / V - (1 - eps) onehot(y), rounded to
+ * the logits' dtype once. e is a scratch row of V floats. */
+#define XENT(SUFFIX, MM)                                                                       \
+    static NOINLINE float row_max_##SUFFIX(const MM *restrict z, int64_t V, float *sum) {      \
+        float top = LOAD_##SUFFIX(z, 0), total = 0.0f;                                         \
+        _Pragma("omp simd reduction(max : top) reduction(+ : total)")                          \
+        for (int64_t v = 0; v < V; v++) {                                                      \
+            float zv = LOAD_##SUFFIX(z, v);                                                    \
+            top = zv > top ? zv : top;                                                         \
+            total += zv;                                                                       \
+        }                                                                                      \
+        *sum = total;                                                                          \
+        return top;                                                                            \
+    }                                                                                          \
+                                                                                               \
+    static NOINLINE float row_exp_##SUFFIX(const MM *restrict z, int64_t V, float top,         \
+                                           float *restrict e) {                                \
+        float total = 0.0f;                                                                    \
+        _Pragma("omp simd reduction(+ : total)")                                               \
+        for (int64_t v = 0; v < V; v++) {                                                      \
+            e[v] = exp_approx(LOAD_##SUFFIX(z, v) - top);                                      \
+            total += e[v];                                                                     \
+        }                                                                                      \
+        return total;                                                                          \
+    }                                                                                          \
+                                                                                               \
+    static NOINLINE void row_grad_##SUFFIX(MM *restrict z, int64_t V, const float *restrict e, \
+                                           float scale, float shift) {                         \
+        for (int64_t v = 0; v < V; v++) STORE_##SUFFIX(z, v, e[v] * scale - shift);            \
+    }                                                                                          \
+                                                                                               \
+    void nmt_softmax_xent_##SUFFIX(MM *logits, int64_t rows, int64_t V, const int64_t *target, \
+                                   float *nll, float *smooth, float *p_target, float eps,      \
+                                   int32_t write_grad) {                                       \
+        _Pragma("omp parallel")                                                                \
+        {                                                                                      \
+            float *e = malloc((size_t)V * sizeof(float));                                      \
+            _Pragma("omp for schedule(static)")                                                \
+            for (int64_t n = 0; n < rows; n++) {                                               \
+                MM *z = logits + n * V;                                                        \
+                int64_t y = target[n];                                                         \
+                float sum;                                                                     \
+                float top = row_max_##SUFFIX(z, V, &sum);                                      \
+                float zy = LOAD_##SUFFIX(z, y);                                                \
+                float total = row_exp_##SUFFIX(z, V, top, e);                                  \
+                float log_z = logf(total) + top;                                               \
+                nll[n] = log_z - zy;                                                           \
+                smooth[n] = log_z - sum / (float)V;                                            \
+                float scale = 1.0f / total;                                                    \
+                float p_y = e[y] * scale;                                                      \
+                p_target[n] = p_y;                                                             \
+                if (write_grad) {                                                              \
+                    row_grad_##SUFFIX(z, V, e, scale, eps / (float)V);                         \
+                    STORE_##SUFFIX(z, y, p_y - (1.0f - eps) - eps / (float)V);                 \
+                }                                                                              \
+            }                                                                                  \
+            free(e);                                                                           \
+        }                                                                                      \
+    }
+
+XENT(bf16, bf16)
+XENT(f32, float)

@@ -9,13 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt import native
 from nmt.attention import Memory, build_attention
 from nmt.config import ModelConfig
 from nmt.data import Batch
 from nmt.decoder import BahdanauDecoder, DecoderState, LuongDecoder
 from nmt.encoder import Bridge, Encoder
 from nmt.errors import ConfigError
-from nmt.runtime import compute_dtype
+from nmt.runtime import compute_dtype, fast_kernels
 from nmt.tokenizer import PAD_ID
 
 DECODERS: dict[str, type[BahdanauDecoder] | type[LuongDecoder]] = {
@@ -55,6 +56,7 @@ class OutputLayerLoss(torch.autograd.Function):
         eps: float,
         dtype: torch.dtype,
         keep_grad: bool,
+        compiled: bool,
     ) -> tuple[Tensor, Tensor]:
         rows, vocab = features.size(0), weight.size(0)
         chunk = max(1, LOSS_CHUNK_ELEMENTS // vocab)
@@ -68,7 +70,10 @@ class OutputLayerLoss(torch.autograd.Function):
                 stop = min(rows, start + block)
                 logits = buffer[start:stop] if keep_grad else buffer[: stop - start]
                 torch.mm(x[start:stop], w.t(), out=logits)  # (n, V)
-                for first in range(start, stop, chunk):
+                compiled = compiled and native.softmax_xent(
+                    logits, target[start:stop], stats[:, start:stop], eps, keep_grad
+                )
+                for first in range(start, stop, chunk) if not compiled else ():
                     last = min(stop, first + chunk)
                     _softmax_rows(
                         logits[first - start : last - start],
@@ -77,10 +82,11 @@ class OutputLayerLoss(torch.autograd.Function):
                         eps if keep_grad else None,
                     )
             nll, smooth, p_target = stats  # (N,) each
-            if keep_grad:  # G at the targets, in float32 before the rounding to dtype
+            if keep_grad and not compiled:  # G at the targets, in float32 before the rounding
                 positions = torch.arange(rows, device=x.device) * vocab + target
                 at_target = p_target - (1.0 - eps) - eps / vocab
                 buffer.view(-1)[positions] = at_target.to(dtype)
+            if keep_grad:
                 ctx.save_for_backward(buffer, x, w)
         ctx.dtypes = features.dtype, weight.dtype
         nll_sum = nll.sum()
@@ -98,7 +104,7 @@ class OutputLayerLoss(torch.autograd.Function):
                 grad_features = torch.mm(grad, w).to(ctx.dtypes[0]).mul_(grad_loss)
             if ctx.needs_input_grad[1]:
                 grad_weight = torch.mm(grad.t(), x).to(ctx.dtypes[1]).mul_(grad_loss)
-        return grad_features, grad_weight, None, None, None, None
+        return grad_features, grad_weight, None, None, None, None, None
 
 
 def _softmax_rows(logits: Tensor, target: Tensor, stats: Tensor, eps: float | None) -> None:
@@ -186,7 +192,10 @@ class Seq2Seq(nn.Module):
         weight = self.generator.weight  # (V, O)
         dtype = compute_dtype(flat.device, torch.promote_types(flat.dtype, weight.dtype))
         keep_grad = torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)
-        return OutputLayerLoss.apply(flat, weight, gold, label_smoothing, dtype, keep_grad)
+        compiled = fast_kernels(flat.device)  # training on a CPU: the compiled kernel, if any
+        return OutputLayerLoss.apply(
+            flat, weight, gold, label_smoothing, dtype, keep_grad, compiled
+        )
 
 
 class TrainingLoss(nn.Module):

@@ -28,7 +28,7 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-lm")
 SWITCH = "NMT_NATIVE_KERNELS"
 
 _I64 = ctypes.c_int64
@@ -107,9 +107,12 @@ def build(compiler: str, target: Path) -> None:
         os.replace(partial, target)
 
 
+_XENT = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, ctypes.c_float, ctypes.c_int32]
+
+
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
-    for name, argtypes in _SIGNATURES.items():
+    for name, argtypes in {**_SIGNATURES, "softmax_xent": _XENT}.items():
         for suffix in ("bf16", "f32"):
             function = getattr(lib, f"nmt_{name}_{suffix}")
             function.argtypes, function.restype = argtypes, None
@@ -284,3 +287,33 @@ def rnn_kernels(compute: torch.dtype, state: Tensor) -> Kernels | None:
         return None
     lib = library()
     return None if lib is None else Kernels(lib, compute)
+
+
+def softmax_xent(
+    logits: Tensor, target: Tensor, stats: Tensor, eps: float, write_grad: bool
+) -> bool:
+    """The output layer's loss statistics over a block of logits (n, V), bfloat16 or float32,
+    with targets (n,) int64 -> stats (3, n) float32: -log p[y], -mean_v log p[v] and p[y];
+    with write_grad, the logits become the loss's gradient at them (kernels.c). Returns False,
+    touching nothing, where the compiled kernel cannot run it."""
+    if logits.dtype not in (torch.bfloat16, torch.float32) or stats.dtype != torch.float32:
+        return False
+    lib = library() if logits.device.type == "cpu" else None
+    if lib is None:
+        return False
+    rows, vocab = logits.shape
+    assert logits.is_contiguous() and target.is_contiguous() and stats.stride(1) == 1
+    assert target.dtype == torch.int64 and rows == target.numel() == stats.size(1)
+    suffix = "bf16" if logits.dtype == torch.bfloat16 else "f32"
+    getattr(lib, f"nmt_softmax_xent_{suffix}")(
+        logits.data_ptr(),
+        rows,
+        vocab,
+        target.data_ptr(),
+        stats[0].data_ptr(),
+        stats[1].data_ptr(),
+        stats[2].data_ptr(),
+        eps,
+        int(write_grad),
+    )
+    return True

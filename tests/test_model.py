@@ -220,13 +220,15 @@ def test_loss_gradients_equal_torch_cross_entropy(
         torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["torch-ops", "compiled"])
 @pytest.mark.parametrize(
     ("dtype", "bound"), [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)], ids=["bf16", "fp16"]
 )
-def test_loss_under_autocast_is_close_to_float64(dtype, bound) -> None:
+def test_loss_under_autocast_is_close_to_float64(dtype, bound, compiled) -> None:
     """Under autocast the fused loss rounds its logits and the stored gradient G to the
     autocast dtype once each; with a GradScaler-sized incoming gradient (2^16 over the token
-    count) the loss and the gradients stay within that dtype's precision of float64."""
+    count) the loss and the gradients stay within that dtype's precision of float64. The same
+    with the compiled softmax kernel (bf16; fp16 runs torch ops either way)."""
     generator = torch.Generator().manual_seed(8)
     rows, width, vocab = 300, 32, 500
     scale = 2.0**16 / rows
@@ -238,7 +240,7 @@ def test_loss_under_autocast_is_close_to_float64(dtype, bound) -> None:
     (scale * ref).backward()
     x, w = features.float().requires_grad_(), weight.float().requires_grad_()
     with torch.autocast("cpu", dtype=dtype):
-        loss, nll = nmt.model.OutputLayerLoss.apply(x, w, gold, 0.1, dtype, True)
+        loss, nll = nmt.model.OutputLayerLoss.apply(x, w, gold, 0.1, dtype, True, compiled)
     (scale * loss).backward()
     assert loss.dtype == nll.dtype == torch.float32
     assert x.grad.dtype == w.grad.dtype == torch.float32

@@ -185,3 +185,37 @@ def test_builds_once_per_source_into_the_cache(monkeypatch, tmp_path):
     assert compiler is not None
     assert native.library_path(compiler) != built
     assert native.library_path(compiler).parent == Path(tmp_path / "cache")
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_softmax_cross_entropy_kernel_matches_float64(dtype):
+    """The output layer's kernel against the equations in float64: log Z - z_y, log Z -
+    mean_v z_v, p_y, and G = softmax - eps / V - (1 - eps) onehot(y) in place of the logits
+    (rounded once to their dtype); without write_grad the logits stay as they were."""
+    torch.manual_seed(6)
+    rows, vocab, eps = 37, 1003, 0.1
+    logits = (4 * torch.randn(rows, vocab)).to(dtype)
+    logits[0, 5] = 60.0  # a peaked row
+    target = torch.randint(0, vocab, (rows,))
+    target[:2] = torch.tensor([0, vocab - 1])
+    z = logits.double()
+    log_z = torch.logsumexp(z, dim=-1)
+    z_y = z.gather(1, target[:, None]).squeeze(1)
+    softmax = torch.softmax(z, dim=-1)
+    expected_grad = softmax - eps / vocab
+    expected_grad[torch.arange(rows), target] -= 1 - eps
+    for write_grad in (False, True):
+        buffer, stats = logits.clone(), torch.empty(3, rows)
+        assert native.softmax_xent(buffer, target, stats, eps, write_grad)
+        torch.testing.assert_close(stats[0].double(), log_z - z_y, rtol=2e-6, atol=2e-5)
+        torch.testing.assert_close(stats[1].double(), log_z - z.mean(-1), rtol=2e-6, atol=2e-5)
+        torch.testing.assert_close(
+            stats[2].double(), softmax.gather(1, target[:, None]).squeeze(1), rtol=2e-6, atol=1e-9
+        )
+        if not write_grad:
+            assert torch.equal(buffer, logits)
+            continue
+        # float32: within 8 float32 rounding steps; bfloat16: one rounding of G on top
+        rtol = 2.0**-8 if dtype == torch.bfloat16 else 1e-6
+        torch.testing.assert_close(buffer.double(), expected_grad, rtol=rtol, atol=1e-7)
