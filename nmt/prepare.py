@@ -23,7 +23,7 @@ from nmt import __version__, checkpoint, native
 from nmt.config import Config, to_yaml
 from nmt.data import TokenizedCorpus, drop_empty, drop_long, read_pairs, tokenize
 from nmt.errors import ConfigError, DataError
-from nmt.runtime import Distributed, broadcast_object
+from nmt.runtime import Distributed, broadcast_object, cpu_name
 from nmt.tokenizer import Tokenizer, load_model_file, train_sentencepiece
 
 log = logging.getLogger("nmt")
@@ -75,9 +75,7 @@ def write_run_info(
         "torch_version": torch.__version__,
         "python": platform.python_version(),
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "threads": torch.get_num_threads(),
         "precision": precision,
         "world_size": world_size,

@@ -12,7 +12,9 @@ Lengths are honoured as packed sequences honour them: a sentence's state stops c
 its last token (so the backward direction starts from its last token), outputs past it are
 zero, and the final state is the state at the last token. The module's own parameters are used
 (same names, same checkpoints). Under autocast the matmuls run in the autocast dtype and the
-gates, states and their gradients in the parameters' dtype.
+gates, states and their gradients in the parameters' dtype. Each step's elementwise work runs
+as one compiled kernel (nmt/kernels.c, through nmt.native) where a C compiler is available,
+else as the torch ops of the step functions at the end of this file.
 
 Equations (torch's conventions, gates in this order):
 
@@ -24,6 +26,7 @@ Equations (torch's conventions, gates in this order):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -175,76 +178,27 @@ class _Layer(torch.autograd.Function):
         dh = torch.zeros(directions, batch, hidden, dtype=states.dtype)
         if grad_h is not None:
             dh.copy_(grad_h)
-        dropped = 1 - keep if keep is not None else None
-        ones = torch.ones((), dtype=states.dtype)
-        scratch = states.new_empty(directions, batch, 2 * hidden)
-        # LSTM: the gate gradients before the slopes; GRU: r, z and W_hn h + b_hn again
-        scratch_gates = states.new_empty(directions, batch, gate_size)
         dc = None
         if lstm:
             dc = torch.zeros_like(dh)
             if grad_c is not None:
                 dc.copy_(grad_c)
-        full = _full_steps(keep, steps)
-        recurrent = grad_rec.new_empty(directions, batch, hidden)
+        loop = _ThroughTime(
+            keep,
+            _full_steps(keep, steps),
+            h0,
+            c0,
+            w_h,
+            states,
+            acts,
+            extra,
+            cells,
+            grad_out,
+            grad_rec,
+            grad_n_in,
+        )
         kernels = rnn_kernels(compute, states)
-        if kernels is not None:
-            recurrent.zero_()  # the compiled step adds W_h^T times the later step's gradients
-            dh = _native_backward(
-                kernels,
-                lstm,
-                keep,
-                full,
-                h0,
-                c0,
-                w_h,
-                states,
-                acts,
-                extra,
-                cells,
-                grad_out,
-                grad_rec,
-                grad_n_in,
-                dh,
-                dc,
-                recurrent,
-            )
-        for t in reversed(range(steps if kernels is None else 0)):
-            keep_t = None if full[t] else keep[:, t]
-            dropped_t = None if full[t] else dropped[:, t]  # type: ignore[index]
-            if lstm:
-                assert dc is not None
-                c_prev = cells[:, t - 1] if t > 0 else c0
-                carry, dc = _lstm_backward_step(
-                    dh,
-                    dc,
-                    grad_out[:, t],
-                    keep_t,
-                    dropped_t,
-                    acts[:, t],
-                    extra[:, t],
-                    c_prev,
-                    ones,
-                    scratch_gates,
-                    grad_rec[:, t],
-                )
-            else:
-                h_prev = states[:, t - 1] if t > 0 else h0
-                carry = _gru_backward_step(
-                    dh,
-                    grad_out[:, t],
-                    keep_t,
-                    dropped_t,
-                    _gru_gates(acts[t], scratch_gates),
-                    extra[:, t],
-                    h_prev,
-                    ones,
-                    scratch,
-                    grad_rec[:, t],
-                    grad_n_in[:, t],  # type: ignore[index]
-                )
-            torch.bmm(grad_rec[:, t], w_h, out=recurrent)  # (D, B, H)
-            dh = recurrent.to(states.dtype, copy=True) if carry is None else carry.add_(recurrent)
+        dh, dc = loop.torch_ops(dh, dc) if kernels is None else loop.compiled(kernels, dh, dc)
         return (
             None,
             None,
@@ -252,60 +206,119 @@ class _Layer(torch.autograd.Function):
         )
 
 
-def _native_backward(
-    kernels: Kernels,
-    lstm: bool,
-    keep: Tensor | None,
-    full: list[bool],
-    h0: Tensor,
-    c0: Tensor | None,
-    w_h: Tensor,
-    states: Tensor,
-    acts: Tensor,
-    extra: Tensor,
-    cells: Tensor | None,
-    grad_out: Tensor,
-    grad_rec: Tensor,
-    grad_n_in: Tensor | None,
-    dh: Tensor,
-    dc: Tensor | None,
-    recurrent: Tensor,
-) -> Tensor:
-    """_Layer.backward's loop through time with the compiled steps: the gate gradients into
-    grad_rec (and grad_n_in), dc updated in place to dL/dc_0 -> dL/dh_0. dh holds the part of
-    dL/dh' that skips W_h and recurrent (zeros) the part through it; each step adds them."""
-    for t in reversed(range(len(full))):
-        keep_t = None if full[t] else keep[:, t]  # type: ignore[index]
-        if lstm:
-            assert dc is not None and cells is not None and c0 is not None
-            c_prev = cells[:, t - 1] if t > 0 else c0
-            kernels.lstm_backward(
-                dh,
-                recurrent,
-                grad_out[:, t],
-                keep_t,
-                dc,
-                acts[:, t],
-                extra[:, t],
-                c_prev,
-                grad_rec[:, t],
-            )
-        else:
-            assert grad_n_in is not None
-            h_prev = states[:, t - 1] if t > 0 else h0
-            kernels.gru_backward(
-                dh,
-                recurrent,
-                grad_out[:, t],
-                keep_t,
-                acts[t],
-                extra[:, t],
-                h_prev,
-                grad_rec[:, t],
-                grad_n_in[:, t],
-            )
-        torch.bmm(grad_rec[:, t], w_h, out=recurrent)  # (D, B, H)
-    return dh.add_(recurrent)
+@dataclass
+class _ThroughTime:
+    """_Layer.backward's loop through time, from the last step to the first: the gate
+    gradients into grad_rec (D, T, B, G*H) (and, GRU, grad_n_in (D, T, B, H)), from the
+    forward pass's buffers and the output gradients grad_out (D, T, B, H), all in loop order
+    -> dL/dh_0 (and dL/dc_0)."""
+
+    keep: Tensor | None
+    full: list[bool]
+    h0: Tensor
+    c0: Tensor | None
+    w_h: Tensor
+    states: Tensor
+    acts: Tensor
+    extra: Tensor
+    cells: Tensor | None
+    grad_out: Tensor
+    grad_rec: Tensor
+    grad_n_in: Tensor | None
+
+    def _keep(self, t: int) -> Tensor | None:
+        return None if self.full[t] else self.keep[:, t]  # type: ignore[index]
+
+    def _before(self, t: int) -> tuple[Tensor, Tensor | None]:
+        """h and c before step t."""
+        if t == 0:
+            return self.h0, self.c0
+        return self.states[:, t - 1], (self.cells[:, t - 1] if self.cells is not None else None)
+
+    def compiled(
+        self, kernels: Kernels, dh: Tensor, dc: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """With the compiled steps. dh (D, B, H), the part of dL/dh' that does not pass
+        through W_h, and dc are updated in place; each step adds the part that does (W_h^T
+        times the later step's gate gradients, zeros at the last step)."""
+        recurrent = self.grad_rec.new_zeros(dh.shape)  # (D, B, H) in the matmul dtype
+        for t in reversed(range(len(self.full))):
+            h_prev, c_prev = self._before(t)
+            if dc is not None:  # LSTM
+                assert c_prev is not None
+                kernels.lstm_backward(
+                    dh,
+                    recurrent,
+                    self.grad_out[:, t],
+                    self._keep(t),
+                    dc,
+                    self.acts[:, t],
+                    self.extra[:, t],
+                    c_prev,
+                    self.grad_rec[:, t],
+                )
+            else:
+                assert self.grad_n_in is not None
+                kernels.gru_backward(
+                    dh,
+                    recurrent,
+                    self.grad_out[:, t],
+                    self._keep(t),
+                    self.acts[t],
+                    self.extra[:, t],
+                    h_prev,
+                    self.grad_rec[:, t],
+                    self.grad_n_in[:, t],
+                )
+            torch.bmm(self.grad_rec[:, t], self.w_h, out=recurrent)  # (D, B, H)
+        return dh.add_(recurrent), dc
+
+    def torch_ops(self, dh: Tensor, dc: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """With torch ops (see the step functions below); dh, dc: dL/dh', dL/dc' at the end."""
+        directions, batch, hidden = dh.shape
+        gate_size = self.w_h.size(1)
+        dropped = 1 - self.keep if self.keep is not None else None
+        ones = torch.ones((), dtype=dh.dtype)
+        scratch = dh.new_empty(directions, batch, 2 * hidden)
+        # LSTM: the gate gradients before the slopes; GRU: r, z and W_hn h + b_hn again
+        scratch_gates = dh.new_empty(directions, batch, gate_size)
+        recurrent = self.grad_rec.new_empty(directions, batch, hidden)
+        for t in reversed(range(len(self.full))):
+            keep_t = self._keep(t)
+            dropped_t = None if self.full[t] else dropped[:, t]  # type: ignore[index]
+            h_prev, c_prev = self._before(t)
+            if dc is not None:  # LSTM
+                assert c_prev is not None
+                carry, dc = _lstm_backward_step(
+                    dh,
+                    dc,
+                    self.grad_out[:, t],
+                    keep_t,
+                    dropped_t,
+                    self.acts[:, t],
+                    self.extra[:, t],
+                    c_prev,
+                    ones,
+                    scratch_gates,
+                    self.grad_rec[:, t],
+                )
+            else:
+                carry = _gru_backward_step(
+                    dh,
+                    self.grad_out[:, t],
+                    keep_t,
+                    dropped_t,
+                    _gru_gates(self.acts[t], scratch_gates),
+                    self.extra[:, t],
+                    h_prev,
+                    ones,
+                    scratch,
+                    self.grad_rec[:, t],
+                    self.grad_n_in[:, t],  # type: ignore[index]
+                )
+            torch.bmm(self.grad_rec[:, t], self.w_h, out=recurrent)  # (D, B, H)
+            dh = recurrent.to(dh.dtype, copy=True) if carry is None else carry.add_(recurrent)
+        return dh, dc
 
 
 def _input_and_weight_grads(

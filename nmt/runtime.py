@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import platform
 import random
 import sys
 from collections.abc import Iterator
@@ -69,6 +70,18 @@ def fast_kernels(device: torch.device) -> bool:
 # can only be switched off as a process starts, so `nmt train` on a CPU starts itself again
 # with it off, before it has written anything.
 MALLOC_TUNABLES = "glibc.malloc.tcache_count=0"
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, where platform.processor() is often
+    empty), else what the platform module knows."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _glibc() -> bool:

@@ -69,6 +69,7 @@ from nmt.runtime import (  # noqa: E402
     MALLOC_TUNABLES,
     choose_device,
     choose_fast_paths,
+    cpu_name,
     grad_scaler,
     limit_kernel_cache,
     seed_everything,
@@ -615,17 +616,7 @@ def bench_translate_command(
 
 
 def machine(device: torch.device, precision: str) -> dict[str, Any]:
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = platform.processor() or platform.machine()
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     watched = ("OMP_NUM_THREADS", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "MALLOC_", "GLIBC_TUNABLES")
     return {
         "device": device.type,

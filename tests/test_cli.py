@@ -12,6 +12,7 @@ import yaml
 from synthetic import write_corpus
 
 from nmt import native
+from nmt.runtime import cpu_name
 
 
 def nmt(
@@ -77,6 +78,7 @@ def test_train_writes_a_complete_run_dir(trained: Path) -> None:
     info = json.loads((run / "environment.json").read_text())
     assert info["torch_version"] and info["device"] == "cpu"
     assert info["native_kernels"] == native.status()  # whether the compiled RNN steps ran
+    assert info["device_name"] == cpu_name() != ""
 
 
 def test_translate_and_eval_from_files(trained: Path) -> None:

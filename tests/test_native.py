@@ -134,7 +134,9 @@ def test_bfloat16_copy_rounds_as_torch_does():
 
 
 def _fresh_library(monkeypatch) -> None:
+    """Forget the loaded library (and a switch in the environment the tests run in)."""
     monkeypatch.setattr(native, "_state", {})
+    monkeypatch.delenv(native.SWITCH, raising=False)
 
 
 def test_switched_off_runs_torch_ops(monkeypatch, caplog):
