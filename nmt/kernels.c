@@ -19,7 +19,7 @@
 
 #include <stdint.h>
 #include <math.h>
-#include <stdlib.h>
+#include <omp.h>
 #include <string.h>
 
 typedef uint16_t bf16;
@@ -78,18 +78,19 @@ static inline float sigmoid(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
 static inline float tanh_approx(float x) { return 2.0f * sigmoid(2.0f * x) - 1.0f; }
 
 /* A step's rows are split between threads when it has at least this many elements. */
-#define PARALLEL_MIN_ELEMENTS 16384
+#define MIN_PARALLEL 16384
 
 #define LOAD_bf16(p, i) from_bf16((p)[i])
 #define LOAD_f32(p, i) ((p)[i])
 #define STORE_bf16(p, i, v) ((p)[i] = to_bf16(v))
 #define STORE_f32(p, i, v) ((p)[i] = (v))
 
-/* Each kernel is a loop over the (direction, sentence) rows of a step, in parallel, calling a
- * row function that GCC vectorises over the H units (it does not vectorise the same loop
- * inlined into the OpenMP region). */
+/* Each kernel is a loop over the (direction, sentence) rows of a step, in parallel on the
+ * caller's number of threads, calling a row function that GCC vectorises over the H units
+ * (it does not vectorise the same loop inlined into the OpenMP region). */
 #define ROWS(D, B, H, CALL)                                                                    \
-    _Pragma("omp parallel for collapse(2) schedule(static) if ((D) * (B) * (H) >= PARALLEL_MIN_ELEMENTS)") \
+    int64_t work = (D) * (B) * (H);                                                            \
+    _Pragma("omp parallel for collapse(2) num_threads(threads) if (work >= MIN_PARALLEL)")     \
     for (int64_t d = 0; d < (D); d++) {                                                        \
         for (int64_t b = 0; b < (B); b++) {                                                    \
             CALL;                                                                              \
@@ -122,7 +123,8 @@ static inline float tanh_approx(float x) { return 2.0f * sigmoid(2.0f * x) - 1.0
                                   const float *h, int64_t h_ds, const float *keep,             \
                                   int64_t keep_ds, float *n_out, int64_t n_out_ds,             \
                                   float *h_out, int64_t h_out_ds, MM *prev_out,                \
-                                  int64_t prev_ds, int64_t D, int64_t B, int64_t H) {          \
+                                  int64_t prev_ds, int64_t D, int64_t B, int64_t H,            \
+                                  int32_t threads) {                                           \
         ROWS(D, B, H,                                                                          \
              gru_forward_row_##SUFFIX(                                                         \
                  pre + (d * B + b) * 3 * H, n_in + d * n_in_ds + b * H, h + d * h_ds + b * H,  \
@@ -161,7 +163,7 @@ static inline float tanh_approx(float x) { return 2.0f * sigmoid(2.0f * x) - 1.0
                                    const MM *pre, const float *n, int64_t n_ds,                \
                                    const float *h_prev, int64_t h_prev_ds, MM *grad_gates,     \
                                    int64_t grad_gates_ds, MM *grad_n_in, int64_t grad_n_in_ds, \
-                                   int64_t D, int64_t B, int64_t H) {                          \
+                                   int64_t D, int64_t B, int64_t H, int32_t threads) {         \
         ROWS(D, B, H,                                                                          \
              gru_backward_row_##SUFFIX(                                                        \
                  carry + (d * B + b) * H, rec + (d * B + b) * H,                               \
@@ -210,7 +212,7 @@ GRU(f32, float)
                                    float *tanh_c_out, int64_t tanh_c_ds, float *c_out,         \
                                    int64_t c_out_ds, float *h_out, int64_t h_out_ds,           \
                                    MM *prev_out, int64_t prev_ds, int64_t D, int64_t B,        \
-                                   int64_t H) {                                                \
+                                   int64_t H, int32_t threads) {                               \
         ROWS(D, B, H,                                                                          \
              lstm_forward_row_##SUFFIX(                                                        \
                  pre + (d * B + b) * 4 * H, c + d * c_ds + b * H, h + d * h_ds + b * H,        \
@@ -248,7 +250,8 @@ GRU(f32, float)
                                     float *dc, const float *act, int64_t act_ds,               \
                                     const float *tanh_c, int64_t tanh_c_ds,                    \
                                     const float *c_prev, int64_t c_prev_ds, MM *grad_gates,    \
-                                    int64_t grad_gates_ds, int64_t D, int64_t B, int64_t H) {  \
+                                    int64_t grad_gates_ds, int64_t D, int64_t B, int64_t H,    \
+                                    int32_t threads) {                                         \
         ROWS(D, B, H,                                                                          \
              lstm_backward_row_##SUFFIX(                                                       \
                  carry + (d * B + b) * H, rec + (d * B + b) * H,                               \
@@ -268,7 +271,7 @@ LSTM(f32, float)
 /* One row of logits z (V) and its target y -> nll = log sum_v exp(z_v) - z_y, smooth =
  * log sum_v exp(z_v) - mean_v z_v and p_y = softmax(z)_y; with write_grad, overwrites z with
  * the loss's gradient at the logits, softmax(z) - eps / V - (1 - eps) onehot(y), rounded to
- * the logits' dtype once. e is a scratch row of V floats. */
+ * the logits' dtype once. scratch holds a row of V floats for each of the threads. */
 #define XENT(SUFFIX, MM)                                                                       \
     static NOINLINE float row_max_##SUFFIX(const MM *restrict z, int64_t V, float *sum) {      \
         float top = LOAD_##SUFFIX(z, 0), total = 0.0f;                                         \
@@ -300,10 +303,10 @@ LSTM(f32, float)
                                                                                                \
     void nmt_softmax_xent_##SUFFIX(MM *logits, int64_t rows, int64_t V, const int64_t *target, \
                                    float *nll, float *smooth, float *p_target, float eps,      \
-                                   int32_t write_grad) {                                       \
-        _Pragma("omp parallel")                                                                \
+                                   int32_t write_grad, float *scratch, int32_t threads) {      \
+        _Pragma("omp parallel num_threads(threads)")                                           \
         {                                                                                      \
-            float *e = malloc((size_t)V * sizeof(float));                                      \
+            float *e = scratch + (int64_t)omp_get_thread_num() * V;                            \
             _Pragma("omp for schedule(static)")                                                \
             for (int64_t n = 0; n < rows; n++) {                                               \
                 MM *z = logits + n * V;                                                        \
@@ -323,7 +326,6 @@ LSTM(f32, float)
                     STORE_##SUFFIX(z, y, p_y - (1.0f - eps) - eps / (float)V);                 \
                 }                                                                              \
             }                                                                                  \
-            free(e);                                                                           \
         }                                                                                      \
     }
 

@@ -32,12 +32,23 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-l
 SWITCH = "NMT_NATIVE_KERNELS"
 
 _I64 = ctypes.c_int64
+_I32 = ctypes.c_int32
 _PTR = ctypes.c_void_p
 # argument types of each kernel, in kernels.c's order (pointer, or pointer and D-stride)
 _SIGNATURES: dict[str, list[type]] = {
-    "gru_forward": [_PTR, *[_PTR, _I64] * 6, _I64, _I64, _I64],
-    "gru_backward": [_PTR, _PTR, *[_PTR, _I64] * 2, _PTR, *[_PTR, _I64] * 4, _I64, _I64, _I64],
-    "lstm_forward": [_PTR, *[_PTR, _I64] * 8, _I64, _I64, _I64],
+    "gru_forward": [_PTR, *[_PTR, _I64] * 6, _I64, _I64, _I64, _I32],
+    "gru_backward": [
+        _PTR,
+        _PTR,
+        *[_PTR, _I64] * 2,
+        _PTR,
+        *[_PTR, _I64] * 4,
+        _I64,
+        _I64,
+        _I64,
+        _I32,
+    ],
+    "lstm_forward": [_PTR, *[_PTR, _I64] * 8, _I64, _I64, _I64, _I32],
     "lstm_backward": [
         _PTR,
         _PTR,
@@ -47,6 +58,7 @@ _SIGNATURES: dict[str, list[type]] = {
         _I64,
         _I64,
         _I64,
+        _I32,
     ],
 }
 
@@ -107,7 +119,7 @@ def build(compiler: str, target: Path) -> None:
         os.replace(partial, target)
 
 
-_XENT = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, ctypes.c_float, ctypes.c_int32]
+_XENT = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, ctypes.c_float, _I32, _PTR, _I32]
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -163,6 +175,7 @@ class Kernels:
     float32; ``keep`` (D, B, 1) or None."""
 
     def __init__(self, lib: ctypes.CDLL, compute: torch.dtype):
+        self.threads = torch.get_num_threads()  # torch's, as for its own ops
         suffix = "bf16" if compute == torch.bfloat16 else "f32"
         self._gru_forward = getattr(lib, f"nmt_gru_forward_{suffix}")
         self._gru_backward = getattr(lib, f"nmt_gru_backward_{suffix}")
@@ -191,6 +204,7 @@ class Kernels:
             directions,
             batch,
             hidden,
+            self.threads,
         )
 
     def gru_backward(
@@ -219,6 +233,7 @@ class Kernels:
             directions,
             batch,
             hidden,
+            self.threads,
         )
 
     def lstm_forward(
@@ -247,6 +262,7 @@ class Kernels:
             directions,
             batch,
             hidden,
+            self.threads,
         )
 
     def lstm_backward(
@@ -275,6 +291,7 @@ class Kernels:
             directions,
             batch,
             hidden,
+            self.threads,
         )
 
 
@@ -304,6 +321,8 @@ def softmax_xent(
     rows, vocab = logits.shape
     assert logits.is_contiguous() and target.is_contiguous() and stats.stride(1) == 1
     assert target.dtype == torch.int64 and rows == target.numel() == stats.size(1)
+    threads = torch.get_num_threads()
+    scratch = torch.empty(threads, vocab)  # a row of exponentials per thread
     suffix = "bf16" if logits.dtype == torch.bfloat16 else "f32"
     getattr(lib, f"nmt_softmax_xent_{suffix}")(
         logits.data_ptr(),
@@ -315,5 +334,7 @@ def softmax_xent(
         stats[2].data_ptr(),
         eps,
         int(write_grad),
+        scratch.data_ptr(),
+        threads,
     )
     return True
