@@ -19,6 +19,7 @@ from nmt.dropout import Dropout
 from nmt.encoder import RNNS
 from nmt.rnn import run_rnn
 from nmt.runtime import fast_kernels
+from nmt.sinks import WeightSink
 from nmt.tokenizer import PAD_ID
 
 
@@ -178,10 +179,14 @@ class LuongDecoder(nn.Module):
         self.dropout = Dropout(cfg.dropout)
         self.output_size = cfg.hidden_size
 
-    def _attend(self, outputs: Tensor, memory: Memory, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """h_t: (B, T, H), positions t: (T,) -> h~_t (B, T, H), alphas (B, T, S)."""
+    def _attend(
+        self, outputs: Tensor, memory: Memory, positions: Tensor, combine: WeightSink | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """h_t: (B, T, H), positions t: (T,) -> h~_t (B, T, H), alphas (B, T, S); W_c through
+        ``combine`` where given (the training loop over steps)."""
         context, alphas = self.attention(outputs, memory, positions)  # (B, T, Hk), (B, T, S)
-        attentional = torch.tanh(self.combine(torch.cat([context, outputs], dim=-1)))
+        joined = torch.cat([context, outputs], dim=-1)  # (B, T, Hk+H)
+        attentional = torch.tanh(combine.linear(joined) if combine else self.combine(joined))
         return self.dropout(attentional), alphas
 
     def _with_feed(self, state: DecoderState, batch: int, like: Tensor) -> DecoderState:
@@ -192,7 +197,11 @@ class LuongDecoder(nn.Module):
         return state
 
     def _recur(
-        self, embedded: Tensor, memory: Memory, state: DecoderState
+        self,
+        embedded: Tensor,
+        memory: Memory,
+        state: DecoderState,
+        combine: WeightSink | None = None,
     ) -> tuple[Tensor, Tensor, DecoderState]:
         """embedded: (B, 1, E) -> h~_t (B, 1, H), alphas (B, 1, S), state."""
         rnn_input = embedded
@@ -201,7 +210,7 @@ class LuongDecoder(nn.Module):
             feed = state.feed.to(embedded.dtype).unsqueeze(1)  # (B, 1, H)
             rnn_input = torch.cat([embedded, feed], dim=-1)
         output, rnn_state = self.rnn(rnn_input, state.rnn_state())  # (B, 1, H)
-        attentional, alphas = self._attend(output, memory, _position(state, output))
+        attentional, alphas = self._attend(output, memory, _position(state, output), combine)
         next_feed = attentional.squeeze(1) if self.input_feeding else None
         return attentional, alphas, _state_from_rnn(rnn_state, next_feed, state.step + 1)
 
@@ -218,9 +227,10 @@ class LuongDecoder(nn.Module):
             return self._attend(outputs, memory, positions)
         state = self._with_feed(state, trg_in.size(0), embedded)
         memory = self.attention.for_steps(memory)
+        combine = WeightSink(self.combine.weight) if torch.is_grad_enabled() else None
         features, alphas = [], []
         for t in range(trg_in.size(1)):
-            attentional, alpha, state = self._recur(embedded[:, t : t + 1], memory, state)
+            attentional, alpha, state = self._recur(embedded[:, t : t + 1], memory, state, combine)
             features.append(attentional)
             alphas.append(alpha)
         return torch.cat(features, dim=1), torch.cat(alphas, dim=1)

@@ -1,7 +1,8 @@
 """Speed never costs correctness: the model's loss and every gradient are the same with nmt's
 CPU kernels (nmt.rnn, nmt.dropout, the additive score's recomputed tanh layer) and with torch's
-own (run.fast_kernels: false), and the step-by-step decoders' attention memory gives the same gradients through a GradientSink as
-through plain autograd; float64, padding present, every decoder and each score kind."""
+own (run.fast_kernels: false), and the step-by-step decoders' attention memory and Luong's W_c
+give the same gradients through a GradientSink or WeightSink as through plain autograd;
+float64, padding present, every decoder and each score kind."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import numpy as np
 import pytest
 import torch
 
+import nmt.decoder
 from nmt import attention
 from nmt.attention import Attention, Memory
 from nmt.config import from_dict
 from nmt.data import make_batch
 from nmt.model import build_model
 from nmt.runtime import set_fast_kernels
+from nmt.sinks import WeightSink
 
 SRC_VOCAB, TRG_VOCAB = 11, 13
 SRC_LENGTHS, TRG_LENGTHS = [7, 3, 5, 1], [4, 6, 2, 5]  # padding on both sides
@@ -138,6 +141,37 @@ def test_gradient_sinks_give_the_plain_gradients(decoder, score, monkeypatch) ->
         assert used[1] is not None  # energies are query @ keys^T
     monkeypatch.setattr(Attention, "for_steps", lambda self, memory: memory)
     _assert_same(through_sinks, _loss_and_grads(model, batch))
+
+
+@pytest.mark.parametrize(("rnn", "layers"), [("gru", 1), ("lstm", 2)])
+def test_combine_weight_sink_gives_the_plain_gradients(rnn, layers, monkeypatch) -> None:
+    """Luong with input feeding applies W_c at every step: its gradient formed once over all
+    steps (nmt.sinks.WeightSink) equals autograd's step-by-step sum, with padding present."""
+    model, batch = _model("luong", True, rnn, layers, "general"), _batch(2)
+    used = []
+
+    def recording(weight):
+        used.append(WeightSink(weight))
+        return used[-1]
+
+    monkeypatch.setattr(nmt.decoder, "WeightSink", recording)
+    through_sink = _loss_and_grads(model, batch)
+    assert len(used) == 1 and used[0].records == []  # used, and emptied by the backward pass
+    monkeypatch.setattr(nmt.decoder, "WeightSink", lambda weight: None)
+    _assert_same(through_sink, _loss_and_grads(model, batch))
+
+
+def test_weight_sink_adds_to_the_weights_other_gradients() -> None:
+    """A weight used through the sink at several steps and directly as well: both parts."""
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(5, 4, dtype=torch.float64, generator=generator, requires_grad=True)
+    xs = [torch.randn(3, 1, 4, dtype=torch.float64, generator=generator) for _ in range(4)]
+    sink = WeightSink(weight)
+    total = sum((sink.linear(x) ** 2).sum() for x in xs) + (xs[0] @ weight.t()).sum()
+    (grad,) = torch.autograd.grad(total, weight)
+    plain = sum(((x @ weight.t()) ** 2).sum() for x in xs) + (xs[0] @ weight.t()).sum()
+    (expected,) = torch.autograd.grad(plain, weight)
+    torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-12)
 
 
 def test_no_sinks_without_gradients() -> None:
