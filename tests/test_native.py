@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,16 @@ def test_softmax_cross_entropy_kernel_matches_float64(dtype):
         # float32: within 8 float32 rounding steps; bfloat16: one rounding of G on top
         rtol = 2.0**-8 if dtype == torch.bfloat16 else 1e-6
         torch.testing.assert_close(buffer.double(), expected_grad, rtol=rtol, atol=1e-7)
+
+
+@needs_kernels
+def test_concurrent_builds_leave_one_whole_library(tmp_path):
+    """Several processes (xdist workers, torchrun ranks) may build at once: each writes its
+    own temporary file and renames it into place, so the library is always whole."""
+    compiler = native._compiler()
+    assert compiler is not None
+    target = tmp_path / "kernels-test.so"
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        list(pool.map(lambda _: native.build(compiler, target), range(3)))
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]  # no temporary left
+    native._load(target)  # every kernel's symbol is there
