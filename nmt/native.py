@@ -34,32 +34,15 @@ SWITCH = "NMT_NATIVE_KERNELS"
 _I64 = ctypes.c_int64
 _I32 = ctypes.c_int32
 _PTR = ctypes.c_void_p
-# argument types of each kernel, in kernels.c's order (pointer, or pointer and D-stride)
+# argument types of each kernel, in kernels.c's order: a pointer, or a pointer and its
+# D-stride; the RNN steps end with D, B, H and the thread count
+_STEP_SIZES = [_I64, _I64, _I64, _I32]
 _SIGNATURES: dict[str, list[type]] = {
-    "gru_forward": [_PTR, *[_PTR, _I64] * 6, _I64, _I64, _I64, _I32],
-    "gru_backward": [
-        _PTR,
-        _PTR,
-        *[_PTR, _I64] * 2,
-        _PTR,
-        *[_PTR, _I64] * 4,
-        _I64,
-        _I64,
-        _I64,
-        _I32,
-    ],
-    "lstm_forward": [_PTR, *[_PTR, _I64] * 8, _I64, _I64, _I64, _I32],
-    "lstm_backward": [
-        _PTR,
-        _PTR,
-        *[_PTR, _I64] * 2,
-        _PTR,
-        *[_PTR, _I64] * 4,
-        _I64,
-        _I64,
-        _I64,
-        _I32,
-    ],
+    "gru_forward": [_PTR, *[_PTR, _I64] * 6, *_STEP_SIZES],
+    "gru_backward": [_PTR, _PTR, *[_PTR, _I64] * 2, _PTR, *[_PTR, _I64] * 4, *_STEP_SIZES],
+    "lstm_forward": [_PTR, *[_PTR, _I64] * 8, *_STEP_SIZES],
+    "lstm_backward": [_PTR, _PTR, *[_PTR, _I64] * 2, _PTR, *[_PTR, _I64] * 4, *_STEP_SIZES],
+    "softmax_xent": [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, ctypes.c_float, _I32, _PTR, _I32],
 }
 
 _state: dict[str, ctypes.CDLL | None | str] = {}
@@ -119,12 +102,9 @@ def build(compiler: str, target: Path) -> None:
         os.replace(partial, target)
 
 
-_XENT = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, ctypes.c_float, _I32, _PTR, _I32]
-
-
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
-    for name, argtypes in {**_SIGNATURES, "softmax_xent": _XENT}.items():
+    for name, argtypes in _SIGNATURES.items():
         for suffix in ("bf16", "f32"):
             function = getattr(lib, f"nmt_{name}_{suffix}")
             function.argtypes, function.restype = argtypes, None
