@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from nmt.config import CONTENT_SCORES, SCORES, AttentionConfig
 from nmt.errors import ConfigError
 from nmt.runtime import compute_dtype, fast_kernels
+from nmt.sinks import SinkCast
 
 
 class GradientSink:
@@ -43,7 +44,7 @@ class GradientSink:
     def __init__(self, tensor: Tensor):
         self.records: list[tuple[Tensor, Tensor, bool]] = []  # (factor, gradient, transposed)
         dtype = compute_dtype(tensor.device, tensor.dtype)
-        self.tensor: Tensor = _SinkCopy.apply(tensor, self, dtype)
+        self.tensor: Tensor = SinkCast.apply(tensor, self, dtype)
 
     def gradient(self) -> Tensor | None:
         """sum over steps of a^T g (out = a M) or g^T a (out = a M^T): (B, S, F)."""
@@ -60,22 +61,6 @@ class GradientSink:
             total = part if total is None else total + part
         self.records.clear()
         return total
-
-
-class _SinkCopy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tensor: Tensor, sink: GradientSink, dtype: torch.dtype) -> Tensor:  # type: ignore[override]
-        ctx.set_materialize_grads(False)
-        ctx.sink, ctx.dtype = sink, tensor.dtype
-        return tensor.to(dtype, memory_format=torch.contiguous_format, copy=True)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor | None) -> tuple[Tensor | None, None, None]:  # type: ignore[override]
-        recorded = ctx.sink.gradient()
-        if recorded is None:
-            return (grad.to(ctx.dtype) if grad is not None else None), None, None
-        total = recorded.to(ctx.dtype)
-        return (total + grad if grad is not None else total), None, None
 
 
 class _SinkProduct(torch.autograd.Function):

@@ -99,6 +99,16 @@ static inline float tanh_approx(float x) { return 2.0f * sigmoid(2.0f * x) - 1.0
 
 #define NOINLINE __attribute__((noinline))
 
+/* h' (H) in the matmul dtype, for the next step's matmul. */
+#define STORE_ROW(SUFFIX, MM)                                                                  \
+    static inline void store_row_##SUFFIX(MM *restrict out, const float *restrict h,           \
+                                          int64_t H) {                                         \
+        for (int64_t j = 0; j < H; j++) STORE_##SUFFIX(out, j, h[j]);                          \
+    }
+
+STORE_ROW(bf16, bf16)
+STORE_ROW(f32, float)
+
 /* ------------------------------------------------------------------------------------ GRU */
 
 #define GRU(SUFFIX, MM)                                                                        \
@@ -112,9 +122,7 @@ static inline float tanh_approx(float x) { return 2.0f * sigmoid(2.0f * x) - 1.0
             n[j] = nj;                                                                         \
             ho[j] = going ? nj + z * (hp[j] - nj) : hp[j];                                     \
         }                                                                                      \
-        if (po != NULL) {                                                                      \
-            for (int64_t j = 0; j < H; j++) STORE_##SUFFIX(po, j, ho[j]);                      \
-        }                                                                                      \
+        if (po != NULL) store_row_##SUFFIX(po, ho, H);                                         \
     }                                                                                          \
                                                                                                \
     /* pre (D, B, 3H) mm, contiguous: a_r, a_z, a_n; n_in, h (D, B, H) -> n_out, h_out and,    \
@@ -199,9 +207,7 @@ GRU(f32, float)
             co[j] = going ? cn : cp[j];                                                        \
             ho[j] = going ? go * t : hp[j];                                                    \
         }                                                                                      \
-        if (po != NULL) {                                                                      \
-            for (int64_t j = 0; j < H; j++) STORE_##SUFFIX(po, j, ho[j]);                      \
-        }                                                                                      \
+        if (po != NULL) store_row_##SUFFIX(po, ho, H);                                         \
     }                                                                                          \
                                                                                                \
     /* pre (D, B, 4H) mm, contiguous: a_i, a_f, a_g, a_o; c, h (D, B, H) -> act_out (D, B,     \

@@ -44,7 +44,8 @@ class OutputLayerLoss(torch.autograd.Function):
     depend on the incoming gradient g (a scalar), so forward computes it chunk by chunk in
     float32 and stores it in the logits' own buffer, in the matmul dtype (bf16 under autocast,
     as the logits were). Backward is two matmuls with no pass over (N, V): d features = g G W
-    and d W = g G^T features.
+    and d W = g G^T features. With ``compiled`` (CPU training), nmt.native's kernel computes a
+    whole matmul block's statistics and G in three passes instead of the chunked torch ops.
     """
 
     @staticmethod

@@ -25,7 +25,7 @@ class WeightSink:
     def __init__(self, weight: Tensor):
         self.records: list[tuple[Tensor, Tensor]] = []  # (x (N, I), dL/dy (N, O)) per step
         dtype = compute_dtype(weight.device, weight.dtype)
-        self.weight: Tensor = _WeightCast.apply(weight, self, dtype)
+        self.weight: Tensor = SinkCast.apply(weight, self, dtype)
 
     def linear(self, x: Tensor) -> Tensor:
         """x (..., I) -> x W^T (..., O) in the compute dtype."""
@@ -41,12 +41,15 @@ class WeightSink:
         return grads.t() @ inputs
 
 
-class _WeightCast(torch.autograd.Function):
+class SinkCast(torch.autograd.Function):
+    """A sink's tensor: a contiguous copy in the compute dtype, made once per batch, whose
+    gradient is the sink's recorded one (``sink.gradient()``) plus any from elsewhere."""
+
     @staticmethod
-    def forward(ctx: Any, weight: Tensor, sink: WeightSink, dtype: torch.dtype) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, tensor: Tensor, sink: Any, dtype: torch.dtype) -> Tensor:  # type: ignore[override]
         ctx.set_materialize_grads(False)
-        ctx.sink, ctx.dtype = sink, weight.dtype
-        return weight.to(dtype, copy=True)
+        ctx.sink, ctx.dtype = sink, tensor.dtype
+        return tensor.to(dtype, memory_format=torch.contiguous_format, copy=True)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor | None) -> tuple[Tensor | None, None, None]:  # type: ignore[override]
