@@ -1,10 +1,7 @@
-"""Self-describing checkpoints, written atomically (temporary file, fsync, rename)."""
+"""Self-describing checkpoints: written atomically (``nmt.files``), read back with checks."""
 
 from __future__ import annotations
 
-import functools
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,58 +9,9 @@ import torch
 
 from nmt import __version__
 from nmt.errors import CheckpointError
+from nmt.files import atomic_write_bytes
 
 FORMAT = 1  # bumped when the checkpoint layout changes incompatibly
-
-
-@functools.cache
-def _umask() -> int:
-    """The process umask (read once: setting it to read it is not thread-safe)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_bytes(path: Path, write: Any) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, fsync, then rename it over
-    ``path`` (and fsync the folder, so that the rename survives a power cut).
-
-    A reader sees the old file or the complete new one, never a part, even when the writer is
-    killed midway; the temporary file is ``.NAME.XXXX.tmp``, which nothing takes for a
-    checkpoint. The new file gets the usual permissions (0666 less the umask), not
-    ``mkstemp``'s private 0600.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
-def remove_stale_temporaries(directory: Path) -> list[Path]:
-    """Delete the ``.NAME.XXXX.tmp`` files of writers killed midway; returns them."""
-    stale = sorted(directory.glob(".*.tmp"))
-    for path in stale:
-        path.unlink(missing_ok=True)
-    return stale
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write UTF-8 text atomically (see ``atomic_write_bytes``)."""
-    atomic_write_bytes(path, lambda handle: handle.write(text.encode("utf-8")))
 
 
 def save(path: Path, state: dict[str, Any]) -> None:
@@ -115,51 +63,3 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     if missing:
         raise CheckpointError(f"{path}: not a complete nmt checkpoint (no {', '.join(missing)})")
     return state
-
-
-class RunLock:
-    """An exclusive lock on a run directory for the length of a training run.
-
-    A second ``nmt train`` pointed at a directory in use refuses instead of interleaving its
-    checkpoints and logs. The lock is an ``flock`` on ``.lock``, so the operating system drops
-    it when the process dies, however it dies. Taking it removes the temporary files that a
-    killed writer left in the directory (no other writer can be at work there).
-    """
-
-    def __init__(self, run_dir: Path):
-        self.path = run_dir / ".lock"
-        self.handle: Any = None
-
-    def __enter__(self) -> RunLock:
-        import fcntl
-
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.handle = self.path.open("a+")
-        except OSError as exc:
-            raise CheckpointError(
-                f"run.dir: cannot create {self.path.parent} ({exc.strerror}); choose another "
-                f"--run-dir"
-            ) from None
-        try:
-            fcntl.flock(self.handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.handle.seek(0)
-            owner = self.handle.read().strip() or "another process"
-            self.handle.close()
-            raise CheckpointError(
-                f"{self.path.parent}: in use by {owner}; wait for it to finish or use another "
-                f"--run-dir"
-            ) from None
-        self.handle.seek(0)
-        self.handle.truncate()
-        self.handle.write(f"pid {os.getpid()}\n")
-        self.handle.flush()
-        remove_stale_temporaries(self.path.parent)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        import fcntl
-
-        fcntl.flock(self.handle.fileno(), fcntl.LOCK_UN)
-        self.handle.close()

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from nmt import ONEDNN_CACHE_CAPACITY, __version__
+from nmt import __version__
 from nmt.errors import ConfigError, NMTError
+from nmt.fast.allocator import limit_kernel_cache
 
 if TYPE_CHECKING:
     from nmt.config import Config
@@ -69,7 +70,7 @@ def train(
 ) -> None:
     """Train a model: data, tokenizer, checkpoints, logs and tensorboard go to the run dir."""
     from nmt.config import load
-    from nmt.train import train as run_training
+    from nmt.training import train as run_training
 
     cfg = load(config, override or [])
     if _state["may_restart"]:
@@ -146,7 +147,7 @@ def translate(
     ] = "auto",
 ) -> None:
     """Translate text: exactly one output line per input line (empty in, empty out)."""
-    from nmt.translate import translate_command
+    from nmt.commands.translate import translate_command
 
     overrides = {
         "beam_size": beam,
@@ -211,7 +212,7 @@ def eval_(
     if model is not None:
         if hypotheses:
             raise ConfigError("give either hypothesis files or --model, not both")
-        from nmt.translate import evaluate_split
+        from nmt.commands.evaluate import evaluate_split
 
         report = evaluate_split(model, split, {"beam_size": beam}, device, save_hypotheses)
     else:
@@ -225,13 +226,14 @@ def eval_(
 
 
 def _restart_for_cpu_training(cfg: Config) -> None:
-    """Start this `nmt train` again with glibc's tcache off (nmt.runtime.MALLOC_TUNABLES) when
-    it will train on a CPU with run.fast_kernels; it has written nothing yet."""
-    from nmt.runtime import choose_device, restart_with_malloc_tunables, wants_malloc_tunables
+    """Start this `nmt train` again with glibc's tcache off (nmt.fast.allocator) when it will
+    train on a CPU with run.fast_kernels; it has written nothing yet."""
+    from nmt.fast.allocator import restart_with_malloc_tunables, wants_malloc_tunables
+    from nmt.runtime import choose_device
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = choose_device(cfg.run.device, local_rank)
-    if wants_malloc_tunables(device, cfg.run.fast_kernels):
+    if wants_malloc_tunables(device.type, cfg.run.fast_kernels):
         restart_with_malloc_tunables()
 
 
@@ -250,7 +252,7 @@ def main() -> None:
     Click runs in standalone mode, so it reports its own usage errors (exit 2), honours
     ``typer.Exit`` codes and turns Ctrl-C into "Aborted!".
     """
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_CAPACITY)
+    limit_kernel_cache()
     try:
         app()
     except (NMTError, OSError) as exc:

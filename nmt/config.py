@@ -16,24 +16,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from nmt.errors import ConfigError
+from nmt.model.registry import DECODERS, content_scores
+from nmt.model.registry import SCORES as SCORE_CLASSES
 
-# Scores of one query and one key: usable on their own and inside Luong's local window.
-CONTENT_SCORES = (
-    "additive",
-    "concat",
-    "mlp",
-    "dot",
-    "general",
-    "bilinear",
-    "multiplicative",
-    "scaled_dot",
-    "cosine",
-)
-SCORES = (*CONTENT_SCORES, "location", "multihead", "local-m", "local-p")
-# Scores that take a dot product of the query with a key, so need equal sizes.
-EQUAL_SIZE_SCORES = ("dot", "scaled_dot", "cosine")
-# Scores whose energies ``model.attention.scale`` multiplies.
-SCALABLE_SCORES = ("dot", "general", "bilinear", "multiplicative", "scaled_dot")
+SCORES = tuple(SCORE_CLASSES)  # every name model.attention.score takes, aliases included
+CONTENT_SCORES = tuple(content_scores())  # those usable as model.attention.local_score
+DECODER_STYLES = tuple(DECODERS)
 
 
 class _Section(BaseModel):
@@ -99,8 +87,10 @@ class EncoderConfig(_Section):
 class DecoderConfig(_Section):
     """The attention decoder: Bahdanau (pre-step) or Luong (post-step)."""
 
-    style: Literal["bahdanau", "luong"] = Field(
-        "bahdanau", description="bahdanau: attend from s_{i-1} (pre-step); luong: from h_t"
+    style: str = Field(
+        "bahdanau",
+        description=f"{', '.join(DECODER_STYLES)}; bahdanau: attend from s_{{i-1}} (pre-step), "
+        "luong: from h_t (post-step)",
     )
     rnn: Literal["gru", "lstm"] = Field("gru", description="recurrent cell")
     hidden_size: int = Field(256, ge=1, description="decoder state size")
@@ -114,6 +104,14 @@ class DecoderConfig(_Section):
     output_size: int | None = Field(
         None, ge=1, description="bahdanau: size of the deep output layer (default embedding_size)"
     )
+
+    @model_validator(mode="after")
+    def _known_style(self) -> DecoderConfig:
+        if self.style not in DECODER_STYLES:  # the caller prefixes "model.decoder."
+            raise ValueError(
+                f"style: got {self.style!r}, expected one of {', '.join(DECODER_STYLES)}"
+            )
+        return self
 
 
 class AttentionConfig(_Section):
@@ -143,7 +141,7 @@ class AttentionConfig(_Section):
     )
 
     @model_validator(mode="after")
-    def _known_scores(self) -> AttentionConfig:
+    def _known_names(self) -> AttentionConfig:
         problems = []
         if self.score not in SCORES:
             problems.append(f"score: got {self.score!r}, expected one of {', '.join(SCORES)}")
@@ -262,7 +260,7 @@ class Config(_Section):
     def _compatible(self) -> Config:
         model = self.model
         dec = model.decoder
-        problems = _attention_problems(model)
+        problems = _attention_problems(model) + _bridge_problems(model)
         if model.tie_embeddings:
             out = (
                 dec.hidden_size
@@ -283,37 +281,52 @@ class Config(_Section):
 
 
 def _attention_problems(model: ModelConfig) -> list[str]:
-    """Score/size combinations that cannot work, each with what would."""
+    """Score/size combinations that cannot work, each with what would; the rules each score
+    class declares (nmt.model.attention.Attention's class attributes)."""
     att = model.attention
     enc_out = model.encoder.hidden_size * (2 if model.encoder.bidirectional else 1)
     dec_hidden = model.decoder.hidden_size
-    local = att.score in ("local-m", "local-p")
-    key, score = ("local_score", att.local_score) if local else ("score", att.score)
+    outer = SCORE_CLASSES[att.score]
+    key, score = ("local_score", att.local_score) if outer.windowed else ("score", att.score)
+    inner = SCORE_CLASSES[score]
     problems = []
-    if score in EQUAL_SIZE_SCORES and enc_out != dec_hidden:
+    if inner.equal_sizes and enc_out != dec_hidden:
         problems.append(
             f"model.attention.{key}: {score!r} needs equal query and key sizes, but the "
             f"encoder gives {enc_out} and model.decoder.hidden_size is {dec_hidden}; "
             f"set them equal or use 'general' or 'additive'"
         )
-    if att.score == "multihead" and enc_out % att.heads:
+    if outer.splits_keys and enc_out % att.heads:
         divisors = [d for d in range(1, enc_out + 1) if enc_out % d == 0]
         problems.append(
-            f"model.attention.heads: 'multihead' splits the {enc_out} key units into heads, "
+            f"model.attention.heads: {att.score!r} splits the {enc_out} key units into heads, "
             f"but {att.heads} does not divide {enc_out}; use one of "
             f"{', '.join(map(str, divisors))}"
         )
-    if att.scale != "none" and score not in SCALABLE_SCORES:
+    if att.scale != "none" and not inner.scalable:
         problems.append(
             f"model.attention.scale: {att.scale!r} scales dot and general energies, not "
             f"{score!r}; set scale: none" + (" (cosine has beta)" if score == "cosine" else "")
         )
-    if att.scale == "learned" and score == "scaled_dot":
+    if att.scale == "learned" and inner.prescaled:
         problems.append(
-            f"model.attention.scale: {key} 'scaled_dot' already has the fixed 1/sqrt(d) "
+            f"model.attention.scale: {key} {score!r} already has the fixed 1/sqrt(d) "
             f"scale; for a learned one use {key}: dot with scale: learned"
         )
     return problems
+
+
+def _bridge_problems(model: ModelConfig) -> list[str]:
+    """``init: final`` hands the encoder's final states to the decoder as they are."""
+    enc, dec = model.encoder, model.decoder
+    enc_final = enc.hidden_size * (2 if enc.bidirectional else 1)
+    if dec.init != "final" or (enc_final, enc.layers) == (dec.hidden_size, dec.layers):
+        return []
+    return [
+        f"model.decoder.init: 'final' needs the decoder ({dec.layers} layers of "
+        f"{dec.hidden_size}) to match the encoder ({enc.layers} layers of {enc_final}); use "
+        f"init: bridge or zeros"
+    ]
 
 
 def _section_fields(path: tuple[str, ...]) -> list[str]:

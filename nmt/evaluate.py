@@ -20,6 +20,7 @@ from sacrebleu.metrics.base import Metric
 from sacrebleu.significance import PairedTest
 
 from nmt.errors import ConfigError, DataError
+from nmt.files import read_lines
 
 METRICS: dict[str, Callable[..., Metric]] = {"bleu": BLEU, "chrf": CHRF, "ter": TER}
 """The metrics this module knows, by the names used on sacrebleu's command line."""
@@ -32,40 +33,6 @@ _TEST_NAMES: dict[str, str] = {
     "bootstrap": "bootstrap resampling",
     "ar": "approximate randomization",
 }
-
-
-def read_lines(path: Path) -> list[str]:
-    """Read a UTF-8 text file as a list of lines without line endings.
-
-    Lines are split on ``\\n`` only; a trailing ``\\r`` (CRLF files) is removed.
-    A final newline does not start an extra empty line.
-
-    Raises:
-        DataError: The file is missing, unreadable or not valid UTF-8.
-    """
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise DataError(f"{path}: is a directory, expected a text file") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
-    chunks = data.split(b"\n")
-    if chunks[-1] == b"":
-        chunks.pop()
-    lines = []
-    for number, chunk in enumerate(chunks, start=1):
-        try:
-            text = chunk.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DataError(
-                f"{path}:{number}: not valid UTF-8 (byte {exc.start + 1} of the line); "
-                "re-encode the file as UTF-8"
-            ) from None
-        lines.append(text[:-1] if text.endswith("\r") else text)
-    return lines
 
 
 @dataclass(frozen=True)

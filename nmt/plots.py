@@ -7,16 +7,16 @@ nothing here touches pyplot or the global matplotlib backend.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from nmt.files import atomic_write_bytes
 
 _CELL_INCHES = 0.28  # side of one attention cell when there is room for it
 _MARGIN_INCHES = 1.6  # room for the tick labels
@@ -101,24 +101,6 @@ def attention_figure_array(
     return np.ascontiguousarray(rgba[..., :3], dtype=np.uint8)
 
 
-def _atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
-    """Write ``path`` through a temporary file in the same folder, then rename it.
-
-    The temporary file is opened with ``"xb"`` so it gets the usual permissions
-    (umask), unlike ``tempfile.mkstemp``'s private 0600 files.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "xb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def save_attention(
     path_stem: Path,
     src_tokens: Sequence[str],
@@ -159,7 +141,7 @@ def save_attention(
         "weights": np.round(matrix.astype(np.float64), 6).tolist(),
     }
     text = json.dumps(document, ensure_ascii=False).encode("utf-8")
-    _atomic_write(png, write_png)
-    _atomic_write(npy, lambda handle: np.save(handle, matrix))
-    _atomic_write(js, lambda handle: handle.write(text))
+    atomic_write_bytes(png, write_png)
+    atomic_write_bytes(npy, lambda handle: np.save(handle, matrix))
+    atomic_write_bytes(js, lambda handle: handle.write(text))
     return [png, npy, js]

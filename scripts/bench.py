@@ -12,8 +12,8 @@ batches of 4,000, the demo corpus ``data/bible``) differ only in the decoder:
 
 For each config, in a subprocess of its own (so that its peak memory is its own), the
 benchmark trains on real length-bucketed batches of the training split, the same batches in
-the same order for every config, with the project's own step (``nmt.train.forward_backward``
-and ``nmt.train.apply_update``: ``model.loss``, backward, clip, Adam, under
+the same order for every config, with the project's own step (``nmt.training.step.forward_backward``
+and ``nmt.training.step.apply_update``: ``model.loss``, backward, clip, Adam, under
 ``nmt.runtime.autocast``): a few warm-up steps whose matmul FLOPs are counted, then timed
 windows of steps, each giving target and source+target tokens/s. It also measures the
 machine's matmul rate (a 2048^3 matmul in fp32 and bf16), the padding fraction of the batches,
@@ -61,29 +61,29 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from nmt import checkpoint, native  # noqa: E402
+from nmt import checkpoint, files  # noqa: E402
 from nmt.config import Config, apply_override, from_dict  # noqa: E402
-from nmt.data import bucket_batches, padding_fraction, read_pairs  # noqa: E402
-from nmt.model import TrainingLoss, build_model, count_parameters  # noqa: E402
-from nmt.runtime import (  # noqa: E402
+from nmt.data.batching import bucket_batches, padding_fraction  # noqa: E402
+from nmt.data.corpus import read_pairs  # noqa: E402
+from nmt.data.prepare import load_corpora  # noqa: E402
+from nmt.data.tokenizer import Tokenizer  # noqa: E402
+from nmt.decoding.translator import Translator  # noqa: E402
+from nmt.fast import FastPaths, compiled  # noqa: E402
+from nmt.fast.allocator import (  # noqa: E402
     MALLOC_TUNABLES,
-    choose_device,
-    choose_fast_paths,
-    cpu_name,
-    grad_scaler,
     limit_kernel_cache,
-    seed_everything,
-    set_threads,
+    tune_allocator,
     wants_malloc_tunables,
 )
-from nmt.tokenizer import Tokenizer  # noqa: E402
-from nmt.train import apply_update, build_optimizer, forward_backward  # noqa: E402
-from nmt.translate import Translator  # noqa: E402
-
-try:  # the data preparation moved from nmt.train to nmt.prepare
-    from nmt.prepare import load_corpora
-except ImportError:  # pragma: no cover - older trees
-    from nmt.train import load_corpora  # type: ignore[attr-defined,no-redef]
+from nmt.model import build_model, count_parameters  # noqa: E402
+from nmt.runtime import choose_device, cpu_name, seed_everything, set_threads  # noqa: E402
+from nmt.training.step import (  # noqa: E402
+    TrainingLoss,
+    apply_update,
+    build_optimizer,
+    forward_backward,
+    grad_scaler,
+)
 
 # The decoder (and its RNN) of each named config; everything else is shared.
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -116,6 +116,7 @@ SIZES: dict[str, dict[str, int]] = {
 UNTRAINED_CONFIG = "luong-nofeed"  # decoded when there is no trained model
 SEED = 1
 MATMUL_SIZE = 2048
+TINY_MATMUL_SIZE = 256
 DECODE_SETTINGS = ((1, 1), (1, 64), (5, 1), (5, 64))  # (beam size, batch size)
 GIB = 2.0**30
 
@@ -178,7 +179,7 @@ def load_data(config: Config, work_dir: Path) -> tuple[Any, Tokenizer]:
     work_dir.mkdir(parents=True, exist_ok=True)
     corpora, tokenizer = load_corpora(config, work_dir, tokenizer)
     if not spm_path.is_file():
-        checkpoint.atomic_write_bytes(spm_path, lambda f: f.write(tokenizer.src_proto))
+        files.atomic_write_bytes(spm_path, lambda f: f.write(tokenizer.src_proto))
     return corpora, tokenizer
 
 
@@ -233,10 +234,13 @@ def spread(values: list[float]) -> dict[str, Any]:
     }
 
 
-def matmul_rate(device: torch.device, dtype: torch.dtype, repeats: int) -> dict[str, Any]:
-    """Median time of a 2048^3 matmul -> GFLOP/s (2 n^3 floating-point operations)."""
-    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device).to(dtype)
-    b = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device).to(dtype)
+def matmul_rate(
+    device: torch.device, dtype: torch.dtype, repeats: int, size: int = MATMUL_SIZE
+) -> dict[str, Any]:
+    """Median time of a size^3 matmul (2048^3; smaller with --tiny, for the tests on CPUs
+    without native bf16) -> GFLOP/s (2 n^3 floating-point operations)."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
     times = []
     for attempt in range(repeats + 2):  # two untimed warm-up runs
         synchronize(device)
@@ -245,7 +249,7 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, repeats: int) -> dict[
         synchronize(device)
         if attempt >= 2:
             times.append(time.perf_counter() - start)
-    flop = 2 * MATMUL_SIZE**3
+    flop = 2 * size**3
     seconds = statistics.median(times)
     return {
         "seconds": seconds,
@@ -254,11 +258,14 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, repeats: int) -> dict[
     }
 
 
-def matmul_rates(device: torch.device, precision: str, quick: bool) -> dict[str, Any]:
+def matmul_rates(
+    device: torch.device, precision: str, quick: bool, size: int = MATMUL_SIZE
+) -> dict[str, Any]:
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     if precision == "fp16" or device.type == "cuda":
         dtypes["fp16"] = torch.float16
-    return {name: matmul_rate(device, dtype, 3 if quick else 10) for name, dtype in dtypes.items()}
+    repeats = 3 if quick else 10
+    return {name: matmul_rate(device, dtype, repeats, size) for name, dtype in dtypes.items()}
 
 
 # ----------------------------------------------------------------------------- FLOP count
@@ -354,7 +361,7 @@ def make_step(config: Config, model: nn.Module, corpus: Any, device: torch.devic
     -> (loss per target token, target tokens, source tokens)."""
     cfg = config.training
     optimizer = build_optimizer(config, model)
-    scaler = grad_scaler(cfg.precision, device, 2.0**16)
+    scaler = grad_scaler(cfg.precision, device)
     loss_module = TrainingLoss(model, cfg.label_smoothing)
 
     def step(indices: np.ndarray) -> tuple[float, int, int]:
@@ -409,11 +416,13 @@ def bench_training(name: str, args: argparse.Namespace, lengths: Lengths) -> dic
     config = bench_config(name, args)
     device = choose_device(config.run.device)
     set_threads(config.run.threads)
-    choose_fast_paths(config.run.fast_kernels, device)
+    fast = FastPaths(cpu_kernels=config.run.fast_kernels)
+    if fast.cpu_kernels and device.type == "cpu":
+        tune_allocator()  # as nmt train does
     corpora, tokenizer = load_data(config, Path(args.work_dir))
     corpus = corpora.train
     seed_everything(SEED)
-    model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
+    model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size, fast)
     model.to(device).train()
     step = make_step(config, model, corpus, device)
     total = lengths.warmup + lengths.windows * lengths.steps
@@ -446,7 +455,7 @@ def bench_training(name: str, args: argparse.Namespace, lengths: Lengths) -> dic
         "padding_fraction": padding_fraction(batches, corpus.src_lengths, corpus.trg_lengths),
         "peak_rss_gib": peak_rss_bytes() / GIB,
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
-        "native_kernels": native.status()
+        "native_kernels": compiled.status()
         if device.type == "cpu" and config.run.fast_kernels
         else None,
         "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(device) / GIB
@@ -488,7 +497,9 @@ def run_config(name: str, args: argparse.Namespace, lengths: Lengths) -> dict[st
         env = child_environment(args)
         config = bench_config(name, args)
         device = choose_device(config.run.device)
-        if "GLIBC_TUNABLES" not in env and wants_malloc_tunables(device, config.run.fast_kernels):
+        if "GLIBC_TUNABLES" not in env and wants_malloc_tunables(
+            device.type, config.run.fast_kernels
+        ):
             env["GLIBC_TUNABLES"] = MALLOC_TUNABLES  # as `nmt train` restarts itself with
         proc = subprocess.run(
             command + child_arguments(args),
@@ -686,7 +697,8 @@ def run(args: argparse.Namespace, names: list[str], lengths: Lengths) -> dict[st
     result["data"] = prepare(args, names)
     if "matmul" in args.parts:
         log(f"matmul rate ({MATMUL_SIZE}^3)")
-        result["matmul"] = matmul_rates(device, args.precision, args.quick)
+        size = TINY_MATMUL_SIZE if args.tiny else MATMUL_SIZE
+        result["matmul"] = matmul_rates(device, args.precision, args.quick, size)
     if "train" in args.parts:
         result["training"] = {}
         for name in names:

@@ -1,8 +1,8 @@
-"""The malloc settings of CPU training (nmt.runtime.tune_allocator): blocks of every size come
+"""The malloc settings of CPU training (nmt.allocator.tune_allocator): blocks of every size come
 from the heap and stay there for reuse, instead of being mapped and unmapped (and their pages
 faulted in again) every time; users' own malloc settings win; only CPU runs with
 ``run.fast_kernels`` apply them. `nmt train` on a CPU starts itself again with glibc's tcache
-off (nmt.runtime.MALLOC_TUNABLES), and this glibc takes that setting. And the `nmt` command's
+off (nmt.allocator.MALLOC_TUNABLES), and this glibc takes that setting. And the `nmt` command's
 cap on oneDNN's kernel cache."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from synthetic import data_section, luong_model_section, write_corpus
 
-from nmt import cli, runtime
+from nmt import cli
+from nmt.fast import allocator
 
 # The start of a script for a fresh process: glibc's malloc statistics (mallinfo2, 2.33 and
 # later) through ctypes.
@@ -38,7 +38,7 @@ MAPPED_WHILE_HELD = (
     MALLINFO2
     + """
 import sys, torch
-from nmt.runtime import tune_allocator
+from nmt.fast.allocator import tune_allocator
 if sys.argv[1] == "tuned":
     assert tune_allocator()
 before = libc.mallinfo2().hblkhd
@@ -87,32 +87,33 @@ def test_tuned_malloc_serves_large_blocks_from_its_heap(size) -> None:
 @pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="glibc 2.33+ on Linux only")
 def test_the_restarts_own_tunables_keep_the_malloc_settings() -> None:
     size = 64 << 20
-    assert _mapped_while_held("tuned", size, GLIBC_TUNABLES=runtime.MALLOC_TUNABLES) == 0
+    assert _mapped_while_held("tuned", size, GLIBC_TUNABLES=allocator.MALLOC_TUNABLES) == 0
 
 
 def test_users_malloc_settings_win(monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("mallopt must not be called")
 
-    monkeypatch.setattr(runtime.ctypes, "CDLL", refuse)
-    for name in runtime._MALLOC_ENVIRONMENT:
+    monkeypatch.setattr(allocator.ctypes, "CDLL", refuse)
+    for name in allocator._MALLOC_ENVIRONMENT:
         with monkeypatch.context() as env:
             env.setenv(name, "1048576")
-            assert runtime.tune_allocator() is False
+            assert allocator.tune_allocator() is False
 
 
-def test_only_cpu_runs_with_fast_kernels_tune_malloc(monkeypatch) -> None:
+def test_only_cpu_training_with_fast_kernels_tunes_malloc(
+    tiny_config: Path, tmp_path: Path, monkeypatch
+) -> None:
+    import nmt.training.loop as loop
+    from nmt.config import load
+    from nmt.training import train
+
     calls = []
-    monkeypatch.setattr(runtime, "tune_allocator", lambda: calls.append(1) or True)
-    try:
-        runtime.choose_fast_paths(False, torch.device("cpu"))
-        assert not runtime.fast_kernels(torch.device("cpu")) and calls == []
-        runtime.choose_fast_paths(True, torch.device("cuda"))
-        assert calls == []
-        runtime.choose_fast_paths(True, torch.device("cpu"))
-        assert runtime.fast_kernels(torch.device("cpu")) and calls == [1]
-    finally:
-        runtime.set_fast_kernels(True)
+    monkeypatch.setattr(loop, "tune_allocator", lambda: calls.append(1) or True)
+    train(load(tiny_config, ["run.fast_kernels=false"]), tmp_path / "plain", quiet=True)
+    assert calls == []
+    train(load(tiny_config), tmp_path / "fast", quiet=True)
+    assert calls == [1]
 
 
 def _kernel_cache_seen_by_the_command(env: dict[str, str]) -> str:
@@ -162,7 +163,7 @@ print(libc.mallinfo2().smblks - before)
 @pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="glibc 2.33+ on Linux only")
 def test_the_restarts_tunables_switch_glibcs_tcache_off() -> None:
     assert _printed_number(FREED_TO_FAST_BINS) == 0  # the tcache took it
-    tuned = _printed_number(FREED_TO_FAST_BINS, GLIBC_TUNABLES=runtime.MALLOC_TUNABLES)
+    tuned = _printed_number(FREED_TO_FAST_BINS, GLIBC_TUNABLES=allocator.MALLOC_TUNABLES)
     assert tuned == 1
 
 
@@ -170,16 +171,16 @@ def test_only_cpu_runs_with_fast_kernels_and_no_tunables_of_the_users_restart(
     monkeypatch,
 ) -> None:
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-    monkeypatch.setattr(runtime, "_glibc", lambda: True)
-    cpu = torch.device("cpu")
-    assert runtime.wants_malloc_tunables(cpu, True)
-    assert not runtime.wants_malloc_tunables(cpu, False)
-    assert not runtime.wants_malloc_tunables(torch.device("cuda"), True)
+    monkeypatch.setattr(allocator, "_glibc", lambda: True)
+    cpu = "cpu"
+    assert allocator.wants_malloc_tunables(cpu, True)
+    assert not allocator.wants_malloc_tunables(cpu, False)
+    assert not allocator.wants_malloc_tunables("cuda", True)
     monkeypatch.setenv("GLIBC_TUNABLES", "")  # the user's, even empty: left alone
-    assert not runtime.wants_malloc_tunables(cpu, True)
+    assert not allocator.wants_malloc_tunables(cpu, True)
     monkeypatch.delenv("GLIBC_TUNABLES")
-    monkeypatch.setattr(runtime, "_glibc", lambda: False)  # musl, macOS, Windows
-    assert not runtime.wants_malloc_tunables(cpu, True)
+    monkeypatch.setattr(allocator, "_glibc", lambda: False)  # musl, macOS, Windows
+    assert not allocator.wants_malloc_tunables(cpu, True)
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +204,7 @@ def _tunables_of_the_run(run_dir: Path) -> str | None:
     return info["glibc_tunables"]
 
 
-@pytest.mark.skipif(not runtime._glibc(), reason="glibc on Linux only")
+@pytest.mark.skipif(not allocator._glibc(), reason="glibc on Linux only")
 def test_nmt_train_on_a_cpu_runs_with_the_tcache_off(tiny_config: Path, tmp_path: Path) -> None:
     env = _without_malloc_settings()
     runs = {
@@ -216,7 +217,7 @@ def test_nmt_train_on_a_cpu_runs_with_the_tcache_off(tiny_config: Path, tmp_path
         command += ["--run-dir", str(tmp_path / name)]
         done = subprocess.run(command, capture_output=True, text=True, env=environment)
         assert done.returncode == 0, done.stderr
-    assert _tunables_of_the_run(tmp_path / "restarted") == runtime.MALLOC_TUNABLES
+    assert _tunables_of_the_run(tmp_path / "restarted") == allocator.MALLOC_TUNABLES
     assert _tunables_of_the_run(tmp_path / "plain path") is None
     assert _tunables_of_the_run(tmp_path / "users") == ""
 
@@ -225,9 +226,9 @@ def test_only_the_command_restarts_never_an_in_process_call(
     tiny_config: Path, tmp_path: Path, monkeypatch
 ) -> None:
     restarts = []
-    monkeypatch.setattr(runtime, "_glibc", lambda: True)
+    monkeypatch.setattr(allocator, "_glibc", lambda: True)
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-    monkeypatch.setattr(runtime, "restart_with_malloc_tunables", lambda: restarts.append(1))
+    monkeypatch.setattr(allocator, "restart_with_malloc_tunables", lambda: restarts.append(1))
     monkeypatch.setitem(cli._state, "may_restart", False)
     for entry, run_dir in ((cli.main, tmp_path / "main"), (cli.command, tmp_path / "command")):
         monkeypatch.setattr(sys, "argv", ["nmt", "train", str(tiny_config), "-q"])

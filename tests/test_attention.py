@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from nmt.attention import build_attention, masked_softmax
-from nmt.config import AttentionConfig
+from nmt.config import AttentionConfig, from_dict
 from nmt.errors import ConfigError
+from nmt.model.attention import masked_softmax
+from nmt.model.registry import build_attention
 
 B, T, S = 3, 2, 5
 LENGTHS = [5, 3, 1]
@@ -231,11 +232,12 @@ def test_bf16_module_gives_float32_alphas(score: str) -> None:
     assert torch.all(alphas.sum(-1) <= 1 + 1e-6) and torch.all(alphas.sum(-1) > 0)
 
 
-def test_dot_rejects_unequal_sizes_and_unknown_names() -> None:
-    with pytest.raises(ConfigError, match="general"):
-        build_attention("dot", QUERY, KEY)
+def test_the_schema_rejects_unequal_sizes_for_dot_and_unknown_names() -> None:
+    model = {"encoder": {"hidden_size": 4}, "decoder": {"hidden_size": 6}}
+    with pytest.raises(ConfigError, match="use 'general' or 'additive'"):
+        from_dict({"model": {**model, "attention": {"score": "dot"}}})
     with pytest.raises(ConfigError, match="additive"):
-        build_attention("dott", QUERY, KEY)
+        from_dict({"model": {**model, "attention": {"score": "dott"}}})
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,11 @@ import math
 import pytest
 import torch
 
-from nmt.attention import LocalAttention, build_attention, masked_softmax
-from nmt.config import EQUAL_SIZE_SCORES, SCORES, AttentionConfig
+from nmt.config import SCORES, AttentionConfig
+from nmt.model.attention import masked_softmax
+from nmt.model.positional import LocalAttention
+from nmt.model.registry import SCORES as SCORE_CLASSES
+from nmt.model.registry import build_attention
 
 B, T, S = 3, 3, 6
 LENGTHS = [6, 4, 1]
@@ -50,7 +53,7 @@ def _inner_score(cfg: AttentionConfig) -> str:
 
 
 def _key_size(cfg: AttentionConfig) -> int:
-    return QUERY if _inner_score(cfg) in EQUAL_SIZE_SCORES else KEY
+    return QUERY if SCORE_CLASSES[_inner_score(cfg)].equal_sizes else KEY
 
 
 def _mask(lengths: list[int], width: int) -> torch.Tensor:

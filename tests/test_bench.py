@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nmt import native
+from nmt.fast import compiled as native
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = "sol luna mar rio casa perro gato libro agua fuego tierra aire".split()
@@ -80,7 +80,7 @@ def test_quick_tiny_run_writes_every_figure(tmp_path: Path) -> None:
         assert positive(train[key]), key
     assert 0 < train["fraction_of_matmul"] < 1
     if sys.platform.startswith("linux") and "GLIBC_TUNABLES" not in os.environ:
-        from nmt.runtime import MALLOC_TUNABLES, _glibc
+        from nmt.fast.allocator import MALLOC_TUNABLES, _glibc
 
         if _glibc():  # its subprocess runs with the malloc settings `nmt train` restarts with
             assert train["glibc_tunables"] == MALLOC_TUNABLES

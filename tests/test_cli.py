@@ -11,7 +11,7 @@ import pytest
 import yaml
 from synthetic import write_corpus
 
-from nmt import native
+from nmt.fast import compiled as native
 from nmt.runtime import cpu_name
 
 
@@ -142,7 +142,7 @@ def test_help(command: list[str]) -> None:
 def test_one_batch_equals_line_by_line(trained: Path) -> None:
     """Batching never changes a translation: the whole file at once equals one line at a time."""
     source = (trained / "test.src").read_text(encoding="utf-8").splitlines()[:12]
-    from nmt.translate import Translator
+    from nmt.decoding.translator import Translator
 
     translator = Translator.from_checkpoint(trained / "run", "cpu")
     decoding = translator.config.decoding.model_copy(update={"beam_size": 4, "batch_size": 64})
@@ -158,7 +158,7 @@ def test_one_batch_equals_line_by_line(trained: Path) -> None:
 
 
 def test_run_dir_in_use_is_refused(trained: Path, tmp_path: Path) -> None:
-    from nmt.checkpoint import RunLock
+    from nmt.training.rundir import RunLock
 
     run_dir = tmp_path / "busy"
     with RunLock(run_dir):

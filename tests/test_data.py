@@ -12,18 +12,9 @@ import numpy as np
 import pytest
 
 from nmt.config import DataConfig
-from nmt.data import (
-    TokenizedCorpus,
-    bucket_batches,
-    drop_empty,
-    drop_long,
-    make_batch,
-    padding_fraction,
-    read_pairs,
-    tokenize,
-)
-from nmt.errors import DataError
-from nmt.tokenizer import (
+from nmt.data.batching import bucket_batches, make_batch, padding_fraction
+from nmt.data.corpus import TokenizedCorpus, drop_empty, drop_long, read_pairs, tokenize
+from nmt.data.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
@@ -32,6 +23,7 @@ from nmt.tokenizer import (
     load_model_file,
     train_sentencepiece,
 )
+from nmt.errors import DataError
 
 # ----------------------------------------------------------------------------- bucketing
 

@@ -17,15 +17,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
+from runs import read_metrics
 from synthetic import data_section, luong_model_section, write_corpus
 
 from nmt import checkpoint
 from nmt.config import from_dict
-from nmt.data import Batch, make_batch
-from nmt.model import Seq2Seq, TrainingLoss, build_model
-from nmt.runtime import init_distributed, shutdown_distributed
-from nmt.tracking import read_metrics
-from nmt.train import apply_update, forward_backward, loss_for_training
+from nmt.data.batching import Batch, make_batch
+from nmt.model import Seq2Seq, build_model
+from nmt.training.distributed import init_distributed, shutdown_distributed
+from nmt.training.step import TrainingLoss, apply_update, forward_backward, loss_for_training
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
@@ -74,10 +74,10 @@ def split_above(sentences: int) -> None:
     """Make the loss run out of memory on batches of more than ``sentences``."""
     real_loss = Seq2Seq.loss
 
-    def loss(self: Seq2Seq, batch: Batch, label_smoothing: float = 0.0) -> Any:
-        if batch.src.size(0) > sentences:
+    def loss(self: Seq2Seq, src: torch.Tensor, *tensors: Any) -> Any:
+        if src.size(0) > sentences:
             raise torch.OutOfMemoryError("CUDA out of memory")
-        return real_loss(self, batch, label_smoothing)
+        return real_loss(self, src, *tensors)
 
     Seq2Seq.loss = loss  # type: ignore[method-assign]  # in a spawned worker only
 
@@ -196,7 +196,7 @@ def test_torchrun_trains_with_one_run_directory(tmp_path: Path) -> None:
     assert state["progress"]["step"] == 10 and state["progress"]["batch_in_epoch"] == 20
     assert len(state["rng_by_rank"]) == 2
     assert not torch.equal(state["rng_by_rank"][0]["torch"], state["rng_by_rank"][1]["torch"])
-    from nmt.translate import Translator
+    from nmt.decoding.translator import Translator
 
     translator = Translator.from_checkpoint(run, "cpu")
     assert translator.translate(["sol luna"], translator.config.decoding)

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from nmt.dropout import LEVELS, Dropout, dropout, keep_mask
-from nmt.runtime import set_fast_kernels
+from nmt.fast import FastPaths
+from nmt.fast.dropout import LEVELS, FastDropout, dropout, keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.9])
@@ -62,7 +62,7 @@ def test_eval_and_zero_p_are_identity() -> None:
     x = torch.randn(4, 5)
     assert dropout(x, 0.5, training=False) is x
     assert dropout(x, 0.0, training=True) is x
-    module = Dropout(0.5).eval()
+    module = FastDropout(0.5).eval()
     assert module(x) is x
 
 
@@ -78,17 +78,19 @@ def test_seeded_and_resumable() -> None:
     torch.testing.assert_close(dropout(x, 0.5, training=True), first, rtol=0, atol=0)
 
 
-def test_plain_path_is_torch_dropout() -> None:
+def test_the_seam_picks_the_mask_with_cpu_kernels_and_torch_dropout_without() -> None:
     x = torch.randn(8, 100)
-    set_fast_kernels(False)
-    try:
-        torch.manual_seed(5)
-        ours = dropout(x, 0.5, training=True)
-        torch.manual_seed(5)
-        theirs = torch.nn.functional.dropout(x, 0.5, training=True)
-    finally:
-        set_fast_kernels(True)
+    fast, plain = FastPaths().dropout(0.5).train(), FastPaths(cpu_kernels=False).dropout(0.5)
+    assert isinstance(fast, FastDropout) and isinstance(plain, torch.nn.Dropout)
+    torch.manual_seed(5)
+    ours = plain.train()(x)
+    torch.manual_seed(5)
+    theirs = torch.nn.functional.dropout(x, 0.5, training=True)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    torch.manual_seed(5)
+    ours = fast(x)
+    torch.manual_seed(5)
+    torch.testing.assert_close(ours, dropout(x, 0.5, training=True), rtol=0, atol=0)
 
 
 def test_p_one_drops_everything() -> None:
@@ -97,4 +99,4 @@ def test_p_one_drops_everything() -> None:
 
 def test_rejects_bad_p() -> None:
     with pytest.raises(ValueError, match="dropout probability"):
-        Dropout(1.5)
+        FastDropout(1.5)

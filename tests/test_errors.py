@@ -27,7 +27,7 @@ import yaml
 
 from nmt.cli import main
 from nmt.config import DataConfig
-from nmt.data import read_pairs
+from nmt.data.corpus import read_pairs
 
 WORDS = "sol luna mar rio casa perro gato libro agua fuego tierra aire".split()
 
@@ -363,7 +363,7 @@ def test_translate_incompatible_format(
 def test_translate_tokenizer_that_does_not_match_the_vocabulary(
     tmp_path: Path, corpus: Path, run: Path, previous: Path
 ) -> None:
-    from nmt.tokenizer import train_sentencepiece
+    from nmt.data.tokenizer import train_sentencepiece
 
     state = torch.load(run / "best.pt", weights_only=False)
     text = [" ".join(random.Random(i).sample(WORDS, 5)) for i in range(200)]
@@ -392,7 +392,7 @@ def test_translate_empty_input_gives_empty_output(
 
 
 def test_translate_a_line_far_longer_than_training(tmp_path: Path, run: Path) -> None:
-    from nmt.translate import Translator
+    from nmt.decoding.translator import Translator
 
     line = " ".join(random.Random(0).choice(WORDS) for _ in range(150))  # training: 2-6 words
     source = tmp_path / "long.txt"

@@ -1,8 +1,9 @@
-"""Speed never costs correctness: the model's loss and every gradient are the same with nmt's
-CPU kernels (nmt.rnn, nmt.dropout, the additive score's recomputed tanh layer) and with torch's
-own (run.fast_kernels: false), and the step-by-step decoders' attention memory and Luong's W_c
-give the same gradients through a GradientSink or WeightSink as through plain autograd;
-float64, padding present, every decoder and each score kind."""
+"""Speed never costs correctness: the model's loss and every gradient are the same through
+every seam of nmt.fast.FastPaths as through its plain path: nmt's CPU kernels (the recurrence,
+dropout, the additive score's recomputed layer) against torch's own (run.fast_kernels: false),
+the step-by-step decoders' attention memory and Luong's W_c through gradient sinks against
+plain autograd, the fused output loss against F.cross_entropy, and all of them at once against
+FastPaths.plain(); float64, padding present, every decoder and each score kind."""
 
 from __future__ import annotations
 
@@ -12,20 +13,22 @@ import numpy as np
 import pytest
 import torch
 
-import nmt.decoder
-from nmt import attention
-from nmt.attention import Attention, Memory
+import nmt.fast.sinks
 from nmt.config import from_dict
-from nmt.data import make_batch
+from nmt.data.batching import make_batch
+from nmt.fast import FastPaths
+from nmt.fast.additive import RecomputedEnergies
+from nmt.fast.sinks import PLAIN_PRODUCTS, SinkProducts, WeightSink
 from nmt.model import build_model
-from nmt.runtime import set_fast_kernels
-from nmt.sinks import WeightSink
 
 SRC_VOCAB, TRG_VOCAB = 11, 13
+WITHOUT_CPU_KERNELS = FastPaths(cpu_kernels=False)
 SRC_LENGTHS, TRG_LENGTHS = [7, 3, 5, 1], [4, 6, 2, 5]  # padding on both sides
 
 
 def _model(style: str, feeding: bool, rnn: str, layers: int, score: str, seed: int = 0):
+    """A float64 model in train mode with dropout 0 (deterministic), built with every speed
+    path; ``_with`` rebuilds it with other paths and the same weights."""
     raw = {
         "embedding_size": 6,
         "embedding_dropout": 0.0,
@@ -41,11 +44,20 @@ def _model(style: str, feeding: bool, rnn: str, layers: int, score: str, seed: i
         "attention": {"score": score, "hidden_size": 5, "heads": 2, "window": 2},
     }
     torch.manual_seed(seed)
-    model = build_model(from_dict({"model": raw}).model, SRC_VOCAB, TRG_VOCAB).double()
+    config = from_dict({"model": raw}).model
+    model = build_model(config, SRC_VOCAB, TRG_VOCAB, FastPaths()).double()
     with torch.no_grad():
         for param in model.parameters():
             param.add_(0.3 * torch.randn_like(param))
-    return model.train()  # dropout 0: train mode is deterministic
+    model.config = config  # type: ignore[assignment]
+    return model.train()
+
+
+def _with(model, fast: FastPaths):
+    """The same model and weights, built with the speed paths ``fast``."""
+    other = build_model(model.config, SRC_VOCAB, TRG_VOCAB, fast).double()
+    other.load_state_dict(model.state_dict())
+    return other.train()
 
 
 def _batch(seed: int = 0):
@@ -56,18 +68,14 @@ def _batch(seed: int = 0):
 
 
 def _loss_and_grads(model, batch):
-    loss, nll = model.loss(batch, label_smoothing=0.1)
+    loss, nll = model.loss(*batch.tensors(), label_smoothing=0.1)
     grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
     return loss.detach(), nll, grads
 
 
-def _plain_loss_and_grads(model, batch):
-    """The same, through torch's plain path (run.fast_kernels: false)."""
-    set_fast_kernels(False)
-    try:
-        return _loss_and_grads(model, batch)
-    finally:
-        set_fast_kernels(True)
+def _plain_loss_and_grads(model, batch, fast: FastPaths = WITHOUT_CPU_KERNELS):
+    """The same through other paths (default: run.fast_kernels: false)."""
+    return _loss_and_grads(_with(model, fast), batch)
 
 
 def _assert_same(first, second) -> None:
@@ -102,13 +110,13 @@ def test_recomputed_additive_layer_gives_the_plain_loss_and_gradients(
     step at a time (Bahdanau, Luong with input feeding) or all steps at once (without)."""
     model, batch = _model(style, feeding, "gru", 1, "additive"), _batch(2)
     calls = []
-    original = attention._AdditiveEnergies.apply
+    original = RecomputedEnergies.apply
 
     def counting(*args):
         calls.append(args[0].size(1))  # T, the query steps of the call
         return original(*args)
 
-    monkeypatch.setattr(attention._AdditiveEnergies, "apply", counting)
+    monkeypatch.setattr(RecomputedEnergies, "apply", counting)
     fused = _loss_and_grads(model, batch)
     steps = max(TRG_LENGTHS) + 1  # the decoder's input: BOS and the target
     assert calls == ([1] * steps if feeding else [steps])
@@ -124,29 +132,29 @@ SINK_CASES = list(itertools.product([("bahdanau", True), ("luong", True)], SCORE
 def test_gradient_sinks_give_the_plain_gradients(decoder, score, monkeypatch) -> None:
     style, feeding = decoder
     model, batch = _model(style, feeding, "gru", 1, score), _batch(1)
-    sinks = []
-    original = Attention.for_steps
+    made = []
+    original = SinkProducts._sink
 
-    def recording(self: Attention, memory: Memory) -> Memory:
-        out = original(self, memory)
-        sinks.append((out.value_sink, out.key_sink))
-        return out
+    def recording(self, role, tensor):
+        sink = original(self, role, tensor)
+        made.append((role, sink))
+        return sink
 
-    monkeypatch.setattr(Attention, "for_steps", recording)
+    monkeypatch.setattr(SinkProducts, "_sink", recording)
     through_sinks = _loss_and_grads(model, batch)
-    used = sinks[0]
-    if score != "multihead":  # its context is not alphas @ values
-        assert used[0] is not None
+    used = {role for role, sink in made if sink is not None}
+    expected = set() if score == "multihead" else {"values"}  # its context is not alphas V
     if score in ("dot", "general", "scaled_dot", "cosine", "local-m", "local-p"):
-        assert used[1] is not None  # energies are query @ keys^T
-    monkeypatch.setattr(Attention, "for_steps", lambda self, memory: memory)
+        expected.add("keys")  # energies are query @ keys^T
+    assert used == expected
+    monkeypatch.setattr(FastPaths, "step_products", lambda self, training: PLAIN_PRODUCTS)
     _assert_same(through_sinks, _loss_and_grads(model, batch))
 
 
 @pytest.mark.parametrize(("rnn", "layers"), [("gru", 1), ("lstm", 2)])
 def test_combine_weight_sink_gives_the_plain_gradients(rnn, layers, monkeypatch) -> None:
     """Luong with input feeding applies W_c at every step: its gradient formed once over all
-    steps (nmt.sinks.WeightSink) equals autograd's step-by-step sum, with padding present."""
+    steps (nmt.fast.sinks.WeightSink) equals autograd's step-by-step sum, with padding present."""
     model, batch = _model("luong", True, rnn, layers, "general"), _batch(2)
     used = []
 
@@ -154,11 +162,25 @@ def test_combine_weight_sink_gives_the_plain_gradients(rnn, layers, monkeypatch)
         used.append(WeightSink(weight))
         return used[-1]
 
-    monkeypatch.setattr(nmt.decoder, "WeightSink", recording)
+    monkeypatch.setattr(nmt.fast.sinks, "WeightSink", recording)
     through_sink = _loss_and_grads(model, batch)
     assert len(used) == 1 and used[0].records == []  # used, and emptied by the backward pass
-    monkeypatch.setattr(nmt.decoder, "WeightSink", lambda weight: None)
+    monkeypatch.setattr(FastPaths, "step_linear", lambda self, linear, training: linear)
     _assert_same(through_sink, _loss_and_grads(model, batch))
+
+
+ALL_CASES = list(itertools.product(DECODERS, SCORES))
+
+
+@pytest.mark.parametrize(("decoder", "score"), ALL_CASES)
+def test_every_fast_path_at_once_gives_the_plain_pytorch_loss_and_gradients(decoder, score) -> None:
+    """The model built with every speed path against FastPaths.plain(): nn.GRU packed,
+    nn.Dropout, plain autograd through every step and F.cross_entropy on the full logits."""
+    style, feeding = decoder
+    model, batch = _model(style, feeding, "gru", 1, score, seed=4), _batch(3)
+    _assert_same(
+        _loss_and_grads(model, batch), _plain_loss_and_grads(model, batch, FastPaths.plain())
+    )
 
 
 def test_weight_sink_adds_to_the_weights_other_gradients() -> None:
@@ -174,11 +196,21 @@ def test_weight_sink_adds_to_the_weights_other_gradients() -> None:
     torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-12)
 
 
-def test_no_sinks_without_gradients() -> None:
-    model, batch = _model("bahdanau", True, "gru", 1, "general"), _batch()
+def test_evaluation_and_search_take_the_plain_paths(monkeypatch) -> None:
+    """In eval mode (dev loss, search) no seam takes its fast path."""
+    model, batch = _model("bahdanau", True, "gru", 1, "additive"), _batch()
+    fast = model.fast
+    assert fast.step_products(False) is PLAIN_PRODUCTS
+    assert fast.step_linear(model.generator, False) is model.generator
+
+    def refuse(*args):
+        raise AssertionError("a fast path in eval mode")
+
+    monkeypatch.setattr(RecomputedEnergies, "apply", refuse)
+    monkeypatch.setattr(nmt.fast.recurrence, "run_rnn", refuse)
+    model.eval()
     with torch.no_grad():
-        memory, _ = model.encode(batch.src, batch.src_lengths)
-        assert model.decoder.attention.for_steps(memory) is memory
+        model.loss(*batch.tensors())
 
 
 @pytest.mark.parametrize(
@@ -187,14 +219,11 @@ def test_no_sinks_without_gradients() -> None:
 def test_bf16_fast_and_plain_losses_agree(style, feeding, score) -> None:
     """Under bf16 autocast the two paths round differently; the losses stay close."""
     model, batch = _model(style, feeding, "gru", 1, score), _batch()
+    plain_model = _with(model, WITHOUT_CPU_KERNELS).float()
     model = model.float()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        fast, _ = model.loss(batch, 0.1)
-        set_fast_kernels(False)
-        try:
-            plain, _ = model.loss(batch, 0.1)
-        finally:
-            set_fast_kernels(True)
+        fast, _ = model.loss(*batch.tensors(), 0.1)
+        plain, _ = plain_model.loss(*batch.tensors(), 0.1)
     assert abs(fast.item() - plain.item()) / plain.item() < 2e-2
 
 
@@ -207,7 +236,7 @@ def test_recomputed_additive_layer_under_bf16_is_close_to_float64() -> None:
     upstream = torch.randn(4, 1, 12, generator=generator)
     inputs = [q.requires_grad_(), keys.bfloat16().requires_grad_(), v.requires_grad_()]
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        energies = attention._AdditiveEnergies.apply(*inputs)
+        energies = RecomputedEnergies.apply(*inputs)
     (energies.float() * upstream).sum().backward()
     wide = [x.detach().double().requires_grad_() for x in inputs]
     reference = torch.tanh(wide[0][:, :, None, :] + wide[1][:, None, :, :]) @ wide[2][0]

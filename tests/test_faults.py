@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt import checkpoint
+from nmt import checkpoint, files
+from nmt.training.rundir import RunLock
 
 ROUNDS = 5
 
@@ -38,7 +39,7 @@ TEXT_WRITER = """
 import sys
 import time
 from pathlib import Path
-from nmt import checkpoint
+from nmt import files
 
 path, first = Path(sys.argv[1]), int(sys.argv[2])
 for i in range(first, first + 10_000):
@@ -50,7 +51,7 @@ for i in range(first, first + 10_000):
             time.sleep(0.002)
 
     print(f"start {i}", flush=True)
-    checkpoint.atomic_write_bytes(path, write)
+    files.atomic_write_bytes(path, write)
     print(f"done {i}", flush=True)
 """
 
@@ -111,7 +112,7 @@ def test_killed_checkpoint_writes_leave_a_loadable_checkpoint(tmp_path: Path) ->
             assert not leftover.name.endswith(".pt")
         first = i + 1
     # the next training run, holding the lock, clears what killed writers left
-    with checkpoint.RunLock(run_dir):
+    with RunLock(run_dir):
         assert _temporaries(run_dir) == []
     assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "last.pt"]
 
@@ -135,17 +136,17 @@ def test_killed_text_writes_leave_the_old_or_the_new_file(tmp_path: Path) -> Non
 def test_atomic_write_text_replaces_whole_or_not_at_all(tmp_path: Path) -> None:
     """An exception inside a write leaves the old file and no temporary."""
     target = tmp_path / "report.json"
-    checkpoint.atomic_write_text(target, "old\n")
+    files.atomic_write_text(target, "old\n")
 
     def failing(handle) -> None:  # type: ignore[no-untyped-def]
         handle.write(b"half of the new")
         raise OSError(28, "No space left on device")
 
     with pytest.raises(OSError):
-        checkpoint.atomic_write_bytes(target, failing)
+        files.atomic_write_bytes(target, failing)
     assert target.read_text(encoding="utf-8") == "old\n"
     assert _temporaries(tmp_path) == []
-    checkpoint.atomic_write_text(target, "new\n")
+    files.atomic_write_text(target, "new\n")
     assert target.read_text(encoding="utf-8") == "new\n"
     assert os.stat(target).st_mode & 0o777 != 0o600  # the umask's permissions, not mkstemp's
 

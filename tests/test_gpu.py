@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from runs import read_metrics
 from synthetic import data_section, luong_model_section, write_corpus
 
 from nmt.config import from_dict
-from nmt.tracking import read_metrics
-from nmt.train import train
+from nmt.training import train
 
 pytestmark = [
     pytest.mark.gpu,

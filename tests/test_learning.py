@@ -7,12 +7,12 @@ import time
 import numpy as np
 import pytest
 import torch
+from decode import run_beam, run_greedy
 
 from nmt.config import from_dict
-from nmt.data import make_batch
+from nmt.data.batching import make_batch
+from nmt.data.tokenizer import EOS_ID
 from nmt.model import build_model
-from nmt.search import beam_search, greedy_search
-from nmt.tokenizer import EOS_ID
 
 VOCAB = 14  # 4 specials + 10 symbols
 
@@ -35,7 +35,7 @@ def train_reverse(model_cfg: dict, steps: int, seed: int = 0):
     model.train()
     for _ in range(steps):
         batch = reverse_batch(rng, 64)
-        loss, _ = model.loss(batch)
+        loss, _ = model.loss(*batch.tensors())
         optimizer.zero_grad()
         (loss / batch.n_target_tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -47,9 +47,9 @@ def train_reverse(model_cfg: dict, steps: int, seed: int = 0):
 def exact_match(model, batch, beam: int) -> float:
     src_lengths = batch.src_lengths
     if beam == 1:
-        hyps = [h.tokens for h in greedy_search(model, batch.src, src_lengths)]
+        hyps = [h.tokens for h in run_greedy(model, batch.src, src_lengths)]
     else:
-        hyps = [h[0].tokens for h in beam_search(model, batch.src, src_lengths, beam_size=beam)]
+        hyps = [h[0].tokens for h in run_beam(model, batch.src, src_lengths, beam_size=beam)]
     gold = [[t for t in row.tolist() if t > EOS_ID] for row in batch.trg_out]
     return float(np.mean([h == g for h, g in zip(hyps, gold, strict=True)]))
 

@@ -315,7 +315,7 @@ JSONL_BYTES = st.one_of(
 def _read(fmt: str, files: dict[str, bytes], errors: str, cached: bool) -> int:
     """read_pairs over the files; returns the pair count, checking the columns agree."""
     from nmt.config import DataConfig
-    from nmt.data import read_pairs
+    from nmt.data.corpus import read_pairs
 
     with workdir() as root:
         for name, data in files.items():

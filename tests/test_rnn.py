@@ -1,4 +1,4 @@
-"""nmt.rnn: the whole-sequence recurrence against a float64 loop written from the GRU and LSTM
+"""nmt.fast.recurrence: the whole-sequence recurrence against a float64 loop written from the GRU and LSTM
 equations, sentence by sentence over its real tokens only, and against torch's packed
 nn.GRU/nn.LSTM: outputs, final states and every gradient, with padding present."""
 
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from nmt.rnn import run_rnn
+from nmt.fast.recurrence import run_rnn
 
 INPUT, HIDDEN = 5, 7
 LENGTHS = [6, 3, 1, 5, 6]  # padding present, a one-token sentence, unsorted

@@ -8,18 +8,13 @@ import math
 
 import pytest
 import torch
+from decode import run_beam, run_greedy
 
 from nmt.config import ModelConfig, from_dict
-from nmt.data import pad
+from nmt.data.batching import pad
+from nmt.data.tokenizer import BOS_ID, EOS_ID
+from nmt.decoding.search import block_repeated_ngrams, length_penalty, max_lengths
 from nmt.model import Seq2Seq, build_model
-from nmt.search import (
-    beam_search,
-    block_repeated_ngrams,
-    greedy_search,
-    length_penalty,
-    max_lengths,
-)
-from nmt.tokenizer import BOS_ID, EOS_ID
 
 
 def _config(style: str = "bahdanau", rnn: str = "gru", input_feeding: bool = True) -> ModelConfig:
@@ -103,7 +98,7 @@ def test_exhaustive_beam_finds_every_output_in_order(style, feeding, alpha) -> N
     assert all(_limit(n, RATIO, offset) == limit for n in src_lengths.tolist())
     candidates = _enumerate(VOCAB, limit - 1)  # 1 + 5 + 25 + 125 = 156
     beam = 6 * 5 ** (limit - 2)
-    results = beam_search(
+    results = run_beam(
         model,
         src,
         src_lengths,
@@ -138,8 +133,8 @@ def test_wide_beam_finds_the_exhaustive_best(style: str, seed: int, beam: int) -
     offset = 4
     candidates = _enumerate(VOCAB, _limit(5, RATIO, offset) - 1)  # up to 4 symbols: 781
     options = {"max_len_ratio": RATIO, "max_len_offset": offset}
-    results = beam_search(model, src, src_lengths, beam_size=beam, alpha=0.0, **options)
-    greedy = greedy_search(model, src, src_lengths, **options)
+    results = run_beam(model, src, src_lengths, beam_size=beam, alpha=0.0, **options)
+    greedy = run_greedy(model, src, src_lengths, **options)
     beam_mattered = False
     for b, hyps in enumerate(results):
         scores = _sequence_log_probs(model, src[b : b + 1, : int(src_lengths[b])], candidates)
@@ -190,8 +185,8 @@ def test_beam_one_equals_greedy_when_eos_comes_first(style: str, seed: int, eos:
     model = _model(BIG_VOCAB, seed=seed, style=style, eos=eos)
     src, src_lengths = _source(LENGTHS, BIG_VOCAB, seed=seed)
     ratio, offset = 1.0, 3
-    greedy = greedy_search(model, src, src_lengths, ratio, offset, alpha=0.0)
-    beam = beam_search(model, src, src_lengths, 1, 0.0, ratio, offset, n_best=2)
+    greedy = run_greedy(model, src, src_lengths, ratio, offset, alpha=0.0)
+    beam = run_beam(model, src, src_lengths, 1, 0.0, ratio, offset, n_best=2)
     checked = 0
     with torch.no_grad():
         for b, n in enumerate(LENGTHS):
@@ -211,8 +206,8 @@ def test_greedy_respects_the_same_limit_as_beam() -> None:
     model = _model(BIG_VOCAB, seed=0, eos=2.0)
     src, src_lengths = _source(LENGTHS, BIG_VOCAB, seed=0)
     ratio, offset = 1.0, 3
-    greedy = greedy_search(model, src, src_lengths, ratio, offset, alpha=0.0)
-    beam = beam_search(model, src, src_lengths, 1, 0.0, ratio, offset, n_best=2)
+    greedy = run_greedy(model, src, src_lengths, ratio, offset, alpha=0.0)
+    beam = run_beam(model, src, src_lengths, 1, 0.0, ratio, offset, n_best=2)
     limits = [_limit(n, ratio, offset) for n in LENGTHS]
     assert any(len(h[0].tokens) + 1 == limit for h, limit in zip(beam, limits, strict=True))
     for b, n in enumerate(LENGTHS):
@@ -224,8 +219,8 @@ def test_greedy_respects_the_same_limit_as_beam() -> None:
 def test_beam_one_fast_path_applies_length_penalty() -> None:
     model = _model(BIG_VOCAB, seed=0, eos=2.0)
     src, src_lengths = _source(LENGTHS, BIG_VOCAB, seed=0)
-    fast = beam_search(model, src, src_lengths, 1, 1.0, 1.0, 3)
-    general = beam_search(model, src, src_lengths, 1, 1.0, 1.0, 3, n_best=2)
+    fast = run_beam(model, src, src_lengths, 1, 1.0, 1.0, 3)
+    general = run_beam(model, src, src_lengths, 1, 1.0, 1.0, 3, n_best=2)
     checked = 0
     for b, n in enumerate(LENGTHS):
         if 0 < len(general[b][0].tokens) < _limit(n, 1.0, 3) - 1:  # ended before the limit
@@ -243,9 +238,9 @@ def test_beam_is_batch_invariant(style: str, feeding: bool) -> None:
     lengths = [7, 2, 5, 3]
     src, src_lengths = _source(lengths, BIG_VOCAB, seed=6)
     options = {"beam_size": 4, "alpha": 1.0, "max_len_ratio": 1.5, "max_len_offset": 3, "n_best": 4}
-    batched = beam_search(model, src, src_lengths, **options)
+    batched = run_beam(model, src, src_lengths, **options)
     for b, n in enumerate(lengths):
-        alone = beam_search(model, src[b : b + 1, :n], src_lengths[b : b + 1], **options)[0]
+        alone = run_beam(model, src[b : b + 1, :n], src_lengths[b : b + 1], **options)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in batched[b]]
         for x, y in zip(alone, batched[b], strict=True):
             assert x.score == pytest.approx(y.score, abs=1e-5)
@@ -255,9 +250,9 @@ def test_greedy_is_batch_invariant() -> None:
     model = _model(BIG_VOCAB, seed=7)
     lengths = [7, 2, 5, 3]
     src, src_lengths = _source(lengths, BIG_VOCAB, seed=8)
-    batched = greedy_search(model, src, src_lengths, 1.5, 3)
+    batched = run_greedy(model, src, src_lengths, 1.5, 3)
     for b, n in enumerate(lengths):
-        alone = greedy_search(model, src[b : b + 1, :n], src_lengths[b : b + 1], 1.5, 3)[0]
+        alone = run_greedy(model, src[b : b + 1, :n], src_lengths[b : b + 1], 1.5, 3)[0]
         assert alone.tokens == batched[b].tokens
         assert alone.score == pytest.approx(batched[b].score, abs=1e-5)
 
@@ -267,7 +262,7 @@ def test_n_best_scores_and_attention_match_teacher_forcing(alpha: float) -> None
     model = _model(BIG_VOCAB, seed=9)
     lengths = [6, 3, 4]
     src, src_lengths = _source(lengths, BIG_VOCAB, seed=10)
-    results = beam_search(
+    results = run_beam(
         model,
         src,
         src_lengths,
@@ -299,7 +294,7 @@ def test_beam_respects_max_length(ratio: float, offset: int) -> None:
     model = _model(BIG_VOCAB, seed=12)
     lengths = [6, 1, 4, 3]
     src, src_lengths = _source(lengths, BIG_VOCAB, seed=13)
-    results = beam_search(
+    results = run_beam(
         model,
         src,
         src_lengths,
@@ -339,9 +334,9 @@ def test_no_output_repeats_a_blocked_ngram(n: int) -> None:
     """A model that loves repeating itself cannot, with blocking, in greedy or beam search."""
     model = _model(BIG_VOCAB, seed=3, eos=0.0)
     src, src_lengths = _source([6, 4, 5], BIG_VOCAB, seed=3)
-    plain = greedy_search(model, src, src_lengths, 2.0, 6)
+    plain = run_greedy(model, src, src_lengths, 2.0, 6)
     assert any(_has_repeat(h.tokens, n) for h in plain)  # precondition: repeats happen
-    greedy = greedy_search(model, src, src_lengths, 2.0, 6, no_repeat_ngram=n)
-    beam = beam_search(model, src, src_lengths, 3, 1.0, 2.0, 6, n_best=3, no_repeat_ngram=n)
+    greedy = run_greedy(model, src, src_lengths, 2.0, 6, no_repeat_ngram=n)
+    beam = run_beam(model, src, src_lengths, 3, 1.0, 2.0, 6, n_best=3, no_repeat_ngram=n)
     for hyp in [*greedy, *(h for hyps in beam for h in hyps)]:
         assert not _has_repeat(hyp.tokens, n), hyp.tokens

@@ -16,25 +16,21 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from runs import read_metrics
 from synthetic import data_section, luong_model_section, write_corpus
 
-import nmt.train as train_module
+import nmt.training.loop as train_module
+import nmt.training.step as step_module
 from nmt import __version__, checkpoint
 from nmt.config import from_dict, to_yaml
-from nmt.data import bucket_batches, make_batch
+from nmt.data.batching import bucket_batches, make_batch
+from nmt.data.prepare import load_corpora
 from nmt.errors import NMTError
-from nmt.model import Seq2Seq, TrainingLoss, build_model
-from nmt.prepare import load_corpora
-from nmt.tracking import read_metrics
-from nmt.train import (
-    MAX_BAD_STEPS,
-    Progress,
-    Schedule,
-    apply_update,
-    forward_backward,
-    record_validation,
-    train,
-)
+from nmt.model import Seq2Seq, build_model
+from nmt.training import train
+from nmt.training.loop import MAX_BAD_STEPS
+from nmt.training.schedule import Progress, Schedule, record_validation
+from nmt.training.step import TrainingLoss, apply_update, forward_backward
 
 CPU = torch.device("cpu")
 
@@ -185,11 +181,11 @@ def test_a_signal_on_a_validation_step_still_resumes_exactly(
     monkeypatch.setattr(train_module._StopFlag, "__enter__", remember)
     real_loss, calls = Seq2Seq.loss, [0]
 
-    def loss(self: Seq2Seq, batch: Any, label_smoothing: float = 0.0) -> Any:
+    def loss(self: Seq2Seq, *tensors: Any) -> Any:
         calls[0] += self.training
         if calls[0] == 40 and self.training:
             flags[-1].signal = signal.SIGTERM  # what the handler does
-        return real_loss(self, batch, label_smoothing)
+        return real_loss(self, *tensors)
 
     monkeypatch.setattr(Seq2Seq, "loss", loss)
     run_dir = tmp_path / "run"
@@ -264,7 +260,7 @@ def test_fp16_overflows_are_counted_and_do_not_stop_training(
 ) -> None:
     """From a loss scale of 2^40 the fp16 gradients overflow for many steps in a row (more
     than the divergence limit), each halving the scale, before training proceeds."""
-    monkeypatch.setattr(train_module, "INITIAL_LOSS_SCALE", 2.0**40)
+    monkeypatch.setattr(step_module, "INITIAL_LOSS_SCALE", 2.0**40)
     run_dir = run_training(corpus, tmp_path / "run", precision="fp16", max_steps=10)
     state = saved(run_dir / "last.pt")
     progress = state["progress"]
@@ -292,8 +288,8 @@ def nan_losses(monkeypatch: pytest.MonkeyPatch, bad_calls: set[int] | range) -> 
     real_loss = Seq2Seq.loss
     calls = {"n": 0}
 
-    def loss(self: Seq2Seq, batch: Any, label_smoothing: float = 0.0) -> Any:
-        loss_sum, nll_sum = real_loss(self, batch, label_smoothing)
+    def loss(self: Seq2Seq, *tensors: Any) -> Any:
+        loss_sum, nll_sum = real_loss(self, *tensors)
         if self.training:
             calls["n"] += 1
             if calls["n"] in bad_calls:
@@ -496,11 +492,11 @@ def oom_above(monkeypatch: pytest.MonkeyPatch, sentences: int) -> list[int]:
     real_loss = Seq2Seq.loss
     seen: list[int] = []
 
-    def loss(self: Seq2Seq, batch: Any, label_smoothing: float = 0.0) -> Any:
-        seen.append(batch.src.size(0))
-        if self.training and batch.src.size(0) > sentences:
+    def loss(self: Seq2Seq, src: Any, *tensors: Any) -> Any:
+        seen.append(src.size(0))
+        if self.training and src.size(0) > sentences:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real_loss(self, batch, label_smoothing)
+        return real_loss(self, src, *tensors)
 
     monkeypatch.setattr(Seq2Seq, "loss", loss)
     return seen

@@ -9,14 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from decode import run_beam, run_greedy
 from test_learning import exact_match, reverse_batch, train_reverse
 
-from nmt import attention
 from nmt.config import SCORES, from_dict, load
-from nmt.data import make_batch
+from nmt.data.batching import make_batch
 from nmt.errors import ConfigError
-from nmt.model import build_model
-from nmt.search import beam_search, greedy_search
+from nmt.model import attention, build_model, positional, scores
 
 VOCAB = 12
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -86,7 +85,7 @@ def _random_batch(src_lengths: list[int], trg_lengths: list[int], seed: int = 0)
 def _eval_loss(model, batch) -> float:
     model.eval()
     with torch.no_grad():
-        return float(model.loss(batch)[0]) / batch.n_target_tokens
+        return float(model.loss(*batch.tensors())[0]) / batch.n_target_tokens
 
 
 def _check_attention(alphas: torch.Tensor, n_tokens: int, length: int, width: int, score: str):
@@ -109,7 +108,7 @@ def test_builds_trains_and_translates(case) -> None:
     before = _eval_loss(model, batch)
     model.train()
     for _ in range(3):
-        loss, _ = model.loss(batch)
+        loss, _ = model.loss(*batch.tensors())
         optimizer.zero_grad()
         (loss / batch.n_target_tokens).backward()
         assert torch.isfinite(loss)
@@ -119,12 +118,12 @@ def test_builds_trains_and_translates(case) -> None:
     width = batch.src.size(1)
     lengths = batch.src_lengths.tolist()
     for hyp, length in zip(
-        greedy_search(model, batch.src, batch.src_lengths, return_attention=True),
+        run_greedy(model, batch.src, batch.src_lengths, return_attention=True),
         lengths,
         strict=True,
     ):
         _check_attention(hyp.alphas, len(hyp.tokens), length, width, score)
-    beams = beam_search(model, batch.src, batch.src_lengths, beam_size=2, return_attention=True)
+    beams = run_beam(model, batch.src, batch.src_lengths, beam_size=2, return_attention=True)
     for hyps, length in zip(beams, lengths, strict=True):
         _check_attention(hyps[0].alphas, len(hyps[0].tokens), length, width, score)
 
@@ -156,8 +155,8 @@ def test_batch_invariance(score: str, case) -> None:
     model = _build(_model_config(case), seed=1).double().eval()
     batch = _random_batch([7, 3, 5], [1, 1, 1], seed=2)
     alone_src = batch.src[1:2, :3]
-    together = greedy_search(model, batch.src, batch.src_lengths, return_attention=True)[1]
-    alone = greedy_search(model, alone_src, batch.src_lengths[1:2], return_attention=True)[0]
+    together = run_greedy(model, batch.src, batch.src_lengths, return_attention=True)[1]
+    alone = run_greedy(model, alone_src, batch.src_lengths[1:2], return_attention=True)[0]
     assert together.tokens == alone.tokens
     torch.testing.assert_close(together.alphas[:, :3], alone.alphas, rtol=0, atol=1e-10)
     assert torch.all(together.alphas[:, 3:] == 0)
@@ -259,8 +258,8 @@ def test_build_model_honours_every_attention_key() -> None:
         _model_config(case, score="local-p", local_score="dot", scale="learned", window=3)
     )
     module = model.decoder.attention
-    assert isinstance(module, attention.LocalAttention) and module.window == 3
-    assert isinstance(module.inner, attention.DotAttention) and module.inner.scale is not None
+    assert isinstance(module, positional.LocalAttention) and module.window == 3
+    assert isinstance(module.inner, scores.DotAttention) and module.inner.scale is not None
     assert _build(_model_config(case, score="multihead", heads=4)).decoder.attention.heads == 4
 
 

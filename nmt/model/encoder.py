@@ -4,17 +4,16 @@ initialises the decoder from it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from nmt.config import DecoderConfig, EncoderConfig
-from nmt.dropout import Dropout
-from nmt.errors import ConfigError
-from nmt.rnn import run_rnn
-from nmt.runtime import fast_kernels
-from nmt.tokenizer import PAD_ID
+from nmt.fast import FastPaths
+from nmt.vocab import PAD_ID
+
+if TYPE_CHECKING:
+    from nmt.config import DecoderConfig, EncoderConfig
 
 RNNS: dict[str, type[nn.GRU] | type[nn.LSTM]] = {"gru": nn.GRU, "lstm": nn.LSTM}
 
@@ -32,15 +31,20 @@ class EncoderOutput:
 
 class Encoder(nn.Module):
     """Bahdanau et al. (2015), section 3.2: a bidirectional RNN whose annotation of word j is
-    [h_forward_j; h_backward_j]. Padding never enters the recurrence: packed sequences, or on
-    the CPU nmt's own recurrence (``nmt.rnn``), which honours lengths the same way."""
+    [h_forward_j; h_backward_j]. Padding never enters the recurrence (``FastPaths.recurrence``
+    honours the lengths)."""
 
     def __init__(
-        self, vocab_size: int, embedding_size: int, embedding_dropout: float, cfg: EncoderConfig
+        self,
+        vocab_size: int,
+        embedding_size: int,
+        embedding_dropout: float,
+        cfg: EncoderConfig,
+        fast: FastPaths,
     ):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, embedding_size, padding_idx=PAD_ID)
-        self.embedding_dropout = Dropout(embedding_dropout)
+        self.embedding_dropout = fast.dropout(embedding_dropout)
         self.directions = 2 if cfg.bidirectional else 1
         self.layers = cfg.layers
         self.hidden_size = cfg.hidden_size
@@ -52,21 +56,17 @@ class Encoder(nn.Module):
             bidirectional=cfg.bidirectional,
             dropout=cfg.dropout if cfg.layers > 1 else 0.0,
         )
-        self.output_dropout = Dropout(cfg.dropout)
+        self.output_dropout = fast.dropout(cfg.dropout)
         self.output_size = cfg.hidden_size * self.directions
+        self.fast = fast
 
     def forward(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
         """src: (B, S) ids; src_lengths: (B,) -> EncoderOutput."""
         embedded = self.embedding_dropout(self.embed(src))  # (B, S, E)
         mask = src != PAD_ID  # (B, S)
-        if fast_kernels(src.device):
-            outputs, final = run_rnn(self.rnn, embedded, mask, None)  # (B, S, D*H)
-        else:
-            packed = pack_padded_sequence(
-                embedded, src_lengths.cpu(), batch_first=True, enforce_sorted=False
-            )
-            packed_out, final = self.rnn(packed)
-            outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=src.size(1))
+        outputs, final = self.fast.recurrence(
+            self.rnn, embedded, src_lengths, None, self.training
+        )  # (B, S, D*H)
         hidden, cell = final if isinstance(final, tuple) else (final, None)
         batch = src.size(0)
         shape = (self.layers, self.directions, batch, self.hidden_size)
@@ -88,7 +88,7 @@ class Bridge(nn.Module):
     """
 
     def __init__(self, encoder: Encoder, cfg: DecoderConfig):
-        super().__init__()
+        super().__init__()  # init: final's sizes are checked by the config schema
         self.kind = cfg.init
         self.layers = cfg.layers
         self.hidden_size = cfg.hidden_size
@@ -97,13 +97,10 @@ class Bridge(nn.Module):
         if self.kind == "bridge":
             parts = 2 if self.lstm else 1
             self.proj = nn.Linear(encoder.hidden_size, parts * cfg.layers * cfg.hidden_size)
-        elif self.kind == "final" and (
-            enc_final != cfg.hidden_size or encoder.layers != cfg.layers
-        ):
-            raise ConfigError(
-                f"model.decoder.init: 'final' needs the decoder ({cfg.layers} layers of "
-                f"{cfg.hidden_size}) to match the encoder ({encoder.layers} layers of "
-                f"{enc_final}); use init: bridge or zeros"
+        else:
+            assert self.kind != "final" or (enc_final, encoder.layers) == (
+                cfg.hidden_size,
+                cfg.layers,
             )
 
     def forward(self, enc: EncoderOutput) -> tuple[Tensor, Tensor | None]:

@@ -9,7 +9,6 @@ exactly the updates the uninterrupted run would have made.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,28 +17,14 @@ import torch
 
 from nmt import checkpoint
 from nmt.config import Config, changed_keys, from_dict
+from nmt.data.tokenizer import Tokenizer
 from nmt.errors import CheckpointError, ConfigError
 from nmt.model import Seq2Seq
-from nmt.runtime import Distributed, seed_everything
-from nmt.tokenizer import Tokenizer
+from nmt.runtime import seed_everything
+from nmt.training.distributed import Distributed
+from nmt.training.schedule import Progress
 
 log = logging.getLogger("nmt")
-
-
-@dataclass
-class Progress:
-    """Where training stands; saved in every checkpoint."""
-
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0  # batches of this epoch used, over all ranks
-    best_score: float | None = None
-    bad_validations: int = 0
-    lr_scale: float = 1.0
-    skipped_steps: int = 0  # updates skipped for any reason
-    overflow_steps: int = 0  # of which the fp16 grad scaler skipped (normal, a few)
-    bad_steps_in_a_row: int = 0  # non-finite losses or gradients in a row
-    history: list[dict[str, float]] = field(default_factory=list)
 
 
 def rng_state() -> dict[str, Any]:

@@ -1,5 +1,7 @@
 """The recurrence of an ``nn.GRU`` / ``nn.LSTM`` over a whole sequence as one autograd
-function: nmt's CPU fast path for the encoder and the decoders that run over all steps.
+function: nmt's CPU training path for the encoder and the decoders that run over all steps.
+``plain_rnn`` beside it is the module's own call (packed when lengths are given), the
+reference.
 
 On the CPU, torch runs an RNN as one small matmul and a few elementwise ops per time step, and
 autograd records every step, so the backward pass also computes the recurrent weight gradient
@@ -13,8 +15,8 @@ its last token (so the backward direction starts from its last token), outputs p
 zero, and the final state is the state at the last token. The module's own parameters are used
 (same names, same checkpoints). Under autocast the matmuls run in the autocast dtype and the
 gates, states and their gradients in the parameters' dtype. Each step's elementwise work runs
-as one compiled kernel (nmt/kernels.c, through nmt.native) where a C compiler is available,
-else as the torch ops of the step functions at the end of this file.
+as one compiled kernel (kernels.c, through nmt.fast.compiled) where a C compiler is
+available, else as the torch ops of nmt.fast.steps.
 
 Equations (torch's conventions, gates in this order):
 
@@ -31,9 +33,17 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from nmt.dropout import dropout
-from nmt.native import Kernels, rnn_kernels
+from nmt.fast.compiled import StepKernels, rnn_kernels
+from nmt.fast.dropout import dropout
+from nmt.fast.steps import (
+    gru_backward_step,
+    gru_forward_step,
+    gru_gates,
+    lstm_backward_step,
+    lstm_forward_step,
+)
 from nmt.runtime import compute_dtype
 
 RNNState = Tensor | tuple[Tensor, Tensor]
@@ -143,7 +153,7 @@ class _Layer(torch.autograd.Function):
                 if kernels is not None:
                     kernels.lstm_forward(recurrent, c, h, keep_t, *step_out, prev_out)
                 else:
-                    _lstm_forward_step(recurrent, c, h, keep_t, *step_out)
+                    lstm_forward_step(recurrent, c, h, keep_t, *step_out)
                 c = cells[:, t]
             else:
                 # W_hr h + W_ir x + b_r, W_hz h + W_iz x + b_z, W_hn h + b_hn: (D, B, 3H)
@@ -153,8 +163,8 @@ class _Layer(torch.autograd.Function):
                         acts[t], n_in[:, t], h, keep_t, extra[:, t], states[:, t], prev_out
                     )
                 else:
-                    _gru_gates(acts[t], gates)
-                    _gru_forward_step(gates, n_in[:, t], h, keep_t, extra[:, t], states[:, t])
+                    gru_gates(acts[t], gates)
+                    gru_forward_step(gates, n_in[:, t], h, keep_t, extra[:, t], states[:, t])
             h = states[:, t]
         ctx.lstm, ctx.compute = lstm, compute
         ctx.input_dtype, ctx.weight_dtype = inputs.dtype, w_hh.dtype
@@ -236,7 +246,7 @@ class _ThroughTime:
         return self.states[:, t - 1], (self.cells[:, t - 1] if self.cells is not None else None)
 
     def compiled(
-        self, kernels: Kernels, dh: Tensor, dc: Tensor | None
+        self, kernels: StepKernels, dh: Tensor, dc: Tensor | None
     ) -> tuple[Tensor, Tensor | None]:
         """With the compiled steps. dh (D, B, H), the part of dL/dh' that does not pass
         through W_h, and dc are updated in place; each step adds the part that does (W_h^T
@@ -289,7 +299,7 @@ class _ThroughTime:
             h_prev, c_prev = self._before(t)
             if dc is not None:  # LSTM
                 assert c_prev is not None
-                carry, dc = _lstm_backward_step(
+                carry, dc = lstm_backward_step(
                     dh,
                     dc,
                     self.grad_out[:, t],
@@ -303,12 +313,12 @@ class _ThroughTime:
                     self.grad_rec[:, t],
                 )
             else:
-                carry = _gru_backward_step(
+                carry = gru_backward_step(
                     dh,
                     self.grad_out[:, t],
                     keep_t,
                     dropped_t,
-                    _gru_gates(self.acts[t], scratch_gates),
+                    gru_gates(self.acts[t], scratch_gates),
                     self.extra[:, t],
                     h_prev,
                     ones,
@@ -372,143 +382,6 @@ def _input_and_weight_grads(
     )
 
 
-# ----------------------------------------------------------------------------- one step
-# The elementwise work of one time step, both directions at once, written into the loop's
-# buffers (few, fused ops: on the small per-step tensors each op costs about as much as its
-# arithmetic). torch.compile fuses each into one loop, 5-20x faster alone, but its per-call
-# overhead made training 6% slower (docs/benchmarks.md), so they run eagerly.
-
-
-def _tanh(x: Tensor, out: Tensor) -> Tensor:
-    """tanh(x) into out (x itself allowed) as 2 sigmoid(2x) - 1: torch's CPU float32 tanh
-    takes 1.3 ns per element on 2 cores against 0.23 for its sigmoid. It differs from tanh by
-    a few units of the dtype's rounding step at 0.5 (at most 2e-7 in float32)."""
-    return torch.sigmoid_(torch.mul(x, 2, out=out)).mul_(2).sub_(1)
-
-
-def _gru_gates(pre: Tensor, out: Tensor) -> Tensor:
-    """pre = (W_hr h + W_ir x + b_r, W_hz h + W_iz x + b_z, W_hn h + b_hn) (D, B, 3H) in the
-    matmul dtype -> r, z and W_hn h + b_hn in out (D, B, 3H, float32)."""
-    hidden = pre.size(-1) // 3
-    torch.sigmoid_(out.copy_(pre)[..., : 2 * hidden])
-    return out
-
-
-def _gru_forward_step(
-    gates: Tensor, n_in: Tensor, h: Tensor, keep: Tensor | None, n_out: Tensor, h_out: Tensor
-) -> None:
-    """gates = r, z, W_hn h + b_hn (D, B, 3H), n_in = W_in x + b_in (D, B, H) -> n and h'
-    into their (D, B, H) buffers."""
-    hidden = h.size(-1)
-    gate_z = gates[..., hidden : 2 * hidden]
-    n = torch.addcmul(n_in, gates[..., :hidden], gates[..., 2 * hidden :], out=n_out)
-    _tanh(n, n)
-    if keep is None:  # (1 - z) n + z h
-        torch.lerp(n, h, gate_z, out=h_out)
-    else:  # lerp is exact for weights 0 and 1: a finished sentence keeps its state
-        torch.lerp(h, torch.lerp(n, h, gate_z), keep, out=h_out)
-
-
-def _gru_backward_step(
-    dh: Tensor,
-    grad_out: Tensor,
-    keep: Tensor | None,
-    dropped: Tensor | None,
-    act: Tensor,
-    n: Tensor,
-    h_prev: Tensor,
-    ones: Tensor,
-    scratch: Tensor,
-    grads_out: Tensor,
-    grad_n_in_out: Tensor,
-) -> Tensor:
-    """dh: gradient of h' from the next step (updated in place) -> the gates' gradients into
-    grads_out (D, B, 3H: r, z, W_hn h + b_hn) and grad_n_in_out (n's pre-activation); returns
-    the part of dh_prev that does not go through W_h."""
-    hidden = h_prev.size(-1)
-    dh += grad_out
-    dh_step = dh if keep is None else dh * keep
-    gates = act[..., : 2 * hidden]
-    gate_r, gate_z, h_n = act[..., :hidden], act[..., hidden : 2 * hidden], act[..., 2 * hidden :]
-    dn = torch.addcmul(dh_step, dh_step, gate_z, value=-1)  # dh (1 - z)
-    dn *= torch.addcmul(ones, n, n, value=-1)  # at n's pre-activation: (1 - n^2)
-    torch.mul(dn, h_n, out=scratch[..., :hidden])  # dr = dn h_n
-    torch.sub(h_prev, n, out=scratch[..., hidden:]).mul_(dh_step)  # dz = dh (h - n)
-    slopes = torch.addcmul(gates, gates, gates, value=-1)  # s'(r), s'(z)
-    torch.mul(scratch, slopes, out=grads_out[..., : 2 * hidden])
-    torch.mul(dn, gate_r, out=grads_out[..., 2 * hidden :])
-    grad_n_in_out.copy_(dn)
-    carry = dh_step * gate_z
-    if dropped is not None:
-        carry.addcmul_(dh, dropped)  # a finished sentence passes dh through
-    return carry
-
-
-def _lstm_forward_step(
-    pre: Tensor,
-    c: Tensor,
-    h: Tensor,
-    keep: Tensor | None,
-    act_out: Tensor,
-    tanh_c_out: Tensor,
-    c_out: Tensor,
-    h_out: Tensor,
-) -> None:
-    """pre = W_i x + b_i + W_h h + b_h (D, B, 4H) in the matmul dtype -> i, f, g, o into
-    act_out, tanh(c'), c' and h' into their (D, B, H) buffers."""
-    hidden = h.size(-1)
-    act = act_out.copy_(pre)
-    act[..., 2 * hidden : 3 * hidden].mul_(2)
-    torch.sigmoid_(act)  # i, f, o, and g as sigmoid(2x)
-    gate_g = act[..., 2 * hidden : 3 * hidden].mul_(2).sub_(1)  # tanh x = 2 sigmoid(2x) - 1
-    c_new = c_out if keep is None else torch.empty_like(c)
-    torch.mul(act[..., hidden : 2 * hidden], c, out=c_new).addcmul_(act[..., :hidden], gate_g)
-    tanh_c = _tanh(c_new, tanh_c_out)
-    if keep is None:
-        torch.mul(act[..., 3 * hidden :], tanh_c, out=h_out)
-    else:  # lerp is exact for weights 0 and 1
-        torch.lerp(c, c_new, keep, out=c_out)
-        torch.lerp(h, act[..., 3 * hidden :] * tanh_c, keep, out=h_out)
-
-
-def _lstm_backward_step(
-    dh: Tensor,
-    dc: Tensor,
-    grad_out: Tensor,
-    keep: Tensor | None,
-    dropped: Tensor | None,
-    act: Tensor,
-    tanh_c: Tensor,
-    c_prev: Tensor,
-    ones: Tensor,
-    scratch: Tensor,
-    grads_out: Tensor,
-) -> tuple[Tensor | None, Tensor]:
-    """dh, dc: gradients of h' and c' from the next step -> the gates' gradients into
-    grads_out (D, B, 4H); returns the part of dh_prev that does not go through W_h (None
-    when no sentence has finished) and dc_prev."""
-    hidden = c_prev.size(-1)
-    dh = dh + grad_out
-    dh_step = dh if keep is None else dh * keep
-    dc_step = dc if keep is None else dc * keep
-    gate_i, gate_f = act[..., :hidden], act[..., hidden : 2 * hidden]
-    gate_g, gate_o = act[..., 2 * hidden : 3 * hidden], act[..., 3 * hidden :]
-    dc_new = torch.addcmul(ones, tanh_c, tanh_c, value=-1).mul_(gate_o)
-    dc_new = torch.addcmul(dc_step, dh_step, dc_new)  # + dh o (1 - tanh(c)^2)
-    slopes = torch.addcmul(act, act, act, value=-1)  # s'(x) = s (1 - s)
-    torch.addcmul(ones, gate_g, gate_g, value=-1, out=slopes[..., 2 * hidden : 3 * hidden])
-    torch.mul(dc_new, gate_g, out=scratch[..., :hidden])
-    torch.mul(dc_new, c_prev, out=scratch[..., hidden : 2 * hidden])
-    torch.mul(dc_new, gate_i, out=scratch[..., 2 * hidden : 3 * hidden])
-    torch.mul(dh_step, tanh_c, out=scratch[..., 3 * hidden :])
-    torch.mul(scratch, slopes, out=grads_out)
-    dc_prev = dc_new * gate_f
-    if dropped is None:
-        return None, dc_prev
-    dc_prev.addcmul_(dc, dropped)
-    return dh * dropped, dc_prev
-
-
 def _full_steps(keep: Tensor | None, steps: int) -> list[bool]:
     """For each step of the loop, whether every sentence of every direction is still going."""
     if keep is None:
@@ -565,3 +438,17 @@ def run_rnn(
                 x = dropout(x, rnn.dropout, rnn.training)
     hidden = torch.cat(hiddens)
     return x, ((hidden, torch.cat(cells)) if lstm else hidden)
+
+
+def plain_rnn(
+    rnn: nn.RNNBase, inputs: Tensor, lengths: Tensor | None, state: RNNState | None
+) -> tuple[Tensor, RNNState]:
+    """The module's own call over ``inputs`` (B, T, I): packed by ``lengths`` (B,) where given
+    (outputs zero past each end, the final state at each last token), else over every
+    position -> outputs (B, T, D*H), the final state."""
+    if lengths is None:
+        return rnn(inputs, state)  # type: ignore[no-any-return]
+    packed = pack_padded_sequence(inputs, lengths.cpu(), batch_first=True, enforce_sorted=False)
+    packed_out, final = rnn(packed, state)
+    outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=inputs.size(1))
+    return outputs, final

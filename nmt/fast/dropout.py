@@ -1,13 +1,12 @@
 """Dropout (Srivastava et al. 2014) with a cheaper mask on the CPU.
 
-torch's CPU dropout draws one Bernoulli sample per element, which took about 7% of a
-training step at the benchmark sizes (docs/benchmarks.md). Here each element gets 16 random
+torch's CPU dropout draws one Bernoulli sample per element, a visible part of a training step
+(docs/benchmarks.md). Here each element gets 16 random
 bits instead (four per 64-bit draw of torch's generator, so seeding and checkpointed RNG
 state work as before) and is kept when they reach a threshold: the drop probability is p
 rounded to a multiple of 2^-16 (off by at most 7.7e-6), and kept elements are scaled by the
-inverse of the exact keep probability, so the expectation is unchanged. Forward and backward
-together run 3-4 times faster than ``F.dropout`` on the CPU. On a GPU ``F.dropout`` (a fused
-kernel) runs.
+inverse of the exact keep probability, so the expectation is unchanged. On other devices
+``F.dropout`` (a fused kernel there) runs, and ``nn.Dropout`` is the plain path.
 """
 
 from __future__ import annotations
@@ -15,8 +14,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from nmt.runtime import fast_kernels
 
 LEVELS = 1 << 16  # random values per element
 
@@ -50,15 +47,16 @@ class _MaskedScale(torch.autograd.Function):
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """Inverted dropout: zero each element with probability p, scale the rest by 1/(1-p)."""
+    """Inverted dropout: zero each element with probability p, scale the rest by 1/(1-p);
+    16-bit masks for CPU tensors."""
     if not training or p == 0.0:
         return x
-    if not fast_kernels(x.device) or p >= 1.0:
+    if x.device.type != "cpu" or p >= 1.0:
         return F.dropout(x, p, training)
     return _MaskedScale.apply(x, p)
 
 
-class Dropout(nn.Module):
+class FastDropout(nn.Module):
     """Drop-in replacement for ``nn.Dropout`` (same ``p``, same train/eval behaviour)."""
 
     def __init__(self, p: float = 0.5):

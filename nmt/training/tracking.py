@@ -75,19 +75,6 @@ class Tracker:
             self.writer.close()
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a last line cut off by a crash mid-append
-            continue
-    return records
-
-
 class ProgressBar:
     """A progress bar for the epoch on stderr with loss and target tokens/s; only on a terminal."""
 

@@ -1,4 +1,5 @@
-"""nmt's fused CPU kernels (nmt/kernels.c): compiled on first use, called through ctypes.
+"""nmt's compiled CPU kernels (kernels.c beside this file): built on first use, called through
+ctypes.
 
 The file is compiled once per machine with the C compiler (``$CC``, else ``cc``) for this
 CPU (``-O3 -march=native -fopenmp``) into nmt's cache directory (``$NMT_CACHE_DIR``, else
@@ -16,7 +17,6 @@ import ctypes
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from nmt.runtime import cpu_description
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +58,6 @@ def cache_dir() -> Path:
     return Path(base) / "nmt"
 
 
-def _cpu_description() -> str:
-    """The CPU's model and feature flags (Linux), else the platform's machine name."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.machine()
-    keep = [line for line in lines if line.startswith(("model name", "flags", "Features"))]
-    return "\n".join(sorted(set(keep))) or platform.machine()
-
-
 def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC") or "cc")
 
@@ -80,7 +72,7 @@ def _compiler_version(compiler: str) -> str:
 
 def library_path(compiler: str) -> Path:
     key = "\n".join(
-        [SOURCE.read_text(), compiler, _compiler_version(compiler), *FLAGS, _cpu_description()]
+        [SOURCE.read_text(), compiler, _compiler_version(compiler), *FLAGS, cpu_description()]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_dir() / f"kernels-{digest}.so"
@@ -131,7 +123,7 @@ def library() -> ctypes.CDLL | None:
         except (OSError, AttributeError, subprocess.SubprocessError) as error:
             reason = f"could not build them ({error})"
     if lib is None:
-        log.warning("nmt's fused CPU kernels are off: %s; torch ops run instead", reason)
+        log.warning("nmt's compiled CPU kernels are off: %s; torch ops run instead", reason)
     _state["lib"], _state["reason"] = lib, reason
     return lib
 
@@ -148,7 +140,7 @@ def _blocks(tensor: Tensor | None) -> tuple[int | None, int]:
     return (None, 0) if tensor is None else (tensor.data_ptr(), tensor.stride(0))
 
 
-class Kernels:
+class StepKernels:
     """One RNN time step of every direction, through the compiled kernels (see kernels.c for
     the arguments). Tensors: (D, B, F) with contiguous (B, F) blocks; ``pre``, ``rec``,
     ``prev_out`` and the gate gradients in the matmul dtype (bfloat16 or float32), the rest
@@ -275,7 +267,7 @@ class Kernels:
         )
 
 
-def rnn_kernels(compute: torch.dtype, state: Tensor) -> Kernels | None:
+def rnn_kernels(compute: torch.dtype, state: Tensor) -> StepKernels | None:
     """The step kernels for an RNN whose matmuls run in ``compute`` and whose states are like
     ``state``, or None where torch ops must run (no library, another device or dtype)."""
     if state.device.type != "cpu" or state.dtype != torch.float32:
@@ -283,7 +275,7 @@ def rnn_kernels(compute: torch.dtype, state: Tensor) -> Kernels | None:
     if compute not in (torch.bfloat16, torch.float32):
         return None
     lib = library()
-    return None if lib is None else Kernels(lib, compute)
+    return None if lib is None else StepKernels(lib, compute)
 
 
 def softmax_xent(

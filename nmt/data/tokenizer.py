@@ -1,21 +1,20 @@
-"""sentencepiece tokenizers: train, load, encode, decode. Special ids are defined only here."""
+"""sentencepiece tokenizers: train, load, encode, decode, with nmt's special ids (nmt.vocab)."""
 
 from __future__ import annotations
 
+import functools
 import io
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import sentencepiece as spm
 
 from nmt.errors import CheckpointError, DataError
-
-PAD_ID = 0
-UNK_ID = 1
-BOS_ID = 2
-EOS_ID = 3
+from nmt.files import atomic_write_bytes
+from nmt.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
 def train_sentencepiece(
@@ -115,14 +114,16 @@ class Tokenizer:
 
     def save(self, run_dir: Path) -> None:
         """Write the sentencepiece model file(s) for users and other tools (atomically)."""
-        from nmt.checkpoint import atomic_write_bytes
-
         if self.joint:
             files = {"spm.model": self.src_proto}
         else:
             files = {"spm.src.model": self.src_proto, "spm.trg.model": self.trg_proto}
         for name, proto in files.items():
-            atomic_write_bytes(run_dir / name, lambda handle, data=proto: handle.write(data))
+            atomic_write_bytes(run_dir / name, functools.partial(_write, proto))
+
+
+def _write(data: bytes, handle: BinaryIO) -> None:
+    handle.write(data)
 
 
 def load_model_file(path: Path) -> bytes:

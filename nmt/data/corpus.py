@@ -1,28 +1,28 @@
-"""Corpora -> cleaned pairs -> token ids -> length-bucketed token batches.
+"""Corpora -> cleaned pairs -> token ids, random access by batch.
 
 Every corpus becomes a Hugging Face ``datasets.Dataset``: local files (a text pair, TSV,
 JSONL) parsed by ``nmt.textfiles`` into memory-mapped Arrow tables, hub datasets through
 ``load_dataset(name, config, split=...)``. Tokenisation is a ``Dataset.map`` whose results are
 cached on disk under the run directory, so corpora larger than memory work; only lengths are
-held in memory for bucketing.
+held in memory (for nmt.data.batching).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from nmt.config import Config, DataConfig
+from nmt.data.batching import Batch, make_batch
+from nmt.data.textfiles import existing, quiet_datasets, read_file, string_features
+from nmt.data.tokenizer import Tokenizer
 from nmt.errors import DataError
-from nmt.textfiles import existing, quiet_datasets, read_file, string_features
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+if TYPE_CHECKING:
+    from nmt.config import Config, DataConfig
 
 log = logging.getLogger("nmt")
 
@@ -181,49 +181,6 @@ def drop_long(rows: Any, max_length: int) -> tuple[Any, int]:
     return kept, len(rows) - len(kept)
 
 
-@dataclass
-class Batch:
-    """A padded batch. src: (B, S) with EOS; trg_in: (B, T) BOS+y; trg_out: (B, T) y+EOS."""
-
-    src: torch.Tensor
-    src_lengths: torch.Tensor
-    trg_in: torch.Tensor
-    trg_out: torch.Tensor
-    indices: np.ndarray
-
-    @property
-    def n_target_tokens(self) -> int:
-        return int((self.trg_out != PAD_ID).sum())
-
-    def to(self, device: torch.device) -> Batch:
-        return Batch(
-            self.src.to(device, non_blocking=True),
-            self.src_lengths.to(device, non_blocking=True),
-            self.trg_in.to(device, non_blocking=True),
-            self.trg_out.to(device, non_blocking=True),
-            self.indices,
-        )
-
-
-def pad(sequences: Sequence[Sequence[int]], length: int | None = None) -> torch.Tensor:
-    """(B, L) long tensor, right-padded with PAD_ID."""
-    length = length or max(len(s) for s in sequences)
-    out = torch.full((len(sequences), length), PAD_ID, dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        out[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
-    return out
-
-
-def make_batch(
-    src_ids: Sequence[Sequence[int]], trg_ids: Sequence[Sequence[int]], indices: np.ndarray
-) -> Batch:
-    src = pad(src_ids)
-    lengths = torch.tensor([len(s) for s in src_ids], dtype=torch.long)
-    trg_in = pad([[BOS_ID, *t] for t in trg_ids])
-    trg_out = pad([[*t, EOS_ID] for t in trg_ids])
-    return Batch(src, lengths, trg_in, trg_out, indices)
-
-
 class TokenizedCorpus:
     """Random access to tokenised pairs; ids stay in the on-disk Arrow table."""
 
@@ -238,47 +195,3 @@ class TokenizedCorpus:
     def batch(self, indices: np.ndarray) -> Batch:
         picked = self.rows[[int(i) for i in indices]]
         return make_batch(picked["src_ids"], picked["trg_ids"], indices)
-
-
-def bucket_batches(
-    src_lengths: np.ndarray, trg_lengths: np.ndarray, batch_tokens: int, seed: int, epoch: int
-) -> list[np.ndarray]:
-    """Token-based batches of similar lengths, in a seeded order for this epoch.
-
-    Pairs are sorted by their longer side, then source length, then target length, with ties
-    broken randomly, and cut into batches whose padded size (sentences x longest side) stays
-    within ``batch_tokens``; the batch order is shuffled. Sorting by the side the budget
-    counts fills each batch to it, and the source length next keeps the encoder's padding
-    small (the bidirectional encoder costs the most per padded position). The result depends
-    only on (lengths, batch_tokens, seed, epoch), which makes the data order reproducible for
-    exact resume.
-    """
-    rng = np.random.default_rng([seed, epoch])
-    tie_break = rng.permutation(len(src_lengths))
-    longer = np.maximum(src_lengths, trg_lengths)
-    order = np.lexsort((tie_break, trg_lengths, src_lengths, longer))
-    batches: list[np.ndarray] = []
-    start, longest = 0, 0
-    for position, index in enumerate(order):
-        size = max(int(src_lengths[index]), int(trg_lengths[index]))
-        longest_if_added = max(longest, size)
-        if position > start and longest_if_added * (position - start + 1) > batch_tokens:
-            batches.append(order[start:position])
-            start, longest_if_added = position, size
-        longest = longest_if_added
-    if start < len(order):
-        batches.append(order[start:])
-    shuffled = rng.permutation(len(batches))
-    return [batches[i] for i in shuffled]
-
-
-def padding_fraction(
-    batches: list[np.ndarray], src_lengths: np.ndarray, trg_lengths: np.ndarray
-) -> float:
-    """Fraction of padded positions over all batches (source and target)."""
-    real = padded = 0
-    for batch in batches:
-        for lengths in (src_lengths[batch], trg_lengths[batch]):
-            real += int(lengths.sum())
-            padded += int(lengths.max()) * len(batch)
-    return 1.0 - real / max(padded, 1)

@@ -15,8 +15,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from nmt.config import DecodingConfig
 from nmt.model import Seq2Seq
-from nmt.tokenizer import BOS_ID, EOS_ID
+from nmt.model.attention import Memory
+from nmt.model.decoder import DecoderState
+from nmt.vocab import BOS_ID, EOS_ID
 
 
 @dataclass
@@ -43,19 +46,18 @@ def greedy_search(
     model: Seq2Seq,
     src: Tensor,
     src_lengths: Tensor,
-    max_len_ratio: float = 1.5,
-    max_len_offset: int = 10,
+    decoding: DecodingConfig,
     return_attention: bool = False,
-    alpha: float = 1.0,
-    no_repeat_ngram: int = 0,
 ) -> list[Hypothesis]:
-    """Argmax decoding for a batch; the fast path for beam size 1.
+    """Argmax decoding for a batch (``decoding.beam_size`` is not read); what beam search
+    runs for beam size 1.
 
     Like beam search, a sentence at its maximum length may only end (EOS is forced), and the
     score is the length-normalised log-probability of the output including EOS.
     """
     batch = src.size(0)
-    limit_tensor = max_lengths(src_lengths, max_len_ratio, max_len_offset)  # (B,)
+    no_repeat_ngram = decoding.no_repeat_ngram
+    limit_tensor = max_lengths(src_lengths, decoding.max_len_ratio, decoding.max_len_offset)
     longest = int(limit_tensor.max())
     memory, state = model.encode(src, src_lengths)
     prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=src.device)
@@ -64,7 +66,7 @@ def greedy_search(
     alphas: list[Tensor] = []
     done = torch.zeros(batch, dtype=torch.bool, device=src.device)
     for t in range(longest):
-        features, alpha_t, state = model.decoder.step(prev, memory, state)
+        features, alphas_t, state = model.decoder.step(prev, memory, state)
         log_probs = model.log_probs(features)  # (B, V)
         if no_repeat_ngram and tokens:
             block_repeated_ngrams(log_probs, torch.stack(tokens, dim=1), no_repeat_ngram)
@@ -75,11 +77,11 @@ def greedy_search(
         tokens.append(prev)
         scores.append(best.masked_fill(done, 0.0))
         if return_attention:
-            alphas.append(alpha_t)
+            alphas.append(alphas_t)
         done = done | (prev == EOS_ID)
         if bool(done.all()):
             break
-    return _collect_greedy(tokens, scores, alphas, alpha, return_attention)
+    return _collect_greedy(tokens, scores, alphas, decoding.length_penalty, return_attention)
 
 
 def _collect_greedy(
@@ -113,10 +115,13 @@ class _Beams:
     alphas: Tensor | None  # (B*K, t, S)
 
 
-def _expand(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int):  # type: ignore[no-untyped-def]
+def _expand(
+    model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
+) -> tuple[Memory, DecoderState]:
+    """The encoder's memory and the decoder's first state, each sentence repeated K times."""
     memory, state = model.encode(src, src_lengths)
     index = torch.arange(src.size(0), device=src.device).repeat_interleave(beam_size)
-    return memory.index_select(index), state.index_select(index)
+    return memory.index_select(index), model.decoder.reorder(state, index)
 
 
 def _top_candidates(
@@ -178,29 +183,16 @@ def beam_search(
     model: Seq2Seq,
     src: Tensor,
     src_lengths: Tensor,
-    beam_size: int = 5,
-    alpha: float = 1.0,
-    max_len_ratio: float = 1.5,
-    max_len_offset: int = 10,
+    decoding: DecodingConfig,
     n_best: int = 1,
     return_attention: bool = False,
-    no_repeat_ngram: int = 0,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns the ``n_best`` hypotheses per sentence, best first."""
+    beam_size, alpha = decoding.beam_size, decoding.length_penalty
     if beam_size == 1 and n_best == 1:
-        hyps = greedy_search(
-            model,
-            src,
-            src_lengths,
-            max_len_ratio,
-            max_len_offset,
-            return_attention,
-            alpha,
-            no_repeat_ngram,
-        )
-        return [[h] for h in hyps]
+        return [[h] for h in greedy_search(model, src, src_lengths, decoding, return_attention)]
     batch, device = src.size(0), src.device
-    limits = max_lengths(src_lengths, max_len_ratio, max_len_offset).tolist()
+    limits = max_lengths(src_lengths, decoding.max_len_ratio, decoding.max_len_offset).tolist()
     memory, state = _expand(model, src, src_lengths, beam_size)
     initial = torch.full((batch, beam_size), -math.inf, device=device)
     initial[:, 0] = 0.0  # only one live hypothesis at the start
@@ -218,8 +210,8 @@ def beam_search(
         length = beams.tokens.size(1) + 1
         features, step_alphas, state = model.decoder.step(prev, memory, state)
         log_probs = model.log_probs(features)  # (B*K, V)
-        if no_repeat_ngram:
-            block_repeated_ngrams(log_probs, beams.tokens, no_repeat_ngram)
+        if decoding.no_repeat_ngram:
+            block_repeated_ngrams(log_probs, beams.tokens, decoding.no_repeat_ngram)
         _force_eos_at_limit(log_probs, limits, length, beam_size)
         scores, origins, tokens = _top_candidates(beams, log_probs, beam_size)
         _finalise(
@@ -236,7 +228,7 @@ def beam_search(
         alive_scores, pick = scores.topk(beam_size, dim=-1)  # (B, K) best non-EOS
         origins, tokens = origins.gather(1, pick), tokens.gather(1, pick)
         flat = (torch.arange(batch, device=device)[:, None] * beam_size + origins).view(-1)
-        state = state.index_select(flat)
+        state = model.decoder.reorder(state, flat)
         beams = _Beams(
             alive_scores,
             torch.cat([beams.tokens[flat], tokens.view(-1, 1)], dim=1),

@@ -16,13 +16,15 @@ import torch
 
 from nmt import evaluate
 from nmt.config import Config
-from nmt.data import TokenizedCorpus, bucket_batches
+from nmt.data.batching import bucket_batches
+from nmt.data.corpus import TokenizedCorpus
+from nmt.data.prepare import Corpora
+from nmt.data.tokenizer import Tokenizer
+from nmt.decoding.translator import Translator
 from nmt.model import Seq2Seq
-from nmt.prepare import Corpora
-from nmt.runtime import Distributed, all_reduce, autocast, eval_mode
-from nmt.tokenizer import Tokenizer
-from nmt.tracking import Tracker
-from nmt.translate import Translator
+from nmt.runtime import autocast, eval_mode
+from nmt.training.distributed import Distributed, all_reduce
+from nmt.training.tracking import Tracker
 
 log = logging.getLogger("nmt")
 
@@ -38,7 +40,7 @@ def dev_loss(
     with eval_mode(model), autocast(device, precision):
         for indices in bucket_batches(dev.src_lengths, dev.trg_lengths, batch_tokens, 0, 0):
             batch = dev.batch(indices).to(device)
-            _, nll = model.loss(batch)
+            _, nll = model.loss(*batch.tensors())
             total += float(nll)
             tokens += batch.n_target_tokens
     return total / max(tokens, 1)

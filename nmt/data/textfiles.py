@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
-from nmt.checkpoint import atomic_write_bytes
 from nmt.errors import DataError
+from nmt.files import atomic_write_bytes
 
 log = logging.getLogger("nmt")
 

@@ -31,97 +31,46 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from nmt import checkpoint
 from nmt.config import Config
-from nmt.data import Batch, bucket_batches, check_files, padding_fraction
-from nmt.errors import CheckpointError, ConfigError, NMTError
-from nmt.model import Seq2Seq, TrainingLoss, build_model, count_parameters
-from nmt.prepare import Corpora, load_corpora_in_turn, prepare_run_dir, write_run_info
-from nmt.resume import (
-    Progress,
-    read_checkpoint,
-    restore,
-    restore_rng,
-    rng_state,
-    save_checkpoints,
-)
-from nmt.runtime import (
+from nmt.data.batching import Batch, bucket_batches, padding_fraction
+from nmt.data.corpus import check_files
+from nmt.data.prepare import Corpora
+from nmt.data.tokenizer import Tokenizer
+from nmt.errors import CheckpointError, NMTError
+from nmt.fast import FastPaths
+from nmt.fast.allocator import limit_kernel_cache, tune_allocator
+from nmt.model import Seq2Seq, build_model, count_parameters
+from nmt.runtime import choose_precision, seed_everything, set_threads
+from nmt.training.distributed import (
     Distributed,
     all_reduce,
-    autocast,
-    choose_fast_paths,
-    choose_precision,
     gather_objects,
-    grad_scaler,
     init_distributed,
-    limit_kernel_cache,
-    seed_everything,
-    set_threads,
     shutdown_distributed,
 )
-from nmt.tokenizer import PAD_ID, Tokenizer
-from nmt.tracking import ProgressBar, Tracker, setup_logging
-from nmt.validation import agree, validate
+from nmt.training.resume import read_checkpoint, restore, restore_rng, rng_state, save_checkpoints
+from nmt.training.rundir import (
+    RunLock,
+    check_run_dir,
+    load_corpora_in_turn,
+    prepare_run_dir,
+    write_run_info,
+)
+from nmt.training.schedule import Progress, Schedule, record_validation
+from nmt.training.step import (
+    apply_update,
+    build_optimizer,
+    forward_backward,
+    grad_scaler,
+    loss_for_training,
+)
+from nmt.training.tracking import ProgressBar, Tracker, setup_logging
+from nmt.training.validation import agree, validate
 
 log = logging.getLogger("nmt")
 
 MAX_BAD_STEPS = 10  # consecutive non-finite steps before training stops
-INITIAL_LOSS_SCALE = 2.0**16  # fp16 GradScaler's first scale (PyTorch's default)
-
-
-class Schedule:
-    """Learning rate as a function of the step, plus halving on a dev plateau.
-
-    Every schedule first ramps up linearly over ``warmup`` updates (lr * step / warmup); then
-    ``constant`` and ``warmup`` stay at lr, ``inverse_sqrt`` decays as lr * sqrt(warmup / step)
-    (Vaswani et al. 2017, eq. 3), and ``plateau`` halves lr after every ``patience``
-    validations without improvement (``Progress.lr_scale``).
-    """
-
-    def __init__(self, kind: str, base_lr: float, warmup: int, patience: int):
-        self.kind, self.base_lr, self.warmup, self.patience = kind, base_lr, warmup, patience
-
-    def lr(self, step: int, progress: Progress) -> float:
-        step = max(step, 1)
-        scale = 1.0
-        if step < self.warmup:
-            scale = step / self.warmup
-        elif self.kind == "inverse_sqrt":
-            scale = math.sqrt(max(self.warmup, 1) / step)
-        return self.base_lr * scale * progress.lr_scale
-
-
-def _better(score: float, best: float | None, metric: str) -> bool:
-    if best is None:
-        return True
-    return score > best if metric == "bleu" else score < best
-
-
-def record_validation(
-    progress: Progress, metrics: dict[str, float], metric: str, schedule: Schedule
-) -> bool:
-    """Best score, validations without improvement and the plateau scale; True if improved."""
-    score = metrics[metric]
-    improved = _better(score, progress.best_score, metric)
-    if improved:
-        progress.best_score = score
-        progress.bad_validations = 0
-    else:
-        progress.bad_validations += 1
-        if schedule.kind == "plateau" and progress.bad_validations % schedule.patience == 0:
-            progress.lr_scale *= 0.5
-            log.info(
-                "dev %s has not improved for %d validations: learning rate halved",
-                metric,
-                schedule.patience,
-            )
-    progress.history.append({"step": progress.step, **metrics})
-    return improved
-
-
-# ----------------------------------------------------------------------------- the run
 
 
 class _StopFlag:
@@ -194,12 +143,11 @@ def train(
     check_files(config)  # before anything is written
     limit_kernel_cache()
     run_dir = Path(run_dir or config.run.dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"run.dir: {run_dir} exists and is a file; choose another --run-dir")
+    check_run_dir(run_dir)
     place, device = init_distributed(config.run.device)
     finished = False
     try:
-        lock = checkpoint.RunLock(run_dir) if place.is_main else contextlib.nullcontext()
+        lock = RunLock(run_dir) if place.is_main else contextlib.nullcontext()
         with lock:
             _train_locked(config, run_dir, resume, quiet, place, device)
         finished = True
@@ -220,7 +168,9 @@ def _train_locked(
     resume_from = prepare_run_dir(run_dir, resume)
     setup_logging(run_dir if place.is_main else None, quiet=quiet or not place.is_main)
     set_threads(config.run.threads)
-    choose_fast_paths(config.run.fast_kernels, device)
+    fast = FastPaths(cpu_kernels=config.run.fast_kernels)
+    if fast.cpu_kernels and device.type == "cpu":
+        tune_allocator()
     precision = choose_precision(config.training.precision, device)
     started = time.time()
     saved, tokenizer = read_checkpoint(resume_from, config)
@@ -228,7 +178,7 @@ def _train_locked(
     corpora, tokenizer = load_corpora_in_turn(config, run_dir, tokenizer, place)
     if place.is_main:
         write_run_info(run_dir, config, device, precision, place.world_size)
-    run = _build_run(config, run_dir, tokenizer, corpora, saved, place, device, precision)
+    run = _build_run(config, run_dir, tokenizer, corpora, saved, place, device, precision, fast)
     run.started = started  # training.max_minutes counts data preparation too
     try:
         with _StopFlag() as stop, ProgressBar(enabled=not quiet and place.is_main) as bar:
@@ -246,12 +196,14 @@ def _build_run(
     place: Distributed,
     device: torch.device,
     precision: str,
+    fast: FastPaths,
 ) -> Run:
     """Model, optimiser and scaler, fresh or restored; the loss module DDP wraps."""
     cfg = config.training
-    model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size).to(device)
+    vocab = (tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
+    model = build_model(config.model, *vocab, fast).to(device)
     optimizer = build_optimizer(config, model)
-    scaler = grad_scaler(precision, device, INITIAL_LOSS_SCALE)
+    scaler = grad_scaler(precision, device)
     if saved is not None:
         progress = restore(saved, model, optimizer, scaler)
         restore_rng(saved, place, cfg.seed)
@@ -289,25 +241,6 @@ def _build_run(
         place,
         time.time(),
     )
-
-
-def loss_for_training(model: Seq2Seq, label_smoothing: float, place: Distributed) -> nn.Module:
-    """The module whose forward gives the loss sums; DDP-wrapped when there are several ranks
-    (its construction broadcasts rank 0's weights; every parameter is used in every step)."""
-    loss_module = TrainingLoss(model, label_smoothing)
-    if not place.enabled:
-        return loss_module
-    return DistributedDataParallel(loss_module, broadcast_buffers=False)
-
-
-def build_optimizer(config: Config, model: nn.Module) -> torch.optim.Optimizer:
-    """Adam or AdamW; the fused implementation (one kernel over all parameters, about 6x
-    faster than the per-tensor loop on the CPU) wherever torch has it."""
-    cfg = config.training
-    cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    params = list(model.parameters())
-    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-    return cls(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, fused=fused)
 
 
 def _check_same_start(progress: Progress, place: Distributed, device: torch.device) -> None:
@@ -497,138 +430,6 @@ def _train_step(run: Run, batch: Batch, global_tokens: int, stop: _StopFlag) -> 
 def _out_of_time(run: Run) -> bool:
     limit = run.config.training.max_minutes
     return limit is not None and (time.time() - run.started) / 60 >= limit
-
-
-def forward_backward(
-    loss_module: nn.Module,
-    batch: Batch,
-    scale: float,
-    device: torch.device,
-    precision: str,
-    scaler: Any = None,
-    oom_split: bool = False,
-    batch_tokens: int | None = None,
-) -> tuple[float, float]:
-    """Forward and backward of ``batch``, the gradient of ``scale * loss_sum`` accumulated
-    into ``.grad``; returns this batch's (loss_sum, nll_sum).
-
-    On out-of-memory: an NMTError that describes the batch, or with ``oom_split`` a retry in
-    2, 4, ... pieces, each scaled the same way, so the gradient is unchanged.
-    """
-    pieces = 1
-    while True:
-        in_sync: list[bool] = []  # set once the backward that all-reduces has begun
-        try:
-            return _accumulate(
-                loss_module, _split_batch(batch, pieces), scale, device, precision, scaler, in_sync
-            )
-        except torch.OutOfMemoryError:
-            pass  # leave the except block, so that the failed graph can be freed
-        for param in loss_module.parameters():
-            param.grad = None
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        sentences = batch.src.size(0)
-        if not oom_split or pieces >= sentences or in_sync:
-            raise NMTError(_oom_message(batch, pieces, oom_split, bool(in_sync), batch_tokens))
-        pieces = min(2 * pieces, sentences)
-        log.info(
-            "out of memory on a batch of %d sentences (%d x %d padded tokens): "
-            "retrying it in %d pieces",
-            sentences,
-            sentences,
-            max(batch.src.size(1), batch.trg_in.size(1)),
-            pieces,
-        )
-
-
-def _accumulate(
-    loss_module: nn.Module,
-    pieces: list[Batch],
-    scale: float,
-    device: torch.device,
-    precision: str,
-    scaler: Any,
-    in_sync: list[bool],
-) -> tuple[float, float]:
-    loss_sum = nll_sum = 0.0
-    ddp = loss_module if isinstance(loss_module, DistributedDataParallel) else None
-    for number, piece in enumerate(pieces, start=1):
-        last = number == len(pieces)
-        # DDP all-reduces the gradients in the last piece's backward only
-        with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():
-            with autocast(device, precision):
-                loss, nll = loss_module(piece)
-            scaled = loss * scale
-            if ddp is not None and last:
-                in_sync.append(True)
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        loss_sum += float(loss.detach())
-        nll_sum += float(nll)
-    return loss_sum, nll_sum
-
-
-def _split_batch(batch: Batch, pieces: int) -> list[Batch]:
-    """The batch's sentences in ``pieces`` consecutive groups, each trimmed of extra padding."""
-    if pieces == 1:
-        return [batch]
-    out = []
-    for rows in np.array_split(np.arange(batch.src.size(0)), pieces):
-        index = torch.as_tensor(rows, device=batch.src.device)
-        src_lengths = batch.src_lengths[index]
-        trg_out = batch.trg_out[index]
-        src_len = int(src_lengths.max())
-        trg_len = int((trg_out != PAD_ID).sum(dim=1).max())
-        out.append(
-            Batch(
-                batch.src[index, :src_len],
-                src_lengths,
-                batch.trg_in[index, :trg_len],
-                trg_out[:, :trg_len],
-                batch.indices[rows],
-            )
-        )
-    return out
-
-
-def _oom_message(
-    batch: Batch, pieces: int, oom_split: bool, in_sync: bool, batch_tokens: int | None
-) -> str:
-    sentences = batch.src.size(0)
-    message = (
-        f"out of memory on a training batch of {sentences} sentences, "
-        f"{sentences * batch.src.size(1)} padded source and {sentences * batch.trg_in.size(1)} "
-        f"padded target tokens"
-    )
-    if pieces > 1:
-        message += f", even split in {pieces} pieces"
-    if in_sync:
-        message += " (in the gradient all-reduce, where torchrun runs cannot retry)"
-    message += f"; lower training.batch_tokens (now {batch_tokens})"
-    return message + ("" if oom_split else " or set training.oom_split: true")
-
-
-def apply_update(
-    model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, clip_grad_norm: float | None
-) -> tuple[float, bool]:
-    """Unscale, clip and step; returns (gradient norm, applied).
-
-    With fp16 the GradScaler skips the step when the gradients overflowed and halves its
-    scale; without a scaler a non-finite gradient skips the step.
-    """
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    max_norm = clip_grad_norm if clip_grad_norm is not None else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
-    if scaler is None:
-        applied = math.isfinite(grad_norm)
-        if applied:
-            optimizer.step()
-        return grad_norm, applied
-    scale = scaler.get_scale()
-    scaler.step(optimizer)  # skips the update itself when gradients overflowed
-    scaler.update()
-    return grad_norm, scaler.get_scale() >= scale
 
 
 def _log_window(run: Run, window: _Window, lr: float, grad_norm: float) -> None:

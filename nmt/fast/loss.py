@@ -1,4 +1,6 @@
-"""The encoder-decoder assembled from config; the training loss over all target steps."""
+"""The output layer and its label-smoothed cross-entropy over all target tokens of a batch:
+the plain logits and ``F.cross_entropy`` (the reference), and nmt's fused function that never
+keeps a float32 (N, V) tensor and forms the gradient at the logits in the forward pass."""
 
 from __future__ import annotations
 
@@ -7,22 +9,29 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from nmt import native
-from nmt.attention import Memory, build_attention
-from nmt.config import ModelConfig
-from nmt.data import Batch
-from nmt.decoder import BahdanauDecoder, DecoderState, LuongDecoder
-from nmt.encoder import Bridge, Encoder
-from nmt.errors import ConfigError
-from nmt.runtime import compute_dtype, fast_kernels
-from nmt.tokenizer import PAD_ID
+from nmt.fast import compiled as compiled_kernels
+from nmt.runtime import compute_dtype
 
-DECODERS: dict[str, type[BahdanauDecoder] | type[LuongDecoder]] = {
-    "bahdanau": BahdanauDecoder,
-    "luong": LuongDecoder,
-}
+
+def output_layer_loss(
+    features: Tensor, weight: Tensor, target: Tensor, eps: float, fused: bool, compiled: bool
+) -> tuple[Tensor, Tensor]:
+    """features (N, O), output weight W (V, O), targets (N,) -> the label-smoothed
+    cross-entropy of softmax(features W^T) summed over the N rows, and the plain NLL sum (for
+    perplexity, not differentiable). ``fused``: through ``OutputLayerLoss`` (with
+    ``compiled``, its compiled kernel); else the plain logits and ``F.cross_entropy``."""
+    if not fused:
+        logits = F.linear(features, weight)  # (N, V), at least float32:
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        loss = F.cross_entropy(logits, target, label_smoothing=eps, reduction="sum")
+        nll = F.cross_entropy(logits.detach(), target, reduction="sum")
+        return loss, nll
+    dtype = compute_dtype(features.device, torch.promote_types(features.dtype, weight.dtype))
+    keep_grad = torch.is_grad_enabled() and (features.requires_grad or weight.requires_grad)
+    return OutputLayerLoss.apply(features, weight, target, eps, dtype, keep_grad, compiled)
+
 
 # Logit rows whose softmax statistics are computed at once in float32: a (rows, V) float32
 # temporary of about 4 MiB, so that the passes over it stay in cache and a (B*T, V) float32
@@ -44,7 +53,7 @@ class OutputLayerLoss(torch.autograd.Function):
     depend on the incoming gradient g (a scalar), so forward computes it chunk by chunk in
     float32 and stores it in the logits' own buffer, in the matmul dtype (bf16 under autocast,
     as the logits were). Backward is two matmuls with no pass over (N, V): d features = g G W
-    and d W = g G^T features. With ``compiled`` (CPU training), nmt.native's kernel computes a
+    and d W = g G^T features. With ``compiled`` (CPU training), nmt.fast.compiled's kernel computes a
     whole matmul block's statistics and G in three passes instead of the chunked torch ops.
     """
 
@@ -71,7 +80,7 @@ class OutputLayerLoss(torch.autograd.Function):
                 stop = min(rows, start + block)
                 logits = buffer[start:stop] if keep_grad else buffer[: stop - start]
                 torch.mm(x[start:stop], w.t(), out=logits)  # (n, V)
-                compiled = compiled and native.softmax_xent(
+                compiled = compiled and compiled_kernels.softmax_xent(
                     logits, target[start:stop], stats[:, start:stop], eps, keep_grad
                 )
                 for first in range(start, stop, chunk) if not compiled else ():
@@ -131,92 +140,3 @@ def _softmax_rows(logits: Tensor, target: Tensor, stats: Tensor, eps: float | No
     if eps:
         z.sub_(eps / z.size(-1))
     logits.copy_(z)
-
-
-class Seq2Seq(nn.Module):
-    """Attention-based RNN encoder-decoder (Bahdanau et al. 2015; Luong et al. 2015)."""
-
-    def __init__(self, cfg: ModelConfig, src_vocab_size: int, trg_vocab_size: int):
-        super().__init__()
-        self.encoder = Encoder(
-            src_vocab_size, cfg.embedding_size, cfg.embedding_dropout, cfg.encoder
-        )
-        self.bridge = Bridge(self.encoder, cfg.decoder)
-        attention = build_attention(
-            cfg.attention, query_size=cfg.decoder.hidden_size, key_size=self.encoder.output_size
-        )
-        self.decoder: BahdanauDecoder | LuongDecoder = DECODERS[cfg.decoder.style](
-            trg_vocab_size,
-            cfg.embedding_size,
-            cfg.embedding_dropout,
-            self.encoder.output_size,
-            attention,
-            cfg.decoder,
-        )
-        self.generator = nn.Linear(self.decoder.output_size, trg_vocab_size, bias=False)
-        if cfg.tie_embeddings:
-            if self.decoder.output_size != cfg.embedding_size:
-                raise ConfigError(
-                    f"model.tie_embeddings: output size {self.decoder.output_size} differs "
-                    f"from model.embedding_size {cfg.embedding_size}"
-                )
-            self.generator.weight = self.decoder.embed.weight
-        self.trg_vocab_size = trg_vocab_size
-
-    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Memory, DecoderState]:
-        """src: (B, S) -> attention memory and the decoder's initial state."""
-        enc = self.encoder(src, src_lengths)
-        memory = self.decoder.attention.prepare(enc.outputs, enc.mask)
-        hidden, cell = self.bridge(enc)
-        return memory, DecoderState(hidden, cell)
-
-    def forward(self, src: Tensor, src_lengths: Tensor, trg_in: Tensor) -> tuple[Tensor, Tensor]:
-        """Teacher forcing: -> features (B, T, O), alphas (B, T, S)."""
-        memory, state = self.encode(src, src_lengths)
-        return self.decoder(trg_in, memory, state)
-
-    def log_probs(self, features: Tensor) -> Tensor:
-        """(..., O) -> (..., V) float32 log-probabilities."""
-        return F.log_softmax(self.generator(features).float(), dim=-1)
-
-    def loss(self, batch: Batch, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
-        """Summed label-smoothed cross-entropy and summed plain NLL over target tokens.
-
-        Returns (loss_sum, nll_sum); divide by ``batch.n_target_tokens`` for per-token means.
-        The output layer runs over all steps at once, in row chunks.
-        """
-        features, _ = self(batch.src, batch.src_lengths, batch.trg_in)
-        flat = features.reshape(-1, features.size(-1))  # (B*T, O)
-        gold = batch.trg_out.reshape(-1)  # (B*T,)
-        keep = gold != PAD_ID
-        flat, gold = flat[keep], gold[keep]  # padding never reaches the output layer
-        weight = self.generator.weight  # (V, O)
-        dtype = compute_dtype(flat.device, torch.promote_types(flat.dtype, weight.dtype))
-        keep_grad = torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)
-        compiled = fast_kernels(flat.device)  # training on a CPU: the compiled kernel, if any
-        return OutputLayerLoss.apply(
-            flat, weight, gold, label_smoothing, dtype, keep_grad, compiled
-        )
-
-
-class TrainingLoss(nn.Module):
-    """The model's training loss as a module whose forward returns it, so that
-    DistributedDataParallel (which hooks ``forward``) can wrap it; the weights stay those of
-    ``model``."""
-
-    def __init__(self, model: Seq2Seq, label_smoothing: float):
-        super().__init__()
-        self.model = model
-        self.label_smoothing = label_smoothing
-
-    def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """-> (loss_sum, nll_sum), scalars summed over the batch's target tokens."""
-        return self.model.loss(batch, self.label_smoothing)
-
-
-def build_model(cfg: ModelConfig, src_vocab_size: int, trg_vocab_size: int) -> Seq2Seq:
-    return Seq2Seq(cfg, src_vocab_size, trg_vocab_size)
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,57 @@
+"""The body of `nmt eval --model`: translate a split of the run's own data and score it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from nmt import evaluate
+from nmt.commands.progress import progress_bar
+from nmt.data.corpus import read_pairs
+from nmt.decoding.translator import Translator
+from nmt.errors import ConfigError, DataError
+from nmt.files import atomic_write_text, check_output
+
+
+def evaluate_split(
+    model: Path,
+    split: str,
+    decoding_overrides: dict[str, Any],
+    device: str = "auto",
+    hypotheses_out: Path | None = None,
+    show_progress: bool = True,
+) -> Any:
+    """Translate a split (dev or test) of the run's own data and score it."""
+    if split not in ("dev", "test", "train"):
+        raise ConfigError(f"--split {split!r}: expected dev, test or train")
+    if hypotheses_out is not None:
+        check_output(hypotheses_out, "--save-hypotheses")
+    translator = Translator.from_checkpoint(model, device)
+    data = translator.config.data
+    where = {"dev": data.dev, "test": data.test, "train": data.train}[split]
+    if where is None:
+        raise ConfigError(
+            f"--split {split}: the run's config has no data.{split}; use --split dev, or "
+            f"score your own files: nmt eval HYP --ref REF"
+        )
+    try:
+        rows = read_pairs(data, where)
+    except DataError as exc:
+        advice = f"; fix data.{split} in the config"
+        if not str(exc).endswith(advice):
+            raise
+        raise DataError(
+            str(exc).removesuffix(advice) + "; the path is from the run's config: run nmt eval "
+            "from the folder nmt train ran in"
+        ) from None
+    sources, references = list(rows["src"]), list(rows["trg"])
+    decoding = translator.config.decoding.model_copy(
+        update={k: v for k, v in decoding_overrides.items() if v is not None}
+    )
+    with progress_bar(len(sources), show_progress) as advance:
+        results = translator.translate(sources, decoding, progress=advance)
+    hyps = [translator.detokenize(r.hypotheses[0]) if r.hypotheses else "" for r in results]
+    if hypotheses_out is not None:
+        atomic_write_text(hypotheses_out, "".join(h + "\n" for h in hyps))
+    name = f"{Path(model).name}:{split} (beam {decoding.beam_size})"
+    return evaluate.score({name: hyps}, [references])

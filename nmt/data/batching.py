@@ -1,0 +1,127 @@
+"""Token ids -> padded batches, and the orders that group sentences of similar length:
+token-budget buckets for training (``bucket_batches``), sentence-count batches for decoding
+(``length_sorted_batches``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from nmt.vocab import BOS_ID, EOS_ID, PAD_ID
+
+
+@dataclass
+class Batch:
+    """A padded batch. src: (B, S) with EOS; trg_in: (B, T) BOS+y; trg_out: (B, T) y+EOS."""
+
+    src: torch.Tensor
+    src_lengths: torch.Tensor
+    trg_in: torch.Tensor
+    trg_out: torch.Tensor
+    indices: np.ndarray
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(src, src_lengths, trg_in, trg_out): what ``Seq2Seq.loss`` takes."""
+        return self.src, self.src_lengths, self.trg_in, self.trg_out
+
+    @property
+    def n_target_tokens(self) -> int:
+        return int((self.trg_out != PAD_ID).sum())
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(
+            self.src.to(device, non_blocking=True),
+            self.src_lengths.to(device, non_blocking=True),
+            self.trg_in.to(device, non_blocking=True),
+            self.trg_out.to(device, non_blocking=True),
+            self.indices,
+        )
+
+
+def pad(sequences: Sequence[Sequence[int]], length: int | None = None) -> torch.Tensor:
+    """(B, L) long tensor, right-padded with PAD_ID."""
+    length = length or max(len(s) for s in sequences)
+    out = torch.full((len(sequences), length), PAD_ID, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        out[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+    return out
+
+
+def make_batch(
+    src_ids: Sequence[Sequence[int]], trg_ids: Sequence[Sequence[int]], indices: np.ndarray
+) -> Batch:
+    src = pad(src_ids)
+    lengths = torch.tensor([len(s) for s in src_ids], dtype=torch.long)
+    trg_in = pad([[BOS_ID, *t] for t in trg_ids])
+    trg_out = pad([[*t, EOS_ID] for t in trg_ids])
+    return Batch(src, lengths, trg_in, trg_out, indices)
+
+
+def bucket_batches(
+    src_lengths: np.ndarray, trg_lengths: np.ndarray, batch_tokens: int, seed: int, epoch: int
+) -> list[np.ndarray]:
+    """Token-based batches of similar lengths, in a seeded order for this epoch.
+
+    Pairs are sorted by their longer side, then source length, then target length, with ties
+    broken randomly, and cut into batches whose padded size (sentences x longest side) stays
+    within ``batch_tokens``; the batch order is shuffled. Sorting by the side the budget
+    counts fills each batch to it, and the source length next keeps the encoder's padding
+    small (the bidirectional encoder costs the most per padded position). The result depends
+    only on (lengths, batch_tokens, seed, epoch), which makes the data order reproducible for
+    exact resume.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    tie_break = rng.permutation(len(src_lengths))
+    longer = np.maximum(src_lengths, trg_lengths)
+    order = np.lexsort((tie_break, trg_lengths, src_lengths, longer))
+    batches = _cut(order, longer, batch_tokens, None)
+    shuffled = rng.permutation(len(batches))
+    return [batches[i] for i in shuffled]
+
+
+def padding_fraction(
+    batches: list[np.ndarray], src_lengths: np.ndarray, trg_lengths: np.ndarray
+) -> float:
+    """Fraction of padded positions over all batches (source and target)."""
+    real = padded = 0
+    for batch in batches:
+        for lengths in (src_lengths[batch], trg_lengths[batch]):
+            real += int(lengths.sum())
+            padded += int(lengths.max()) * len(batch)
+    return 1.0 - real / max(padded, 1)
+
+
+def length_sorted_batches(
+    lengths: Sequence[int], batch_size: int, batch_tokens: int | None = None
+) -> list[np.ndarray]:
+    """Indices grouped by similar length, shortest first: at most ``batch_size`` sentences
+    and, when given, ``batch_tokens`` padded tokens per batch."""
+    sizes = np.asarray(lengths, dtype=np.int64)
+    return _cut(np.argsort(sizes, kind="stable"), sizes, batch_tokens, batch_size)
+
+
+def _cut(
+    order: np.ndarray, sizes: np.ndarray, max_tokens: int | None, max_sentences: int | None
+) -> list[np.ndarray]:
+    """``order`` cut into consecutive batches whose padded size (sentences x largest size)
+    stays within ``max_tokens`` and whose sentences number at most ``max_sentences`` (either
+    None: no limit); a single sentence over the budget is a batch of its own."""
+    batches: list[np.ndarray] = []
+    start, longest = 0, 0
+    for position, index in enumerate(order):
+        count = position - start + 1
+        longest_if_added = max(longest, int(sizes[index]))
+        full = (max_sentences is not None and count > max_sentences) or bool(
+            max_tokens and longest_if_added * count > max_tokens
+        )
+        if position > start and full:
+            batches.append(order[start:position])
+            longest_if_added = int(sizes[index])
+            start = position
+        longest = longest_if_added
+    if start < len(order):
+        batches.append(order[start:])
+    return batches

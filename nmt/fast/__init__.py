@@ -1,0 +1,97 @@
+"""nmt's speed paths, each behind one seam of ``FastPaths``, each beside its plain PyTorch path.
+
+A model is built with one ``FastPaths`` (``nmt.model.build_model(..., fast=...)``); its modules
+keep it and call its seams, never a global switch. Two choices make it:
+
+- ``cpu_kernels`` (the config's ``run.fast_kernels``): nmt's own CPU training paths. They run
+  for CPU tensors in a module's training mode, where their gain is (the backward pass);
+  evaluation and search take the plain path.
+- ``fused``: autograd rearranged so that a step-by-step decoder's shared tensors get their
+  gradient once per batch, and the output layer's loss never holds a float32 (N, V) tensor.
+  On every device; ``FastPaths.plain()`` turns it off for the reference.
+
+| seam | fast path | plain path | when |
+| --- | --- | --- | --- |
+| ``recurrence`` | ``fast.recurrence.run_rnn`` (step kernels from ``fast.compiled``) | the module, packed | cpu_kernels, training, CPU |
+| ``dropout`` | ``fast.dropout.FastDropout`` (16-bit masks) | ``nn.Dropout`` | cpu_kernels, training, CPU |
+| ``additive_energies`` | ``fast.additive.RecomputedEnergies`` | broadcast v^T tanh(q + k) | cpu_kernels, training, CPU |
+| ``step_products`` | ``fast.sinks.SinkProducts`` | ``fast.sinks.Products`` | fused, training |
+| ``step_linear`` | ``fast.sinks.WeightSink`` | the ``nn.Linear`` | fused, training |
+| ``output_loss`` | ``fast.loss.OutputLayerLoss`` (compiled kernel: cpu_kernels, training, CPU) | ``F.cross_entropy`` | fused |
+
+Measured effects: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from nmt.fast import additive, loss, recurrence, sinks
+from nmt.fast.dropout import FastDropout
+
+
+@dataclass(frozen=True)
+class FastPaths:
+    """Which speed paths a model takes; see the module docstring."""
+
+    cpu_kernels: bool = True
+    fused: bool = True
+
+    @classmethod
+    def plain(cls) -> FastPaths:
+        """Plain PyTorch everywhere: the reference the fast paths are tested against."""
+        return cls(cpu_kernels=False, fused=False)
+
+    def _cpu(self, tensor: Tensor, training: bool) -> bool:
+        return self.cpu_kernels and training and tensor.device.type == "cpu"
+
+    def recurrence(
+        self,
+        rnn: nn.RNNBase,
+        inputs: Tensor,
+        lengths: Tensor | None,
+        state: recurrence.RNNState | None,
+        training: bool,
+    ) -> tuple[Tensor, recurrence.RNNState]:
+        """A batch-first GRU/LSTM over inputs (B, T, I); lengths (B,), or None when every
+        position is real -> outputs (B, T, D*H), zero past each end, and the final state (at
+        each sentence's last token) in the module's layout."""
+        if not self._cpu(inputs, training):
+            return recurrence.plain_rnn(rnn, inputs, lengths, state)
+        mask = None
+        if lengths is not None:
+            positions = torch.arange(inputs.size(1), device=inputs.device)  # (T,)
+            mask = positions[None, :] < lengths.to(inputs.device)[:, None]  # (B, T)
+        return recurrence.run_rnn(rnn, inputs, mask, state)
+
+    def dropout(self, p: float) -> nn.Module:
+        """A dropout module with probability p."""
+        return FastDropout(p) if self.cpu_kernels else nn.Dropout(p)
+
+    def additive_energies(self, q: Tensor, keys: Tensor, v: Tensor, training: bool) -> Tensor:
+        """v^T tanh(q_t + k_s): q (B, T, A), keys (B, S, A), v (1, A) -> (B, T, S)."""
+        return additive.additive_energies(q, keys, v, recompute=self._cpu(q, training))
+
+    def step_products(self, training: bool) -> sinks.Products:
+        """How the attention memory is multiplied at every step of a teacher-forced
+        step-by-step decoder."""
+        return sinks.SinkProducts() if self.fused and training else sinks.PLAIN_PRODUCTS
+
+    def step_linear(self, linear: nn.Linear, training: bool) -> Callable[[Tensor], Tensor]:
+        """x -> x W^T for a bias-free layer applied at every step of a teacher-forced
+        step-by-step decoder."""
+        if self.fused and training:
+            return sinks.WeightSink(linear.weight).linear
+        return linear  # type: ignore[no-any-return]
+
+    def output_loss(
+        self, features: Tensor, weight: Tensor, target: Tensor, eps: float, training: bool
+    ) -> tuple[Tensor, Tensor]:
+        """Label-smoothed cross-entropy of softmax(features W^T) summed over rows, and the
+        plain NLL sum: features (N, O), W (V, O), target (N,)."""
+        compiled = self._cpu(features, training)
+        return loss.output_layer_loss(features, weight, target, eps, self.fused, compiled)

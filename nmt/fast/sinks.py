@@ -1,0 +1,165 @@
+"""Gradients formed once per batch for what a step-by-step decoder multiplies at every target
+step in training: the attention memory's keys and values (``GradientSink`` behind
+``SinkProducts``) and Luong's W_c under input feeding (``WeightSink``).
+
+Through plain autograd each step's product adds its own gradient to the shared tensor: a
+(B, S, F) batched matmul for the memory, an (O x B)(B x I) matmul for W, each reducing over
+the batch's few sentences only, and under autocast also a cast of the tensor and of each
+step's gradient between float32 and the autocast dtype. Here the tensor is cast to the compute
+dtype once per batch (``SinkCast``); each step's product records its other factor and its
+output gradient in backward, and when the backward pass reaches the cast, the gradient is one
+matmul over all recorded steps. ``Products`` is the plain path, the reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt.runtime import compute_dtype
+
+
+class Products:
+    """The attention memory's two products, by plain autograd: q K^T and alphas V."""
+
+    def with_keys(self, query: Tensor, keys: Tensor) -> Tensor:
+        """(B, T, X) @ keys^T, keys (B, S, X) -> (B, T, S)."""
+        return torch.bmm(query.to(keys.dtype), keys.transpose(1, 2))
+
+    def with_values(self, alphas: Tensor, values: Tensor) -> Tensor:
+        """(B, T, S) @ values (B, S, F) -> (B, T, F)."""
+        return torch.bmm(alphas.to(values.dtype), values)
+
+
+PLAIN_PRODUCTS = Products()
+
+
+class SinkProducts(Products):
+    """The same products for the steps of one training batch, each shared tensor behind a
+    ``GradientSink`` made at its first product (where it needs a gradient)."""
+
+    def __init__(self) -> None:
+        self.sinks: dict[str, GradientSink | None] = {}
+
+    def _sink(self, role: str, tensor: Tensor) -> GradientSink | None:
+        if role not in self.sinks:
+            self.sinks[role] = GradientSink(tensor) if tensor.requires_grad else None
+        return self.sinks[role]
+
+    def with_keys(self, query: Tensor, keys: Tensor) -> Tensor:
+        sink = self._sink("keys", keys)
+        if sink is None:
+            return super().with_keys(query, keys)
+        return _SinkProduct.apply(query, sink.tensor, sink, True)
+
+    def with_values(self, alphas: Tensor, values: Tensor) -> Tensor:
+        sink = self._sink("values", values)
+        if sink is None:
+            return super().with_values(alphas, values)
+        return _SinkProduct.apply(alphas, sink.tensor, sink, False)
+
+
+class GradientSink:
+    """A memory tensor (B, S, F) that every step multiplies with: ``tensor`` is its copy in the
+    compute dtype, whose gradient is one batched matmul over the recorded steps."""
+
+    def __init__(self, tensor: Tensor):
+        self.records: list[tuple[Tensor, Tensor, bool]] = []  # (factor, gradient, transposed)
+        dtype = compute_dtype(tensor.device, tensor.dtype)
+        self.tensor: Tensor = SinkCast.apply(tensor, self, dtype)
+
+    def gradient(self) -> Tensor | None:
+        """sum over steps of a^T g (out = a M) or g^T a (out = a M^T): (B, S, F)."""
+        total = None
+        for transposed in (False, True):
+            factors = [(a, g) for a, g, t in self.records if t == transposed]
+            if not factors:
+                continue
+            a = torch.cat([f[0] for f in factors], dim=1)  # (B, T, S) or (B, T, F)
+            g = torch.cat([f[1] for f in factors], dim=1)  # (B, T, F) or (B, T, S)
+            part = (
+                torch.bmm(g.transpose(1, 2), a) if transposed else torch.bmm(a.transpose(1, 2), g)
+            )
+            total = part if total is None else total + part
+        self.records.clear()
+        return total
+
+
+class _SinkProduct(torch.autograd.Function):
+    """a @ M (or a @ M^T) for M a sink's tensor: the gradient of a now, M's recorded."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, m: Tensor, sink: GradientSink, transposed: bool) -> Tensor:  # type: ignore[override]
+        a_cast = a.to(m.dtype)
+        ctx.save_for_backward(a_cast, m)
+        ctx.sink, ctx.transposed, ctx.dtype = sink, transposed, a.dtype
+        return torch.bmm(a_cast, m.transpose(1, 2) if transposed else m)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
+        a, m = ctx.saved_tensors
+        grad = grad.to(m.dtype)
+        ctx.sink.records.append((a, grad, ctx.transposed))
+        grad_a = torch.bmm(grad, m if ctx.transposed else m.transpose(1, 2))
+        return grad_a.to(ctx.dtype), None, None, None
+
+
+class WeightSink:
+    """A weight (O, I) for ``linear`` at every step of one batch; see the module docstring."""
+
+    def __init__(self, weight: Tensor):
+        self.records: list[tuple[Tensor, Tensor]] = []  # (x (N, I), dL/dy (N, O)) per step
+        dtype = compute_dtype(weight.device, weight.dtype)
+        self.weight: Tensor = SinkCast.apply(weight, self, dtype)
+
+    def linear(self, x: Tensor) -> Tensor:
+        """x (..., I) -> x W^T (..., O) in the compute dtype."""
+        return _SinkLinear.apply(x, self.weight, self)
+
+    def gradient(self) -> Tensor | None:
+        """sum over the recorded steps of dL/dy^T x: (O, I); None before any step."""
+        if not self.records:
+            return None
+        inputs = torch.cat([x for x, _ in self.records])  # (T*B, I)
+        grads = torch.cat([g for _, g in self.records])  # (T*B, O)
+        self.records.clear()
+        return grads.t() @ inputs
+
+
+class SinkCast(torch.autograd.Function):
+    """A sink's tensor: a contiguous copy in the compute dtype, made once per batch, whose
+    gradient is the sink's recorded one (``sink.gradient()``) plus any from elsewhere."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: Tensor, sink: Any, dtype: torch.dtype) -> Tensor:  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.sink, ctx.dtype = sink, tensor.dtype
+        return tensor.to(dtype, memory_format=torch.contiguous_format, copy=True)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor | None) -> tuple[Tensor | None, None, None]:  # type: ignore[override]
+        recorded = ctx.sink.gradient()
+        if recorded is None:
+            return (grad.to(ctx.dtype) if grad is not None else None), None, None
+        total = recorded.to(ctx.dtype)
+        return (total + grad if grad is not None else total), None, None
+
+
+class _SinkLinear(torch.autograd.Function):
+    """x W^T for W a sink's weight: x's gradient now, W's recorded."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, sink: WeightSink) -> Tensor:  # type: ignore[override]
+        rows = x.reshape(-1, x.size(-1)).to(weight.dtype)  # (N, I)
+        ctx.save_for_backward(rows, weight)
+        ctx.sink, ctx.shape, ctx.dtype = sink, x.shape, x.dtype
+        return (rows @ weight.t()).view(*x.shape[:-1], weight.size(0))
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+        rows, weight = ctx.saved_tensors
+        grad = grad.reshape(-1, weight.size(0)).to(weight.dtype)  # (N, O)
+        ctx.sink.records.append((rows, grad))
+        return (grad @ weight).view(ctx.shape).to(ctx.dtype), None, None

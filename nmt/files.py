@@ -1,0 +1,125 @@
+"""Files the commands read and write: atomic replacement, UTF-8 lines, output checks.
+
+Every file nmt writes (checkpoints, the run's config and tokenizer, translations, plots,
+corpus caches) goes through ``atomic_write_bytes``, and every text file a command reads line by
+line (hypotheses, references, input) through ``read_lines``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nmt.errors import DataError
+
+STDIN = "-"
+
+
+@functools.cache
+def _umask() -> int:
+    """The process umask (read once: setting it to read it is not thread-safe)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_bytes(path: Path, write: Callable[[Any], object]) -> None:
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync, then rename it over
+    ``path`` (and fsync the folder, so that the rename survives a power cut).
+
+    A reader sees the old file or the complete new one, never a part, even when the writer is
+    killed midway; the temporary file is ``.NAME.XXXX.tmp``, which nothing takes for a
+    checkpoint. The new file gets the usual permissions (0666 less the umask), not
+    ``mkstemp``'s private 0600.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write UTF-8 text atomically (see ``atomic_write_bytes``)."""
+    atomic_write_bytes(path, lambda handle: handle.write(text.encode("utf-8")))
+
+
+def remove_stale_temporaries(directory: Path) -> list[Path]:
+    """Delete the ``.NAME.XXXX.tmp`` files of writers killed midway; returns them."""
+    stale = sorted(directory.glob(".*.tmp"))
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+def split_lines(data: bytes, name: str) -> list[str]:
+    """UTF-8 bytes -> lines without their endings.
+
+    Lines are split on ``\\n`` only; a trailing ``\\r`` (CRLF files) is removed and a final
+    newline does not start an extra empty line. Invalid UTF-8 is a DataError naming
+    ``name``, the line and the byte.
+    """
+    chunks = data.split(b"\n")
+    if chunks[-1] == b"":
+        chunks.pop()
+    lines = []
+    for number, chunk in enumerate(chunks, start=1):
+        try:
+            text = chunk.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(
+                f"{name}:{number}: not valid UTF-8 (byte {exc.start + 1} of the line); "
+                "re-encode it as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+            ) from None
+        lines.append(text.removesuffix("\r"))
+    return lines
+
+
+def read_lines(path: Path | str) -> list[str]:
+    """A UTF-8 text file (``-``: standard input) as a list of lines (``split_lines``).
+
+    Raises:
+        DataError: The file is missing, unreadable or not valid UTF-8.
+    """
+    if str(path) == STDIN:
+        return split_lines(sys.stdin.buffer.read(), "<stdin>")
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, expected a text file") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
+    return split_lines(data, str(path))
+
+
+def check_output(path: Path, option: str) -> None:
+    """Fail before any work if ``path`` cannot be written as a file."""
+    parent = path.parent
+    if path.is_dir():
+        raise DataError(f"{option} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise DataError(f"{option} {path}: the folder {parent} {what}; create it first")
+    if not os.access(parent, os.W_OK):
+        raise DataError(f"{option} {path}: cannot write in {parent} (permission denied)")

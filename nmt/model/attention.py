@@ -1,0 +1,144 @@
+"""The attention contract: the encoder states prepared once per batch (``Memory``), the masked
+softmax, and the base class every score function implements.
+
+Every score turns queries (decoder states) and the encoder states into weights over source
+positions and a context vector:
+
+    alphas = softmax_s(score(q_t, k_s)) over real (non-padded) positions s
+    context_t = sum_s alphas[t, s] * h_s
+
+Keys are projected once per batch in ``prepare`` (not once per decoder step); ``forward``
+takes any number of query steps T at once, so a decoder that does not need step-by-step
+attention attends for the whole target in one batched matmul. ``positions`` are the target
+step indices of the T queries (0-based); only Luong's local-m attention reads them.
+
+The weights are computed in (at least) float32 whatever the autocast dtype, and a float64
+module stays float64 end to end, so references can be checked to round-off. The score
+functions themselves live in ``scores``, ``positional`` and ``multihead``; their names in
+``registry``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from nmt.fast.sinks import PLAIN_PRODUCTS, Products
+
+if TYPE_CHECKING:
+    from nmt.config import AttentionConfig
+    from nmt.fast import FastPaths
+
+
+@dataclass
+class Memory:
+    """Encoder states prepared for attention.
+
+    values: (B, S, Hk) encoder outputs; keys: (B, S, A) projected keys ((B, h, S, Hk/h) for
+    multihead); mask: (B, S) True at real positions; projected_values: multihead's per-head
+    values (B, h, S, Hk/h), else None; products: how ``with_keys`` and ``with_values``
+    multiply (``FastPaths.step_products``).
+    """
+
+    values: Tensor
+    keys: Tensor
+    mask: Tensor
+    projected_values: Tensor | None = None
+    products: Products = PLAIN_PRODUCTS
+
+    def with_keys(self, query: Tensor) -> Tensor:
+        """q_t^T k_s for every query and key: (B, T, A) -> (B, T, S)."""
+        return self.products.with_keys(query, self.keys)
+
+    def with_values(self, alphas: Tensor) -> Tensor:
+        """sum_s alphas[t, s] h_s: (B, T, S) -> (B, T, Hk)."""
+        return self.products.with_values(alphas, self.values)
+
+    def for_steps(self, products: Products) -> Memory:
+        """The same memory, multiplied through ``products``."""
+        return replace(self, products=products)
+
+    def index_select(self, index: Tensor) -> Memory:
+        """The memory of the sentences ``index`` (B',): beams in search."""
+        projected = self.projected_values
+        return Memory(
+            self.values[index],
+            self.keys[index],
+            self.mask[index],
+            projected[index] if projected is not None else None,
+        )
+
+
+def wide(x: Tensor) -> Tensor:
+    """x in float32, or in float64 if it already is (never narrower than float32)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def masked_softmax(energies: Tensor, mask: Tensor) -> Tensor:
+    """Softmax over the last axis in float32 (float64 stays float64); masked positions get
+    exactly zero weight.
+
+    energies: (B, ..., S); mask: (B, S), or the full shape of ``energies``, True where real.
+    The fill value is the minimum of the dtype the softmax runs in, so no mask constant can
+    overflow in fp16/bf16. Every row must keep at least one real position.
+    """
+    energies = wide(energies)
+    if mask.dim() < energies.dim():
+        mask = mask.view(mask.size(0), *[1] * (energies.dim() - mask.dim()), mask.size(-1))
+    energies = energies.masked_fill(~mask, torch.finfo(energies.dtype).min)
+    return torch.softmax(energies, dim=-1)
+
+
+class Attention(nn.Module):
+    """Base class of every score function.
+
+    A content score defines ``project_keys`` and ``energies``; the others override ``alphas``
+    (location, local) or ``prepare`` and ``forward`` (multihead). ``from_config`` builds one
+    from the config's ``model.attention`` section. The class attributes tell the config
+    schema which rules apply (nmt.config checks them all before a run starts).
+    """
+
+    content: ClassVar[bool] = False  # a score of one query and one key: usable in a local window
+    equal_sizes: ClassVar[bool] = False  # a product q^T k: query and key sizes must be equal
+    scalable: ClassVar[bool] = False  # model.attention.scale multiplies its energies
+    prescaled: ClassVar[bool] = False  # already scaled by a fixed 1/sqrt(d)
+    windowed: ClassVar[bool] = False  # Luong's local window around an inner content score
+    splits_keys: ClassVar[bool] = False  # model.attention.heads must divide the key size
+
+    def __init__(self, query_size: int, key_size: int):
+        super().__init__()
+        self.query_size = query_size
+        self.key_size = key_size
+
+    @classmethod
+    def from_config(
+        cls, cfg: AttentionConfig, query_size: int, key_size: int, fast: FastPaths
+    ) -> Attention:
+        """The score as configured, for queries of ``query_size`` and keys of ``key_size``."""
+        return cls(query_size, key_size)
+
+    def project_keys(self, values: Tensor) -> Tensor:
+        """(B, S, Hk) -> (B, S, A); once per batch."""
+        return values
+
+    def prepare(self, values: Tensor, mask: Tensor) -> Memory:
+        return Memory(values, self.project_keys(values), mask)
+
+    def energies(self, query: Tensor, memory: Memory) -> Tensor:
+        """(B, T, Hq) -> (B, T, S) unnormalised scores."""
+        raise NotImplementedError
+
+    def alphas(self, query: Tensor, memory: Memory, positions: Tensor | None) -> Tensor:
+        """(B, T, Hq) -> (B, T, S) float32 weights, zero at padding."""
+        return masked_softmax(self.energies(query, memory), memory.mask)
+
+    def forward(
+        self, query: Tensor, memory: Memory, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """query: (B, T, Hq); positions: (T,) target steps or None (0..T-1)
+        -> context (B, T, Hk), alphas (B, T, S) float32."""
+        alphas = self.alphas(query, memory, positions)  # (B, T, S)
+        return memory.with_values(alphas), alphas  # (B, T, Hk)

@@ -1,0 +1,95 @@
+"""Bahdanau et al.'s decoder (RNNsearch): attention before the step."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from nmt.fast import FastPaths
+from nmt.model.attention import Attention, Memory
+from nmt.model.decoder import Decoder, DecoderState, decoder_rnn, split_rnn_state
+from nmt.vocab import PAD_ID
+
+if TYPE_CHECKING:
+    from nmt.config import DecoderConfig
+
+
+class BahdanauDecoder(Decoder):
+    """Bahdanau et al. (2015), section 3.1 and appendix A.2.2 (pre-step attention):
+
+        c_i = sum_j alpha_ij h_j,  alpha_ij = softmax_j(score(s_{i-1}, h_j))
+        s_i = RNN(s_{i-1}, [E y_{i-1}; c_i])
+        t_i = maxout(U_o s_i + V_o E y_{i-1} + C_o c_i)   (or tanh without maxout)
+
+    p(y_i) = softmax(W_o t_i) is the model's output layer.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embedding_size: int,
+        embedding_dropout: float,
+        key_size: int,
+        attention: Attention,
+        cfg: DecoderConfig,
+        fast: FastPaths,
+    ):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, embedding_size, padding_idx=PAD_ID)
+        self.embedding_dropout = fast.dropout(embedding_dropout)
+        self.attention = attention
+        self.rnn = decoder_rnn(cfg, embedding_size + key_size)
+        self.output_size = cfg.output_size or embedding_size
+        self.maxout = cfg.maxout
+        pieces = 2 if cfg.maxout else 1
+        self.deep_output = nn.Linear(
+            cfg.hidden_size + key_size + embedding_size, pieces * self.output_size
+        )
+        self.dropout = fast.dropout(cfg.dropout)
+        self.fast = fast
+
+    def _recur(
+        self, embedded: Tensor, memory: Memory, state: DecoderState
+    ) -> tuple[Tensor, Tensor, Tensor, DecoderState]:
+        """embedded: (B, 1, E) -> s_i (B, 1, H), c_i (B, 1, Hk), alphas (B, 1, S), state."""
+        query = state.hidden[-1].unsqueeze(1)  # (B, 1, H): s_{i-1}, top layer
+        context, alphas = self.attention(query, memory, state.position(query))  # c_i, alpha_i
+        rnn_input = torch.cat([embedded, context], dim=-1)  # (B, 1, E+Hk)
+        output, rnn_state = self.rnn(rnn_input, state.rnn_state())  # (B, 1, H)
+        hidden, cell = split_rnn_state(rnn_state)
+        return output, context, alphas, DecoderState(hidden, cell, state.step + 1)
+
+    def _readout(self, states: Tensor, contexts: Tensor, embedded: Tensor) -> Tensor:
+        """(B, T, H), (B, T, Hk), (B, T, E) -> t (B, T, O)."""
+        pre = self.deep_output(torch.cat([states, contexts, embedded], dim=-1))
+        if self.maxout:
+            out = pre.view(*pre.shape[:-1], self.output_size, 2).amax(dim=-1)
+        else:
+            out = torch.tanh(pre)
+        return self.dropout(out)
+
+    def forward(self, trg_in: Tensor, memory: Memory, state: DecoderState) -> tuple[Tensor, Tensor]:
+        """trg_in: (B, T) -> features (B, T, O), alphas (B, T, S)."""
+        embedded = self.embedding_dropout(self.embed(trg_in))  # (B, T, E)
+        memory = memory.for_steps(self.fast.step_products(self.training))
+        outputs, contexts, alphas = [], [], []
+        for t in range(trg_in.size(1)):
+            output, context, alpha, state = self._recur(embedded[:, t : t + 1], memory, state)
+            outputs.append(output)
+            contexts.append(context)
+            alphas.append(alpha)
+        features = self._readout(
+            torch.cat(outputs, dim=1), torch.cat(contexts, dim=1), embedded
+        )  # (B, T, O)
+        return features, torch.cat(alphas, dim=1)
+
+    def step(
+        self, prev: Tensor, memory: Memory, state: DecoderState
+    ) -> tuple[Tensor, Tensor, DecoderState]:
+        """prev: (B,) -> features (B, O), alphas (B, S), state."""
+        embedded = self.embedding_dropout(self.embed(prev.unsqueeze(1)))  # (B, 1, E)
+        output, context, alphas, state = self._recur(embedded, memory, state)
+        features = self._readout(output, context, embedded)  # (B, 1, O)
+        return features.squeeze(1), alphas.squeeze(1), state

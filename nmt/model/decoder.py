@@ -1,0 +1,97 @@
+"""The decoder contract: what the model and search may call on any decoder, and its state.
+
+A decoder reads the target one token after another while attending to the encoder states.
+Both nmt decoders (``bahdanau``, ``luong``) implement ``Decoder``; search calls nothing else,
+so a new decoder is one module implementing it plus one line in ``registry``.
+The output layer (projection to the vocabulary) lives in the model, not here.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from nmt.model.attention import Attention, Memory
+from nmt.model.encoder import RNNS
+
+if TYPE_CHECKING:
+    from nmt.config import DecoderConfig
+
+
+@dataclass
+class DecoderState:
+    """hidden/cell: (L, B, H) the RNN's state (cell only for an LSTM); step: the 0-based index
+    of the next target position (attention's ``positions``). A decoder may extend it."""
+
+    hidden: Tensor
+    cell: Tensor | None = None
+    step: int = 0
+
+    def rnn_state(self) -> Tensor | tuple[Tensor, Tensor]:
+        return (self.hidden, self.cell) if self.cell is not None else self.hidden
+
+    def index_select(self, index: Tensor) -> DecoderState:
+        """The state of the sentences (or beams) ``index`` (B',)."""
+        return DecoderState(
+            self.hidden[:, index],
+            self.cell[:, index] if self.cell is not None else None,
+            self.step,
+        )
+
+    def position(self, like: Tensor) -> Tensor:
+        """(1,) the target position this step produces, on ``like``'s device."""
+        return torch.arange(self.step, self.step + 1, device=like.device)
+
+
+def split_rnn_state(rnn_state: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
+    """An RNN module's state -> (hidden, cell or None)."""
+    if isinstance(rnn_state, tuple):
+        return rnn_state[0], rnn_state[1]
+    return rnn_state, None
+
+
+class Decoder(nn.Module, ABC):
+    """What every decoder provides.
+
+    Attributes: ``embed`` (the target embedding, which the output layer may share),
+    ``attention`` (its score function, which prepares the memory), ``output_size`` (the width
+    of the features the output layer reads).
+    """
+
+    embed: nn.Embedding
+    attention: Attention
+    output_size: int
+
+    def initial_state(self, hidden: Tensor, cell: Tensor | None) -> DecoderState:
+        """The state before the first target token from the bridge's hidden (and cell)
+        states (L, B, H)."""
+        return DecoderState(hidden, cell)
+
+    @abstractmethod
+    def forward(self, trg_in: Tensor, memory: Memory, state: DecoderState) -> tuple[Tensor, Tensor]:
+        """Teacher forcing: trg_in (B, T) -> features (B, T, O), alphas (B, T, S)."""
+
+    @abstractmethod
+    def step(
+        self, prev: Tensor, memory: Memory, state: DecoderState
+    ) -> tuple[Tensor, Tensor, DecoderState]:
+        """One search step: prev (B,) -> features (B, O), alphas (B, S), the next state."""
+
+    def reorder(self, state: DecoderState, index: Tensor) -> DecoderState:
+        """The state of the hypotheses ``index`` (B',): beams kept and repeated in search."""
+        return state.index_select(index)
+
+
+def decoder_rnn(cfg: DecoderConfig, input_size: int) -> nn.RNNBase:
+    """The decoder's stacked GRU/LSTM, batch first, dropout between layers."""
+    return RNNS[cfg.rnn](
+        input_size,
+        cfg.hidden_size,
+        num_layers=cfg.layers,
+        batch_first=True,
+        dropout=cfg.dropout if cfg.layers > 1 else 0.0,
+    )

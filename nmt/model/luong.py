@@ -1,0 +1,131 @@
+"""Luong et al.'s decoder: attention after the step, with or without input feeding."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from nmt.fast import FastPaths
+from nmt.model.attention import Attention, Memory
+from nmt.model.decoder import Decoder, DecoderState, decoder_rnn, split_rnn_state
+from nmt.vocab import PAD_ID
+
+if TYPE_CHECKING:
+    from nmt.config import DecoderConfig
+
+
+@dataclass
+class LuongState(DecoderState):
+    """DecoderState with feed: (B, H), the previous attentional state h~_{t-1} (input
+    feeding), or None."""
+
+    feed: Tensor | None = None
+
+    def index_select(self, index: Tensor) -> LuongState:
+        base = super().index_select(index)
+        feed = self.feed[index] if self.feed is not None else None
+        return LuongState(base.hidden, base.cell, base.step, feed)
+
+
+class LuongDecoder(Decoder):
+    """Luong et al. (2015), section 3 (post-step attention):
+
+        h_t = RNN(h_{t-1}, [E y_{t-1}; h~_{t-1}])   (input feeding, section 3.3; or E y_{t-1})
+        c_t = sum_s a_t(s) h_s,  a_t(s) = softmax_s(score(h_t, h_s))
+        h~_t = tanh(W_c [c_t; h_t])                  (eq. 5)
+
+    p(y_t) = softmax(W_s h~_t) (eq. 6) is the model's output layer. Without input feeding the
+    RNN does not depend on attention, so teacher forcing runs it over the whole target in one
+    call and attends for all steps in one batched matmul.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embedding_size: int,
+        embedding_dropout: float,
+        key_size: int,
+        attention: Attention,
+        cfg: DecoderConfig,
+        fast: FastPaths,
+    ):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, embedding_size, padding_idx=PAD_ID)
+        self.embedding_dropout = fast.dropout(embedding_dropout)
+        self.attention = attention
+        self.input_feeding = cfg.input_feeding
+        self.hidden_size = cfg.hidden_size
+        feed_size = cfg.hidden_size if cfg.input_feeding else 0
+        self.rnn = decoder_rnn(cfg, embedding_size + feed_size)
+        self.combine = nn.Linear(key_size + cfg.hidden_size, cfg.hidden_size, bias=False)  # W_c
+        self.dropout = fast.dropout(cfg.dropout)
+        self.output_size = cfg.hidden_size
+        self.fast = fast
+
+    def initial_state(self, hidden: Tensor, cell: Tensor | None) -> LuongState:
+        """h~_0 = 0 with input feeding."""
+        feed = hidden.new_zeros(hidden.size(1), self.hidden_size) if self.input_feeding else None
+        return LuongState(hidden, cell, 0, feed)
+
+    def _attend(
+        self,
+        outputs: Tensor,
+        memory: Memory,
+        positions: Tensor,
+        combine: Callable[[Tensor], Tensor],
+    ) -> tuple[Tensor, Tensor]:
+        """h_t: (B, T, H), positions t: (T,) -> h~_t (B, T, H), alphas (B, T, S)."""
+        context, alphas = self.attention(outputs, memory, positions)  # (B, T, Hk), (B, T, S)
+        attentional = torch.tanh(combine(torch.cat([context, outputs], dim=-1)))  # (B, T, H)
+        return self.dropout(attentional), alphas
+
+    def _recur(
+        self,
+        embedded: Tensor,
+        memory: Memory,
+        state: LuongState,
+        combine: Callable[[Tensor], Tensor],
+    ) -> tuple[Tensor, Tensor, LuongState]:
+        """embedded: (B, 1, E) -> h~_t (B, 1, H), alphas (B, 1, S), state."""
+        rnn_input = embedded
+        if self.input_feeding:
+            assert state.feed is not None
+            feed = state.feed.to(embedded.dtype).unsqueeze(1)  # (B, 1, H)
+            rnn_input = torch.cat([embedded, feed], dim=-1)
+        output, rnn_state = self.rnn(rnn_input, state.rnn_state())  # (B, 1, H)
+        attentional, alphas = self._attend(output, memory, state.position(output), combine)
+        hidden, cell = split_rnn_state(rnn_state)
+        next_feed = attentional.squeeze(1) if self.input_feeding else None
+        return attentional, alphas, LuongState(hidden, cell, state.step + 1, next_feed)
+
+    def forward(self, trg_in: Tensor, memory: Memory, state: DecoderState) -> tuple[Tensor, Tensor]:
+        """trg_in: (B, T) -> features (B, T, H), alphas (B, T, S)."""
+        assert isinstance(state, LuongState)
+        embedded = self.embedding_dropout(self.embed(trg_in))  # (B, T, E)
+        if not self.input_feeding:  # h_t for every t in one call
+            outputs, _ = self.fast.recurrence(
+                self.rnn, embedded, None, state.rnn_state(), self.training
+            )  # (B, T, H)
+            positions = torch.arange(state.step, state.step + trg_in.size(1), device=outputs.device)
+            return self._attend(outputs, memory, positions, self.combine)
+        memory = memory.for_steps(self.fast.step_products(self.training))
+        combine = self.fast.step_linear(self.combine, self.training)
+        features, alphas = [], []
+        for t in range(trg_in.size(1)):
+            attentional, alpha, state = self._recur(embedded[:, t : t + 1], memory, state, combine)
+            features.append(attentional)
+            alphas.append(alpha)
+        return torch.cat(features, dim=1), torch.cat(alphas, dim=1)
+
+    def step(
+        self, prev: Tensor, memory: Memory, state: DecoderState
+    ) -> tuple[Tensor, Tensor, DecoderState]:
+        """prev: (B,) -> features (B, H), alphas (B, S), state."""
+        assert isinstance(state, LuongState)
+        embedded = self.embedding_dropout(self.embed(prev.unsqueeze(1)))  # (B, 1, E)
+        attentional, alphas, state = self._recur(embedded, memory, state, self.combine)
+        return attentional.squeeze(1), alphas.squeeze(1), state

@@ -1,0 +1,163 @@
+"""Content scores: the energy of one query q (a decoder state) and one key k (an encoder state).
+
+Each reads as its paper's equation; ``registry`` gives them their config names.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from nmt.fast import FastPaths
+from nmt.model.attention import Attention, Memory, wide
+
+if TYPE_CHECKING:
+    from nmt.config import AttentionConfig
+
+
+class AdditiveAttention(Attention):
+    """Bahdanau et al. (2015), eq. 6 / appendix A.1.2: e = v^T tanh(W_q q + W_k k + b); Luong
+    et al. (2015), eq. 8 'concat'."""
+
+    content = True
+
+    def __init__(self, query_size: int, key_size: int, hidden_size: int, fast: FastPaths):
+        super().__init__(query_size, key_size)
+        self.query_proj = nn.Linear(query_size, hidden_size, bias=False)  # W_q
+        self.key_proj = nn.Linear(key_size, hidden_size, bias=True)  # W_k, b
+        self.v = nn.Linear(hidden_size, 1, bias=False)
+        self.fast = fast
+
+    @classmethod
+    def from_config(
+        cls, cfg: AttentionConfig, query_size: int, key_size: int, fast: FastPaths
+    ) -> Attention:
+        return cls(query_size, key_size, cfg.hidden_size or query_size, fast)
+
+    def project_keys(self, values: Tensor) -> Tensor:
+        return self.key_proj(values)  # (B, S, A)
+
+    def energies(self, query: Tensor, memory: Memory) -> Tensor:
+        q = self.query_proj(query)  # (B, T, A)
+        # v^T tanh(q_t + k_s) for every pair: (B, T, S)
+        return self.fast.additive_energies(q, memory.keys, self.v.weight, self.training)
+
+
+def _scale(kind: str, size: int) -> tuple[float, nn.Parameter | None]:
+    """``model.attention.scale``: the fixed factor (1 or 1/sqrt(size)) and the learned scalar
+    (initialised to 1, as Keras' ``use_scale``) or None."""
+    fixed = 1.0 / math.sqrt(size) if kind == "fixed" else 1.0
+    return fixed, (nn.Parameter(torch.ones(())) if kind == "learned" else None)
+
+
+class DotAttention(Attention):
+    """Luong et al. (2015), eq. 8 'dot': e = g q^T k.
+
+    ``scale``: none (g = 1); fixed (g = 1/sqrt(d), Vaswani et al. 2017, eq. 1); learned (a
+    scalar g initialised to 1). A fixed scale is folded into the keys once per batch.
+    """
+
+    content = equal_sizes = scalable = True
+
+    def __init__(self, query_size: int, key_size: int, scale: str = "none"):
+        super().__init__(query_size, key_size)
+        self.fixed_scale, self.scale = _scale(scale, query_size)
+
+    @classmethod
+    def from_config(
+        cls, cfg: AttentionConfig, query_size: int, key_size: int, fast: FastPaths
+    ) -> Attention:
+        return cls(query_size, key_size, cfg.scale)
+
+    def project_keys(self, values: Tensor) -> Tensor:
+        return values * self.fixed_scale if self.fixed_scale != 1.0 else values
+
+    def energies(self, query: Tensor, memory: Memory) -> Tensor:
+        energies = memory.with_keys(query)  # (B, T, S)
+        return energies * self.scale if self.scale is not None else energies
+
+
+class ScaledDotAttention(DotAttention):
+    """Vaswani et al. (2017), eq. 1: e = q^T k / sqrt(d), d the query size."""
+
+    prescaled = True
+
+    @classmethod
+    def from_config(
+        cls, cfg: AttentionConfig, query_size: int, key_size: int, fast: FastPaths
+    ) -> Attention:
+        return cls(query_size, key_size, "fixed")
+
+
+class GeneralAttention(Attention):
+    """Luong et al. (2015), eq. 8 'general' (bilinear): e = g q^T W_a k, W_a k precomputed.
+
+    ``scale`` as for :class:`DotAttention`, with d the query size.
+    """
+
+    content = scalable = True
+
+    def __init__(self, query_size: int, key_size: int, scale: str = "none"):
+        super().__init__(query_size, key_size)
+        self.key_proj = nn.Linear(key_size, query_size, bias=False)  # W_a
+        self.fixed_scale, self.scale = _scale(scale, query_size)
+
+    @classmethod
+    def from_config(
+        cls, cfg: AttentionConfig, query_size: int, key_size: int, fast: FastPaths
+    ) -> Attention:
+        return cls(query_size, key_size, cfg.scale)
+
+    def project_keys(self, values: Tensor) -> Tensor:
+        keys = self.key_proj(values)  # (B, S, Hq)
+        return keys * self.fixed_scale if self.fixed_scale != 1.0 else keys
+
+    def energies(self, query: Tensor, memory: Memory) -> Tensor:
+        energies = memory.with_keys(query)  # (B, T, S)
+        return energies * self.scale if self.scale is not None else energies
+
+
+def _unit(x: Tensor, eps: float) -> Tensor:
+    """x / max(||x||, eps) along the last axis, the norm in float32 (fp16 would underflow)."""
+    w = wide(x)
+    return (w / torch.linalg.vector_norm(w, dim=-1, keepdim=True).clamp(min=eps)).to(x.dtype)
+
+
+class CosineAttention(Attention):
+    """Content-based addressing of Neural Turing Machines (Graves et al. 2014, eq. 5-6):
+    e = beta * cos(q, k) = beta * q^T k / (||q|| ||k||), each norm clamped below at ``eps``
+    so that a zero vector scores 0 instead of NaN.
+
+    cos is bounded by 1, so beta sets how peaked the weights can get; it is fixed or, with
+    ``learn_beta``, a scalar parameter initialised to ``beta``. Keys are normalised once per
+    batch.
+    """
+
+    content = equal_sizes = True
+
+    def __init__(
+        self,
+        query_size: int,
+        key_size: int,
+        beta: float = 5.0,
+        learn_beta: bool = False,
+        eps: float = 1e-8,
+    ):
+        super().__init__(query_size, key_size)
+        self.beta: Tensor | float = nn.Parameter(torch.tensor(float(beta))) if learn_beta else beta
+        self.eps = eps
+
+    @classmethod
+    def from_config(
+        cls, cfg: AttentionConfig, query_size: int, key_size: int, fast: FastPaths
+    ) -> Attention:
+        return cls(query_size, key_size, cfg.beta, cfg.learn_beta)
+
+    def project_keys(self, values: Tensor) -> Tensor:
+        return _unit(values, self.eps)  # (B, S, Hk) unit rows
+
+    def energies(self, query: Tensor, memory: Memory) -> Tensor:
+        return self.beta * memory.with_keys(_unit(query, self.eps))  # (B, T, S)

@@ -1,0 +1,96 @@
+"""The encoder-decoder assembled from config, and its training loss over all target steps."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.fast import FastPaths
+from nmt.model.attention import Memory
+from nmt.model.decoder import Decoder, DecoderState
+from nmt.model.encoder import Bridge, Encoder
+from nmt.model.registry import build_attention, build_decoder
+from nmt.vocab import PAD_ID
+
+if TYPE_CHECKING:
+    from nmt.config import ModelConfig
+
+
+class Seq2Seq(nn.Module):
+    """Attention-based RNN encoder-decoder (Bahdanau et al. 2015; Luong et al. 2015):
+    p(y_t | y_<t, x) = softmax(W_o f_t), f_t the decoder's features at step t. The sizes
+    were checked by the config schema."""
+
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, trg_vocab_size: int, fast: FastPaths):
+        super().__init__()
+        self.encoder = Encoder(
+            src_vocab_size, cfg.embedding_size, cfg.embedding_dropout, cfg.encoder, fast
+        )
+        self.bridge = Bridge(self.encoder, cfg.decoder)
+        key_size = self.encoder.output_size
+        attention = build_attention(cfg.attention, cfg.decoder.hidden_size, key_size, fast)
+        self.decoder: Decoder = build_decoder(
+            cfg.decoder,
+            trg_vocab_size,
+            cfg.embedding_size,
+            cfg.embedding_dropout,
+            key_size,
+            attention,
+            fast,
+        )
+        self.generator = nn.Linear(self.decoder.output_size, trg_vocab_size, bias=False)  # W_o
+        if cfg.tie_embeddings:
+            self.generator.weight = self.decoder.embed.weight
+        self.trg_vocab_size = trg_vocab_size
+        self.fast = fast
+
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Memory, DecoderState]:
+        """src: (B, S) -> attention memory and the decoder's initial state."""
+        enc = self.encoder(src, src_lengths)
+        memory = self.decoder.attention.prepare(enc.outputs, enc.mask)
+        hidden, cell = self.bridge(enc)
+        return memory, self.decoder.initial_state(hidden, cell)
+
+    def forward(self, src: Tensor, src_lengths: Tensor, trg_in: Tensor) -> tuple[Tensor, Tensor]:
+        """Teacher forcing: -> features (B, T, O), alphas (B, T, S)."""
+        memory, state = self.encode(src, src_lengths)
+        return self.decoder(trg_in, memory, state)
+
+    def log_probs(self, features: Tensor) -> Tensor:
+        """(..., O) -> (..., V) float32 log-probabilities."""
+        return F.log_softmax(self.generator(features).float(), dim=-1)
+
+    def loss(
+        self,
+        src: Tensor,
+        src_lengths: Tensor,
+        trg_in: Tensor,
+        trg_out: Tensor,
+        label_smoothing: float = 0.0,
+    ) -> tuple[Tensor, Tensor]:
+        """Summed label-smoothed cross-entropy and summed plain NLL over the target tokens.
+
+        src (B, S), src_lengths (B,), trg_in (B, T) = BOS y, trg_out (B, T) = y EOS, padded
+        with PAD_ID. Divide by the number of target tokens for per-token means.
+        """
+        features, _ = self(src, src_lengths, trg_in)
+        flat = features.reshape(-1, features.size(-1))  # (B*T, O)
+        gold = trg_out.reshape(-1)  # (B*T,)
+        keep = gold != PAD_ID
+        flat, gold = flat[keep], gold[keep]  # padding never reaches the output layer
+        weight = self.generator.weight  # (V, O)
+        return self.fast.output_loss(flat, weight, gold, label_smoothing, self.training)
+
+
+def build_model(
+    cfg: ModelConfig, src_vocab_size: int, trg_vocab_size: int, fast: FastPaths | None = None
+) -> Seq2Seq:
+    """The model of a validated ``model`` config section, with the speed paths ``fast``
+    (default: all of them)."""
+    return Seq2Seq(cfg, src_vocab_size, trg_vocab_size, fast or FastPaths())
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,77 @@
+"""Where training stands (``Progress``, saved in every checkpoint), the learning rate over the
+run, and what each validation decides: the best score, the plateau halving and the count
+towards early stopping."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+log = logging.getLogger("nmt")
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # batches of this epoch used, over all ranks
+    best_score: float | None = None
+    bad_validations: int = 0
+    lr_scale: float = 1.0
+    skipped_steps: int = 0  # updates skipped for any reason
+    overflow_steps: int = 0  # of which the fp16 grad scaler skipped (normal, a few)
+    bad_steps_in_a_row: int = 0  # non-finite losses or gradients in a row
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+class Schedule:
+    """Learning rate as a function of the step, plus halving on a dev plateau.
+
+    Every schedule first ramps up linearly over ``warmup`` updates (lr * step / warmup); then
+    ``constant`` and ``warmup`` stay at lr, ``inverse_sqrt`` decays as lr * sqrt(warmup / step)
+    (Vaswani et al. 2017, eq. 3), and ``plateau`` halves lr after every ``patience``
+    validations without improvement (``Progress.lr_scale``).
+    """
+
+    def __init__(self, kind: str, base_lr: float, warmup: int, patience: int):
+        self.kind, self.base_lr, self.warmup, self.patience = kind, base_lr, warmup, patience
+
+    def lr(self, step: int, progress: Progress) -> float:
+        step = max(step, 1)
+        scale = 1.0
+        if step < self.warmup:
+            scale = step / self.warmup
+        elif self.kind == "inverse_sqrt":
+            scale = math.sqrt(max(self.warmup, 1) / step)
+        return self.base_lr * scale * progress.lr_scale
+
+
+def _better(score: float, best: float | None, metric: str) -> bool:
+    if best is None:
+        return True
+    return score > best if metric == "bleu" else score < best
+
+
+def record_validation(
+    progress: Progress, metrics: dict[str, float], metric: str, schedule: Schedule
+) -> bool:
+    """Best score, validations without improvement and the plateau scale; True if improved."""
+    score = metrics[metric]
+    improved = _better(score, progress.best_score, metric)
+    if improved:
+        progress.best_score = score
+        progress.bad_validations = 0
+    else:
+        progress.bad_validations += 1
+        if schedule.kind == "plateau" and progress.bad_validations % schedule.patience == 0:
+            progress.lr_scale *= 0.5
+            log.info(
+                "dev %s has not improved for %d validations: learning rate halved",
+                metric,
+                schedule.patience,
+            )
+    progress.history.append({"step": progress.step, **metrics})
+    return improved
