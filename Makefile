@@ -23,6 +23,7 @@ lint:
 	$(BIN)/ruff check nmt tests scripts
 	$(BIN)/ruff format --check nmt tests scripts
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 demo:
 	$(BIN)/nmt train configs/demo.yaml

@@ -1,0 +1,41 @@
+"""The layering of docs/architecture.md holds: import-linter's contracts in pyproject.toml are
+kept, and they do catch an import against the layering."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_import_contracts_are_kept() -> None:
+    done = _lint(ROOT)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "0 broken" in done.stdout
+
+
+def test_a_model_module_importing_training_breaks_them(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "nmt", tmp_path / "nmt", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    scores = tmp_path / "nmt" / "model" / "scores.py"
+    scores.write_text(scores.read_text() + "\nfrom nmt.training import step  # noqa\n")
+    done = _lint(tmp_path)
+    assert done.returncode != 0
+    assert "nmt.model.scores -> nmt.training.step" in done.stdout
