@@ -235,15 +235,16 @@ class RunConfig(_Section):
     threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: all)")
     fast_kernels: bool = Field(
         True,
-        description="CPU training: nmt's RNN and dropout kernels, the additive score's "
-        "recomputed layer and malloc settings (false: torch's plain path, e.g. to compare). "
-        "The RNN's time steps run as C kernels (nmt/kernels.c) that nmt compiles with the "
-        "machine's C compiler (`$CC`, else `cc`) on first use into ~/.cache/nmt "
-        "(`$NMT_CACHE_DIR`); without a compiler, or with `NMT_NATIVE_KERNELS=0`, torch ops run "
-        "them (environment.json's `native_kernels` says which). "
-        "On glibc `nmt train` then starts itself again, before it writes anything, with "
-        "glibc's tcache off (`GLIBC_TUNABLES=glibc.malloc.tcache_count=0`, recorded in the "
-        "run's environment.json): over an epoch the tcache fragments the heap (see "
+        description="CPU training: nmt's own speed paths (nmt/fast: the RNN recurrence, "
+        "dropout masks, the additive score's recomputed layer, the loss's softmax kernel) and "
+        "malloc settings (false: torch's plain path, e.g. to compare). The RNN's time steps "
+        "run as C kernels (nmt/fast/kernels.c) that nmt compiles with the machine's C compiler "
+        "(`$CC`, else `cc`) on first use into ~/.cache/nmt (`$NMT_CACHE_DIR`); without a "
+        "compiler, or with `NMT_NATIVE_KERNELS=0`, torch ops run them (environment.json's "
+        "`native_kernels` says which). On glibc `nmt train` then starts itself again, before "
+        "it writes anything, with glibc's tcache off "
+        "(`GLIBC_TUNABLES=glibc.malloc.tcache_count=0`, recorded in the run's "
+        "environment.json): over an epoch the tcache fragments the heap (see "
         "docs/benchmarks.md). A `GLIBC_TUNABLES` of your own, even empty, is kept instead",
     )
 

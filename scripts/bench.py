@@ -163,7 +163,7 @@ def bench_config(name: str, args: argparse.Namespace) -> Config:
 
 
 def load_data(config: Config, work_dir: Path) -> tuple[Any, Tokenizer]:
-    """Training corpus and tokenizer through ``nmt.prepare.load_corpora``.
+    """Training corpus and tokenizer through ``nmt.data.prepare.load_corpora``.
 
     The sentencepiece model is trained once and kept in ``work_dir``; the tokenised corpus is
     cached by ``datasets`` under ``work_dir/cache``.

@@ -27,7 +27,7 @@ class RecomputedEnergies(torch.autograd.Function):
     and a sigmoid per step.
 
     The layer is formed as s = sigmoid(2 (q + k)), since tanh(x) = 2 sigmoid(2x) - 1 and
-    torch's CPU sigmoid is three times faster than its tanh: e = (2 v)^T s - sum(v), and in
+    torch's CPU sigmoid is several times faster than its tanh: e = (2 v)^T s - sum(v), and in
     backward 1 - tanh^2 = 4 s (1 - s), so no pass over the layer is added. Runs in the
     autocast dtype when autocast is on, like the modules it replaces."""
 

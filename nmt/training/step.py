@@ -51,7 +51,7 @@ def loss_for_training(model: Seq2Seq, label_smoothing: float, place: Distributed
 
 
 def build_optimizer(config: Config, model: nn.Module) -> torch.optim.Optimizer:
-    """Adam or AdamW; the fused implementation (one kernel over all parameters, about 6x
+    """Adam or AdamW; the fused implementation (one kernel over all parameters, several times
     faster than the per-tensor loop on the CPU) wherever torch has it."""
     cfg = config.training
     cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam

@@ -1,6 +1,6 @@
 """Mixed precision on CUDA: bf16 autocast and fp16 with a grad scaler train as well as fp32.
 
-Run with `pytest -m gpu tests/test_gpu.py` on a machine with a GPU; skipped without one.
+Run with `pytest -m gpu tests/training/test_gpu.py` on a machine with a GPU; skipped without one.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from nmt.fast import compiled as native
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WORDS = "sol luna mar rio casa perro gato libro agua fuego tierra aire".split()
 
 

@@ -18,7 +18,7 @@ from nmt.errors import ConfigError
 from nmt.model import attention, build_model, positional, scores
 
 VOCAB = 12
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 ENCODERS = list(itertools.product(["gru", "lstm"], [True, False], [1, 2]))  # rnn, bi, layers
