@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +42,42 @@ def resolve(model: Path) -> Path:
 REQUIRED = ("model", "config", "tokenizer")  # what translate and eval need of a checkpoint
 
 
+def _allowed_globals() -> list[Any]:
+    """What a checkpoint may hold beyond the tensors, containers, numbers, strings and bytes
+    that torch's weights-only unpickler reads: numpy's random state (``np.random.get_state()``,
+    an array and its dtype), under the names numpy 1 and 2 pickle it by. None of these runs
+    code: ``_reconstruct`` builds an array of an allowed type."""
+    import numpy as np
+
+    reconstruct = np.ndarray.__reduce__(np.zeros(1))[0]  # numpy's array reconstructor
+    allowed: list[Any] = [np.ndarray, np.dtype]
+    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        allowed.append((reconstruct, f"{module}._reconstruct"))
+    dtype_class = type(np.dtype(np.uint32))
+    allowed.append((dtype_class, f"numpy.dtypes.{dtype_class.__name__}"))
+    return allowed
+
+
+def _refused_global(exc: Exception) -> str | None:
+    """The global a weights-only load refused, from torch's message, or None."""
+    match = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+    return match.group(1) if match else None
+
+
 def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint; truncated, foreign or incompatible files are CheckpointErrors."""
+    """Read a checkpoint without running code from it (weights only, plus the allowlist
+    above); truncated, foreign, unsafe or incompatible files are CheckpointErrors."""
     path = resolve(path)
     try:
-        state = torch.load(path, map_location=map_location, weights_only=False)
+        with torch.serialization.safe_globals(_allowed_globals()):
+            state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for damaged files
+        refused = _refused_global(exc)
+        if refused is not None:
+            raise CheckpointError(
+                f"{path}: refused: it holds a Python object ({refused}) that no nmt checkpoint "
+                f"holds, and loading it could run code; use a checkpoint written by nmt train"
+            ) from None
         raise CheckpointError(
             f"{path}: cannot read checkpoint ({type(exc).__name__}); the file is truncated or "
             f"damaged: use another checkpoint of the run (best.pt, last.pt, step-*.pt)"

@@ -9,9 +9,14 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
+
+try:  # typer >= 0.20 carries its own click
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+except ImportError:  # pragma: no cover - older typer on click
+    from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[assignment,no-redef]
 
 from nmt import __version__
 from nmt.errors import ConfigError, NMTError
@@ -19,6 +24,13 @@ from nmt.fast.allocator import limit_kernel_cache
 
 if TYPE_CHECKING:
     from nmt.config import Config
+
+Device = Literal["auto", "cpu", "cuda"]
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+PRECISION_OPTION = typer.Option(
+    "--precision",
+    help="auto (bf16 on a GPU that supports it, else fp32), fp32, bf16 or fp16 autocast.",
+)
 
 app = typer.Typer(
     help="Attention-based RNN encoder-decoder machine translation: train, translate, evaluate.",
@@ -78,7 +90,14 @@ def train(
     try:
         run_training(cfg, run_dir, resume=resume, quiet=quiet)
     except KeyboardInterrupt:
-        typer.echo("interrupted: checkpoint saved; continue with --resume", err=True)
+        where = Path(run_dir or cfg.run.dir)
+        if (where / "last.pt").is_file():
+            message = f"interrupted: {where / 'last.pt'} is saved; continue with --resume"
+        else:
+            message = (
+                "interrupted before the first checkpoint: nothing to resume; run the command again"
+            )
+        typer.echo(message, err=True)
         raise typer.Exit(130) from None
 
 
@@ -137,14 +156,8 @@ def translate(
             "--attention-dir", help="Write a heatmap PNG plus .npy/.json per sentence here."
         ),
     ] = None,
-    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
-    precision: Annotated[
-        str,
-        typer.Option(
-            "--precision",
-            help="auto (bf16 on a GPU that supports it, else fp32), fp32, bf16 or fp16 autocast.",
-        ),
-    ] = "auto",
+    device: Annotated[Device, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    precision: Annotated[Precision, PRECISION_OPTION] = "auto",
 ) -> None:
     """Translate text: exactly one output line per input line (empty in, empty out)."""
     from nmt.commands.translate import translate_command
@@ -157,8 +170,6 @@ def translate(
         "length_penalty": length_penalty,
         "no_repeat_ngram": no_repeat_ngram,
     }
-    if precision not in ("auto", "fp32", "bf16", "fp16"):
-        raise ConfigError(f"--precision: got {precision!r}; expected auto, fp32, bf16 or fp16")
     translate_command(
         model,
         input,
@@ -205,7 +216,8 @@ def eval_(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print JSON instead of a table.")
     ] = False,
-    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    device: Annotated[Device, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    precision: Annotated[Precision, PRECISION_OPTION] = "auto",
 ) -> None:
     """Score with sacrebleu (BLEU, chrF, TER and their signatures)."""
 
@@ -214,7 +226,9 @@ def eval_(
             raise ConfigError("give either hypothesis files or --model, not both")
         from nmt.commands.evaluate import evaluate_split
 
-        report = evaluate_split(model, split, {"beam_size": beam}, device, save_hypotheses)
+        report = evaluate_split(
+            model, split, {"beam_size": beam}, device, save_hypotheses, precision=precision
+        )
     else:
         from nmt.evaluate import score_files
 
@@ -249,21 +263,37 @@ def main() -> None:
     operation) is one stderr line and exit status 2; ``--debug`` re-raises it with its
     traceback.
 
-    Click runs in standalone mode, so it reports its own usage errors (exit 2), honours
-    ``typer.Exit`` codes and turns Ctrl-C into "Aborted!".
+    Usage errors (an unknown option, a value out of range) are one line too, with click's
+    exit status 2; ``typer.Exit`` codes are honoured and Ctrl-C outside training exits 130.
     """
     limit_kernel_cache()
     try:
-        app()
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as exc:  # `nmt` alone: the help, as asked for by no_args_is_help
+        typer.echo(exc.ctx.get_help(), err=True)
+        sys.exit(2)
+    except ClickException as exc:
+        if _state["debug"]:
+            raise
+        print(f"error: {_one_line_text(exc.format_message())}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(130)
     except (NMTError, OSError) as exc:
         if _state["debug"]:
             raise
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def _one_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and not isinstance(exc, NMTError):
         where = f"{exc.filename}: " if exc.filename else ""
         return f"{where}{exc.strerror or exc}"
-    return " ".join(str(exc).split("\n"))
+    return _one_line_text(str(exc))
+
+
+def _one_line_text(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())

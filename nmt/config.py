@@ -8,7 +8,8 @@ closest match; every problem in a file is reported at once, one per line, as
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+import re
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,8 +25,18 @@ CONTENT_SCORES = tuple(content_scores())  # those usable as model.attention.loca
 DECODER_STYLES = tuple(DECODERS)
 
 
+# Upper bounds that no model trainable with nmt reaches; a size above them is a typo.
+MAX_WIDTH = 65_536  # embedding, hidden and output sizes, heads
+MAX_LAYERS = 64
+MAX_VOCAB = 1_000_000
+MAX_LENGTH = 100_000  # sentence lengths in pieces, positions, windows
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # strict: YAML's true is not 1 and "3" is not 3; finite: .inf and .nan pass no range check
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, strict=True, allow_inf_nan=False
+    )
 
 
 class DataConfig(_Section):
@@ -50,7 +61,9 @@ class DataConfig(_Section):
     trg_field: str | None = Field(
         None, description="JSON/hub field of the target (default trg_lang)"
     )
-    max_length: int = Field(100, ge=1, description="drop training pairs longer than this in pieces")
+    max_length: int = Field(
+        100, ge=1, le=MAX_LENGTH, description="drop training pairs longer than this in pieces"
+    )
     dev_max_sentences: int | None = Field(
         None, ge=1, description="use only the first N dev pairs for validation BLEU"
     )
@@ -65,7 +78,9 @@ class TokenizerConfig(_Section):
     """The sentencepiece model(s), trained on the training split unless `model` is given."""
 
     type: Literal["unigram", "bpe"] = Field("unigram", description="sentencepiece model type")
-    vocab_size: int = Field(8000, ge=16, description="pieces per vocabulary (joint or each side)")
+    vocab_size: int = Field(
+        8000, ge=16, le=MAX_VOCAB, description="pieces per vocabulary (joint or each side)"
+    )
     joint: bool = Field(True, description="one vocabulary for both languages")
     model: str | None = Field(None, description="existing sentencepiece .model (joint) to reuse")
     character_coverage: float = Field(1.0, gt=0, le=1, description="sentencepiece coverage")
@@ -78,8 +93,8 @@ class EncoderConfig(_Section):
     """The recurrent encoder over source embeddings."""
 
     rnn: Literal["gru", "lstm"] = Field("gru", description="recurrent cell")
-    hidden_size: int = Field(256, ge=1, description="units per direction")
-    layers: int = Field(1, ge=1, description="stacked layers")
+    hidden_size: int = Field(256, ge=1, le=MAX_WIDTH, description="units per direction")
+    layers: int = Field(1, ge=1, le=MAX_LAYERS, description="stacked layers")
     bidirectional: bool = Field(True, description="read the source both ways")
     dropout: float = Field(0.2, ge=0, lt=1, description="dropout between layers and on outputs")
 
@@ -93,8 +108,8 @@ class DecoderConfig(_Section):
         "luong: from h_t (post-step)",
     )
     rnn: Literal["gru", "lstm"] = Field("gru", description="recurrent cell")
-    hidden_size: int = Field(256, ge=1, description="decoder state size")
-    layers: int = Field(1, ge=1, description="stacked layers")
+    hidden_size: int = Field(256, ge=1, le=MAX_WIDTH, description="decoder state size")
+    layers: int = Field(1, ge=1, le=MAX_LAYERS, description="stacked layers")
     dropout: float = Field(0.2, ge=0, lt=1, description="dropout between layers and on outputs")
     input_feeding: bool = Field(True, description="luong: feed h~_{t-1} into the next input")
     init: Literal["bridge", "final", "zeros"] = Field(
@@ -102,7 +117,10 @@ class DecoderConfig(_Section):
     )
     maxout: bool = Field(False, description="bahdanau: maxout (pool 2) deep output layer")
     output_size: int | None = Field(
-        None, ge=1, description="bahdanau: size of the deep output layer (default embedding_size)"
+        None,
+        ge=1,
+        le=MAX_WIDTH,
+        description="bahdanau: size of the deep output layer (default embedding_size)",
     )
 
     @model_validator(mode="after")
@@ -122,6 +140,7 @@ class AttentionConfig(_Section):
     hidden_size: int | None = Field(
         None,
         ge=1,
+        le=MAX_WIDTH,
         description="additive: MLP size; local-p: size of W_p (default decoder hidden_size)",
     )
     scale: Literal["none", "fixed", "learned"] = Field(
@@ -131,10 +150,17 @@ class AttentionConfig(_Section):
     beta: float = Field(5.0, gt=0, description="cosine: sharpening factor beta * cos(q, k)")
     learn_beta: bool = Field(False, description="cosine: learn beta, starting from beta")
     max_source_length: int = Field(
-        128, ge=1, description="location: source positions W_a can address; later ones get 0"
+        128,
+        ge=1,
+        le=MAX_LENGTH,
+        description="location: source positions W_a can address; later ones get 0",
     )
-    heads: int = Field(8, ge=1, description="multihead: heads; must divide the key size")
-    window: int = Field(10, ge=1, description="local-m/local-p: half-width D of the window")
+    heads: int = Field(
+        8, ge=1, le=MAX_WIDTH, description="multihead: heads; must divide the key size"
+    )
+    window: int = Field(
+        10, ge=1, le=MAX_LENGTH, description="local-m/local-p: half-width D of the window"
+    )
     local_score: str = Field(
         "general",
         description=f"local-m/local-p: score inside the window: {', '.join(CONTENT_SCORES)}",
@@ -158,7 +184,9 @@ class AttentionConfig(_Section):
 class ModelConfig(_Section):
     """Embeddings and output layer; the encoder, decoder and attention sub-sections."""
 
-    embedding_size: int = Field(256, ge=1, description="source and target embedding size")
+    embedding_size: int = Field(
+        256, ge=1, le=MAX_WIDTH, description="source and target embedding size"
+    )
     embedding_dropout: float = Field(0.2, ge=0, lt=1, description="dropout on embeddings")
     tie_embeddings: bool = Field(
         False, description="share the target embedding with the output layer"
@@ -211,7 +239,7 @@ class TrainingConfig(_Section):
         False,
         description="on GPU out-of-memory, retry the batch in halves (same update) instead of stopping",
     )
-    seed: int = Field(1, description="random seed")
+    seed: int = Field(1, ge=0, le=2**32 - 1, description="random seed (0 to 2^32 - 1)")
 
 
 class DecodingConfig(_Section):
@@ -373,6 +401,11 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
     if not sep or not key.strip():
         raise ConfigError(f"--override {override!r}: expected dotted.key=value")
     parts = key.strip().split(".")
+    if not all(part.strip() for part in parts):
+        raise ConfigError(
+            f"--override {override!r}: {key.strip()!r} has an empty part; expected "
+            f"dotted.key=value, e.g. training.epochs=3"
+        )
     node = raw
     for part in parts[:-1]:
         child = node.setdefault(part, {})
@@ -380,7 +413,7 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
             raise ConfigError(f"--override {override!r}: {part} is not a section")
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+        node[parts[-1]] = parse_yaml(value) if value.strip() else None
     except (yaml.YAMLError, RecursionError):  # not YAML: the text itself
         node[parts[-1]] = value
 
@@ -393,6 +426,37 @@ def from_dict(raw: dict[str, Any], source: str = "config") -> Config:
         raise _format_errors(exc, source) from None
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML for configs: a key twice in one mapping is an error (PyYAML keeps the last), and
+    numbers read as YAML 1.2 reads them (PyYAML's YAML 1.1 takes 1e-3 for a string)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            if isinstance(key, Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"the key {key!r} appears twice in one mapping; keep one",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)  # type: ignore[no-untyped-call,no-any-return]
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text -> Python values, as configs and --override values are read."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping, with file and line in the error."""
     if path.is_dir():
@@ -400,7 +464,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file; see configs/ for examples")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = parse_yaml(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
@@ -426,6 +490,11 @@ def load(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     raw = read_yaml(path)
     for override in overrides:
         apply_override(raw, override)
+    if not raw:
+        raise ConfigError(
+            f"{path}: the config is empty; a config names at least its data (data.train, "
+            f"data.dev) and its run directory (run.dir): start from configs/demo.yaml"
+        )
     return from_dict(raw, str(path))
 
 

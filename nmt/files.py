@@ -113,8 +113,46 @@ def read_lines(path: Path | str) -> list[str]:
     return split_lines(data, str(path))
 
 
-def check_output(path: Path, option: str) -> None:
-    """Fail before any work if ``path`` cannot be written as a file."""
+# What `nmt train` writes into a run directory, and what marks a folder as one.
+RUN_FILES = ("config.yaml", "environment.json", "train.log", "metrics.jsonl", ".lock")
+RUN_PATTERNS = ("*.pt", "spm*.model", "events.out.tfevents.*")
+
+
+def run_directory_of(path: Path) -> Path | None:
+    """The run directory ``path`` would be a run's own file of, or None."""
+    folder = path.parent
+    if folder.name == "tensorboard" and (folder.parent / "config.yaml").is_file():
+        return folder.parent
+    is_run = (folder / "config.yaml").is_file() and any(
+        (folder / name).exists() for name in ("last.pt", "best.pt", ".lock", "environment.json")
+    )
+    ours = path.name in RUN_FILES or any(path.match(pattern) for pattern in RUN_PATTERNS)
+    return folder if is_run and ours else None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and a.samefile(b))
+    except OSError:
+        return False
+
+
+def check_output(path: Path, option: str, inputs: dict[str, Path] | None = None) -> None:
+    """Fail before any work if ``path`` cannot be written as a file, or if writing it would
+    overwrite what the command reads (``inputs``: option -> path) or a file of a run
+    directory (checkpoints, tokenizer, config, logs)."""
+    for source_option, source in (inputs or {}).items():
+        if _same_file(path, source):
+            raise DataError(
+                f"{option} {path}: is the {source_option} this command reads; writing it would "
+                f"destroy it: choose another file"
+            )
+    run_dir = run_directory_of(path)
+    if run_dir is not None:
+        raise DataError(
+            f"{option} {path}: is a file of the training run in {run_dir}; choose a file "
+            f"outside it or another name"
+        )
     parent = path.parent
     if path.is_dir():
         raise DataError(f"{option} {path}: is a directory; give a file name")

@@ -32,6 +32,8 @@ def seed_everything(seed: int) -> None:
 
 def choose_device(name: str, local_rank: int = 0) -> torch.device:
     """The device to train on; under torchrun each local rank takes its own GPU."""
+    if name not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"device {name!r}: expected auto, cpu or cuda")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
@@ -44,6 +46,14 @@ def choose_device(name: str, local_rank: int = 0) -> torch.device:
             )
         return torch.device("cuda", local_rank)
     return torch.device(name)
+
+
+def allow_tf32(device: torch.device, precision: str) -> None:
+    """fp32 on a CUDA GPU: TensorFloat-32 matmuls and cuDNN RNNs (10 mantissa bits in the
+    products, float32 sums), as autocast-free training on Ampere and later GPUs usually runs."""
+    if device.type == "cuda" and precision == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
 
 def choose_precision(name: str, device: torch.device) -> str:

@@ -43,8 +43,11 @@ def test_defaults_load_and_are_frozen() -> None:
         cfg.training.epochs = 3  # type: ignore[misc]
 
 
-def test_empty_file_gives_defaults(tmp_path: Path) -> None:
-    assert load(_write(tmp_path / "empty.yaml", "")) == Config()
+def test_an_empty_file_is_refused_but_overrides_alone_make_a_config(tmp_path: Path) -> None:
+    path = _write(tmp_path / "empty.yaml", "")
+    with pytest.raises(ConfigError, match="the config is empty"):
+        load(path)
+    assert load(path, ["training.epochs=2"]) == Config(training={"epochs": 2})
 
 
 def test_configs_directory_is_not_empty() -> None:

@@ -9,149 +9,33 @@ case); the ones about the interpreter itself (usage errors, ``--debug``, Ctrl-C)
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from clirun import (  # noqa: F401 - corpus, run and previous are fixtures
+    WORDS,
+    Result,
+    corpus,
+    nmt,
+    nmt_process,
+    previous,
+    reversal,
+    run,
+    tiny_config,
+    unchanged,
+    write_config,
+    write_pair,
+)
 
-from nmt.cli import main
 from nmt.config import DataConfig
 from nmt.data.corpus import read_pairs
-
-WORDS = "sol luna mar rio casa perro gato libro agua fuego tierra aire".split()
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def error(self) -> str:
-        """The one stderr line of a failed command (asserts that there is exactly one)."""
-        lines = self.err.strip().splitlines()
-        assert self.code == 2, (self.code, self.err)
-        assert len(lines) == 1, self.err
-        assert lines[0].startswith("error: "), self.err
-        return lines[0]
-
-
-def nmt(*args: str, stdin: bytes = b"") -> Result:
-    """Run ``nmt ARGS`` in this process through the console entry point."""
-    out, err = io.StringIO(), io.StringIO()
-    saved = sys.argv, sys.stdin
-    sys.argv = ["nmt", *args]
-    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv, sys.stdin = saved
-        logger = logging.getLogger("nmt")
-        for handler in list(logger.handlers):  # train's log handlers hold the run dir open
-            logger.removeHandler(handler)
-            handler.close()
-    return Result(code, out.getvalue(), err.getvalue())
-
-
-def nmt_process(*args: str, **kwargs) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
-    return subprocess.run(
-        [sys.executable, "-m", "nmt", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        **kwargs,
-    )
-
-
-def write_pair(prefix: Path, src: list[str], trg: list[str], newline: str = "\n") -> None:
-    for suffix, lines in (("src", src), ("trg", trg)):
-        text = "".join(line + newline for line in lines)
-        prefix.with_name(f"{prefix.name}.{suffix}").write_bytes(text.encode("utf-8"))
-
-
-def reversal(size: int, seed: int) -> tuple[list[str], list[str]]:
-    """A toy task: reverse the words and upper-case them."""
-    rng = random.Random(seed)
-    src, trg = [], []
-    for _ in range(size):
-        words = [rng.choice(WORDS) for _ in range(rng.randint(2, 6))]
-        src.append(" ".join(words))
-        trg.append(" ".join(w.upper() for w in reversed(words)))
-    return src, trg
-
-
-def tiny_config(root: Path, train: str = "train", **data: object) -> dict:
-    return {
-        "data": {
-            "src_lang": "src",
-            "trg_lang": "trg",
-            "train": str(root / train),
-            "dev": str(root / "dev"),
-            "test": str(root / "test"),
-            **data,
-        },
-        "tokenizer": {"vocab_size": 40, "type": "bpe"},
-        "model": {
-            "embedding_size": 8,
-            "encoder": {"hidden_size": 8},
-            "decoder": {"style": "luong", "hidden_size": 8},
-            "attention": {"score": "general"},
-        },
-        "training": {"epochs": 1, "max_steps": 3, "batch_tokens": 400, "validate_every": 100},
-        "decoding": {"max_len_ratio": 1.5, "max_len_offset": 5},
-        "run": {"dir": str(root / "run")},
-    }
-
-
-def write_config(path: Path, config: dict) -> Path:
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("corpus")
-    for split, size, seed in (("train", 300, 1), ("dev", 12, 2), ("test", 10, 3)):
-        write_pair(root / split, *reversal(size, seed))
-    return root
-
-
-@pytest.fixture(scope="module")
-def run(corpus: Path) -> Path:
-    """A tiny trained run directory (a few steps: only its files matter here)."""
-    config = write_config(corpus / "config.yaml", tiny_config(corpus))
-    result = nmt_process("train", str(config), "--quiet")
-    assert result.returncode == 0, result.stderr
-    return corpus / "run"
-
-
-@pytest.fixture()
-def previous(tmp_path: Path) -> Path:
-    """An existing output file that a failing command must leave as it was."""
-    path = tmp_path / "out.txt"
-    path.write_text("previous output\n", encoding="utf-8")
-    return path
-
-
-def unchanged(path: Path) -> bool:
-    return path.read_text(encoding="utf-8") == "previous output\n"
-
 
 # ----------------------------------------------------------------------------- config
 
@@ -514,8 +398,8 @@ def test_ctrl_c_during_training_exits_130_with_a_checkpoint(tmp_path: Path, corp
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
-    assert (
-        stderr.strip().splitlines()[-1] == "interrupted: checkpoint saved; continue with --resume"
+    assert stderr.strip().splitlines()[-1] == (
+        f"interrupted: {run_dir / 'last.pt'} is saved; continue with --resume"
     )
     state = torch.load(run_dir / "last.pt", weights_only=False)
     assert state["progress"]["step"] > 0

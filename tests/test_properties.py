@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
+import re
 import tempfile
 import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -89,7 +92,7 @@ def _valid_value(key: str, field: typing.Any) -> st.SearchStrategy:
             min_value=bounds.get("min_value", -(2**40)), max_value=bounds.get("max_value", 2**40)
         )
     elif annotation is float:
-        strategy = st.floats(allow_nan=False, allow_infinity="max_value" not in bounds, **bounds)
+        strategy = st.floats(allow_nan=False, allow_infinity=False, **bounds)
     else:
         strategy = TEXT
     return st.one_of(st.none(), strategy) if optional else strategy
@@ -263,6 +266,63 @@ def test_resolved_config_round_trips_through_yaml(raw: dict) -> None:
         assert load(path) == config
 
 
+NUMERIC_KEYS = sorted(
+    key
+    for key, field in SCHEMA.items()
+    if {int, float} & {field.annotation, *typing.get_args(field.annotation)}
+)
+FLOAT_KEYS = [
+    key
+    for key in NUMERIC_KEYS
+    if float in {SCHEMA[key].annotation, *typing.get_args(SCHEMA[key].annotation)}
+]
+
+
+def _nested(key: str, value: object) -> dict:
+    *sections, name = key.split(".")
+    raw: dict = {name: value}
+    for section in reversed(sections):
+        raw = {section: raw}
+    return raw
+
+
+@SETTINGS
+@given(
+    st.sampled_from(NUMERIC_KEYS),
+    st.one_of(st.booleans(), st.integers(-5, 5).map(str), st.sampled_from(["1e-3", "0.5", ""])),
+)
+def test_numbers_are_never_coerced_from_booleans_or_strings(key: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        from_dict(_nested(key, value))
+
+
+@SETTINGS
+@given(st.sampled_from(FLOAT_KEYS), st.sampled_from([math.inf, -math.inf, math.nan]))
+def test_no_float_key_takes_an_infinity_or_nan(key: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        from_dict(_nested(key, value))
+
+
+@SETTINGS
+@given(valid_raw_configs(), st.data())
+def test_a_key_twice_in_a_mapping_is_an_error_naming_its_line(
+    raw: dict, data: st.DataObject
+) -> None:
+    text = yaml.safe_dump(raw or {"training": {"epochs": 2}}, sort_keys=False)
+    lines = text.splitlines()
+    top = [n for n, line in enumerate(lines) if line and not line.startswith(" ")]
+    first = data.draw(st.sampled_from(top))
+    end = first + 1
+    while end < len(lines) and lines[end].startswith(" "):
+        end += 1
+    doubled = lines + lines[first:end]  # the section (or top-level key) again, at the end
+    with workdir() as root:
+        path = root / "config.yaml"
+        path.write_text("\n".join(doubled) + "\n", encoding="utf-8")
+        with pytest.raises(ConfigError, match=rf"{re.escape(str(path))}:{len(lines) + 1}:"):
+            load(path)
+
+
 # ----------------------------------------------------------------------------- corpora
 
 LINE_PIECES = [
@@ -326,7 +386,10 @@ def _read(fmt: str, files: dict[str, bytes], errors: str, cached: bool) -> int:
         src, trg = list(rows["src"]), list(rows["trg"])
         assert len(src) == len(trg) == len(rows)
         assert all(isinstance(s, str) and isinstance(t, str) for s, t in zip(src, trg, strict=True))
-        assert not any(line.endswith("\r") for line in src + trg)
+        # a CRLF line's \r goes; a \r inside a line (before a TSV tab, or escaped in a JSON
+        # string) is the text's own
+        ends = {"text": src + trg, "tsv": trg, "jsonl": []}[fmt]
+        assert not any(line.endswith("\r") for line in ends)
         return len(rows)
 
 

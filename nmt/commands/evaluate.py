@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nmt import evaluate
+from nmt import checkpoint, evaluate
 from nmt.commands.progress import progress_bar
-from nmt.data.corpus import read_pairs
+from nmt.data.corpus import local_files, read_pairs
 from nmt.decoding.translator import Translator
 from nmt.errors import ConfigError, DataError
 from nmt.files import atomic_write_text, check_output
@@ -20,13 +20,15 @@ def evaluate_split(
     device: str = "auto",
     hypotheses_out: Path | None = None,
     show_progress: bool = True,
+    precision: str = "auto",
 ) -> Any:
-    """Translate a split (dev or test) of the run's own data and score it."""
+    """Translate a split (dev or test) of the run's own data and score it, decoding as
+    `nmt translate` does (``precision`` auto: bf16 on a GPU that supports it)."""
     if split not in ("dev", "test", "train"):
         raise ConfigError(f"--split {split!r}: expected dev, test or train")
     if hypotheses_out is not None:
-        check_output(hypotheses_out, "--save-hypotheses")
-    translator = Translator.from_checkpoint(model, device)
+        check_output(hypotheses_out, "--save-hypotheses", {"--model": checkpoint.resolve(model)})
+    translator = Translator.from_checkpoint(model, device, precision)
     data = translator.config.data
     where = {"dev": data.dev, "test": data.test, "train": data.train}[split]
     if where is None:
@@ -34,6 +36,9 @@ def evaluate_split(
             f"--split {split}: the run's config has no data.{split}; use --split dev, or "
             f"score your own files: nmt eval HYP --ref REF"
         )
+    if hypotheses_out is not None and data.format != "hub":
+        inputs = {f"data.{split} file": path for path in local_files(data, where)}
+        check_output(hypotheses_out, "--save-hypotheses", inputs)
     try:
         rows = read_pairs(data, where)
     except DataError as exc:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nmt import checkpoint
 from nmt.commands.progress import progress_bar
 from nmt.decoding.translator import Translation, Translator
 from nmt.errors import ConfigError, DataError
@@ -64,7 +65,10 @@ def translate_command(
     it was.
     """
     if output_path != STDIN:
-        check_output(Path(output_path), "--output")
+        inputs = {"--model": checkpoint.resolve(model)}
+        if input_path != STDIN:
+            inputs["--input"] = Path(input_path)
+        check_output(Path(output_path), "--output", inputs)
     if attention_dir is not None and attention_dir.exists() and not attention_dir.is_dir():
         raise DataError(f"--attention-dir {attention_dir}: is a file; give a directory")
     lines = read_lines(input_path)

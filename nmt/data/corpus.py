@@ -106,7 +106,8 @@ def read_pairs(cfg: DataConfig, split: str, cache_dir: Path | None = None) -> An
     return _select_fields(rows, cfg, f"{cfg.hub_name} {split}")
 
 
-def _local_files(cfg: DataConfig, split: str) -> list[Path]:
+def local_files(cfg: DataConfig, split: str) -> list[Path]:
+    """The local file(s) a split is read from (before a .gz is looked for)."""
     if cfg.format == "text":
         return [Path(f"{split}.{cfg.src_lang}"), Path(f"{split}.{cfg.trg_lang}")]
     return [Path(split)]
@@ -122,7 +123,7 @@ def check_files(config: Config) -> None:
     problems = []
     if data.format != "hub":
         for key, split in (("data.train", data.train), ("data.dev", data.dev)):
-            for path in _local_files(data, split):
+            for path in local_files(data, split):
                 try:
                     existing(path, key)
                 except DataError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import io
 import random
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +51,26 @@ def train_sentencepiece(
             max_sentence_length=8192,
         )
     except RuntimeError as exc:
-        raise DataError(f"tokenizer training failed: {exc}") from None
+        raise DataError(_training_failure(str(exc), vocab_size)) from None
     return model.getvalue()
+
+
+def _training_failure(message: str, vocab_size: int) -> str:
+    """sentencepiece's error in the config's terms."""
+    needed = re.search(r"smaller than required_chars\. \d+ vs (\d+)", message)
+    if needed:
+        return (
+            f"tokenizer.vocab_size: {vocab_size} is too small for the training text, which "
+            f"needs at least {needed.group(1)} pieces for its characters and nmt's special "
+            f"tokens; raise tokenizer.vocab_size to {needed.group(1)} or more, or lower "
+            f"tokenizer.character_coverage"
+        )
+    if "vocab_size" in message.lower() and "too high" in message.lower():
+        return (
+            f"tokenizer.vocab_size: {vocab_size} is more pieces than the training text can "
+            f"give; lower it"
+        )
+    return f"tokenizer training failed: {message.splitlines()[0]}"
 
 
 def _load_proto(proto: bytes) -> spm.SentencePieceProcessor:

@@ -17,7 +17,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.decoding.search import Hypothesis, beam_search
 from nmt.errors import CheckpointError
 from nmt.model import Seq2Seq, build_model
-from nmt.runtime import autocast, choose_device, choose_precision, eval_mode
+from nmt.runtime import allow_tf32, autocast, choose_device, choose_precision, eval_mode
 
 
 @dataclass
@@ -64,7 +64,9 @@ class Translator:
         _check_weights(model, state["model"], tokenizer, path)
         model.load_state_dict(state["model"])
         model.eval()
-        return cls(model, tokenizer, config, target, choose_precision(precision, target))
+        chosen = choose_precision(precision, target)
+        allow_tf32(target, chosen)
+        return cls(model, tokenizer, config, target, chosen)
 
     def decode_ids(
         self,
@@ -87,9 +89,9 @@ class Translator:
                     self.model, src, src_lengths, decoding, n_best, return_attention
                 )
                 for i, hyps in zip(index, results, strict=True):
-                    for hyp in hyps:  # drop the batch's padding columns
+                    for hyp in hyps:  # on the host, without the batch's padding columns
                         if hyp.alphas is not None:
-                            hyp.alphas = hyp.alphas[:, : len(src_ids[i])].float()
+                            hyp.alphas = hyp.alphas[:, : len(src_ids[i])].float().cpu()
                     out[int(i)] = hyps
                 if progress is not None:
                     progress(len(index))

@@ -440,12 +440,33 @@ def run_rnn(
     return x, ((hidden, torch.cat(cells)) if lstm else hidden)
 
 
+# Devices whose autocast runs RNNs in a dtype of its own: CUDA's runs cuDNN RNNs in fp16
+# whatever the autocast dtype, and bf16 has no loss scaler to keep their small gradients in
+# fp16's range. There the plain path runs them outside autocast, in the weights' dtype.
+RNN_OUTSIDE_AUTOCAST = {"cuda"}
+
+
 def plain_rnn(
     rnn: nn.RNNBase, inputs: Tensor, lengths: Tensor | None, state: RNNState | None
 ) -> tuple[Tensor, RNNState]:
     """The module's own call over ``inputs`` (B, T, I): packed by ``lengths`` (B,) where given
     (outputs zero past each end, the final state at each last token), else over every
     position -> outputs (B, T, D*H), the final state."""
+    device = inputs.device.type
+    if device not in RNN_OUTSIDE_AUTOCAST or not torch.is_autocast_enabled(device):
+        return _module_call(rnn, inputs, lengths, state)
+    dtype = next(rnn.parameters()).dtype
+    if isinstance(state, tuple):
+        state = (state[0].to(dtype), state[1].to(dtype))
+    elif state is not None:
+        state = state.to(dtype)
+    with torch.autocast(device, enabled=False):
+        return _module_call(rnn, inputs.to(dtype), lengths, state)
+
+
+def _module_call(
+    rnn: nn.RNNBase, inputs: Tensor, lengths: Tensor | None, state: RNNState | None
+) -> tuple[Tensor, RNNState]:
     if lengths is None:
         return rnn(inputs, state)  # type: ignore[no-any-return]
     packed = pack_padded_sequence(inputs, lengths.cpu(), batch_first=True, enforce_sorted=False)

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths
+from nmt.fast.recurrence import plain_rnn
 from nmt.model.attention import Attention, Memory
 from nmt.model.decoder import Decoder, DecoderState, decoder_rnn, split_rnn_state
 from nmt.vocab import PAD_ID
@@ -57,7 +58,7 @@ class BahdanauDecoder(Decoder):
         query = state.hidden[-1].unsqueeze(1)  # (B, 1, H): s_{i-1}, top layer
         context, alphas = self.attention(query, memory, state.position(query))  # c_i, alpha_i
         rnn_input = torch.cat([embedded, context], dim=-1)  # (B, 1, E+Hk)
-        output, rnn_state = self.rnn(rnn_input, state.rnn_state())  # (B, 1, H)
+        output, rnn_state = plain_rnn(self.rnn, rnn_input, None, state.rnn_state())  # (B, 1, H)
         hidden, cell = split_rnn_state(rnn_state)
         return output, context, alphas, DecoderState(hidden, cell, state.step + 1)
 

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths
+from nmt.fast.recurrence import plain_rnn
 from nmt.model.attention import Attention, Memory
 from nmt.model.decoder import Decoder, DecoderState, decoder_rnn, split_rnn_state
 from nmt.vocab import PAD_ID
@@ -96,7 +97,7 @@ class LuongDecoder(Decoder):
             assert state.feed is not None
             feed = state.feed.to(embedded.dtype).unsqueeze(1)  # (B, 1, H)
             rnn_input = torch.cat([embedded, feed], dim=-1)
-        output, rnn_state = self.rnn(rnn_input, state.rnn_state())  # (B, 1, H)
+        output, rnn_state = plain_rnn(self.rnn, rnn_input, None, state.rnn_state())  # (B, 1, H)
         attentional, alphas = self._attend(output, memory, state.position(output), combine)
         hidden, cell = split_rnn_state(rnn_state)
         next_feed = attentional.squeeze(1) if self.input_feeding else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -17,6 +18,11 @@ import torch.distributed as torch_dist
 
 from nmt.errors import ConfigError
 from nmt.runtime import choose_device
+
+# How long a rank waits in a collective. The ranks > 0 wait in one while rank 0 trains the
+# tokenizer and tokenises the corpus, which takes far longer than torch's default 10 minutes
+# on a large corpus (NCCL would abort the job).
+PROCESS_GROUP_TIMEOUT = timedelta(hours=6)
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,9 @@ def init_distributed(device_name: str) -> tuple[Distributed, torch.device]:
         if not torch_dist.is_available():
             raise ConfigError("torchrun: this build of torch has no torch.distributed")
         backend = "nccl" if device.type == "cuda" else "gloo"
-        torch_dist.init_process_group(backend, rank=rank, world_size=world_size)
+        torch_dist.init_process_group(
+            backend, rank=rank, world_size=world_size, timeout=PROCESS_GROUP_TIMEOUT
+        )
     return Distributed(rank, local_rank, world_size, owns), device
 
 

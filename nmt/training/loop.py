@@ -41,7 +41,7 @@ from nmt.errors import CheckpointError, NMTError
 from nmt.fast import FastPaths
 from nmt.fast.allocator import limit_kernel_cache, tune_allocator
 from nmt.model import Seq2Seq, build_model, count_parameters
-from nmt.runtime import choose_precision, seed_everything, set_threads
+from nmt.runtime import allow_tf32, choose_precision, seed_everything, set_threads
 from nmt.training.distributed import (
     Distributed,
     all_reduce,
@@ -97,6 +97,16 @@ class _StopFlag:
 
 
 @dataclass
+class _Window:
+    """Training statistics since the last log line."""
+
+    loss: float = 0.0
+    nll: float = 0.0
+    tokens: int = 0
+    started: float = field(default_factory=time.time)
+
+
+@dataclass
 class Run:
     """Everything one training run works on: a plain bundle, passed to small functions."""
 
@@ -115,9 +125,11 @@ class Run:
     schedule: Schedule
     place: Distributed
     started: float
+    window: _Window = field(default_factory=_Window)
 
     def save(self, is_best: bool) -> None:
         """Every rank hands in its random state; rank 0 writes the checkpoints."""
+        self.progress.window = [self.window.loss, self.window.nll, float(self.window.tokens)]
         rng_by_rank = gather_objects(rng_state(), self.place)
         if not self.place.is_main:
             return
@@ -172,6 +184,7 @@ def _train_locked(
     if fast.cpu_kernels and device.type == "cpu":
         tune_allocator()
     precision = choose_precision(config.training.precision, device)
+    allow_tf32(device, precision)
     started = time.time()
     saved, tokenizer = read_checkpoint(resume_from, config)
     seed_everything(config.training.seed)
@@ -200,8 +213,7 @@ def _build_run(
 ) -> Run:
     """Model, optimiser and scaler, fresh or restored; the loss module DDP wraps."""
     cfg = config.training
-    vocab = (tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
-    model = build_model(config.model, *vocab, fast).to(device)
+    model = _allocate_model(config, tokenizer, fast, device)
     optimizer = build_optimizer(config, model)
     scaler = grad_scaler(precision, device)
     if saved is not None:
@@ -223,7 +235,9 @@ def _build_run(
     )
     loss_module = loss_for_training(model, cfg.label_smoothing, place)
     schedule = Schedule(cfg.schedule, cfg.learning_rate, cfg.warmup_steps, cfg.plateau_patience)
-    tracker = Tracker(run_dir, enabled=place.is_main)
+    # a resumed run's logs forget what the killed run logged after its checkpoint
+    tracker = Tracker(run_dir, place.is_main, progress.step if saved is not None else None)
+    loss, nll, tokens = progress.window
     return Run(
         config,
         run_dir,
@@ -240,7 +254,30 @@ def _build_run(
         schedule,
         place,
         time.time(),
+        _Window(loss, nll, int(tokens)),
     )
+
+
+def _allocate_model(
+    config: Config, tokenizer: Tokenizer, fast: FastPaths, device: torch.device
+) -> Seq2Seq:
+    """The model on ``device``; a model too large for its memory is an NMTError naming the
+    sizes to lower, not an allocator's traceback."""
+    try:
+        return build_model(
+            config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size, fast
+        ).to(device)
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        if not isinstance(exc, torch.OutOfMemoryError) and "alloc" not in str(exc).lower():
+            raise
+    m = config.model
+    sizes = (
+        f"model.embedding_size={m.embedding_size}, model.encoder.hidden_size="
+        f"{m.encoder.hidden_size}, model.encoder.layers={m.encoder.layers}, "
+        f"model.decoder.hidden_size={m.decoder.hidden_size}, model.decoder.layers="
+        f"{m.decoder.layers}, vocabulary {tokenizer.src_vocab_size}/{tokenizer.trg_vocab_size}"
+    )
+    raise NMTError(f"the model does not fit in the memory of {device} ({sizes}); lower them")
 
 
 def _check_same_start(progress: Progress, place: Distributed, device: torch.device) -> None:
@@ -259,16 +296,6 @@ def _check_same_start(progress: Progress, place: Distributed, device: torch.devi
 
 
 @dataclass
-class _Window:
-    """Training statistics since the last log line."""
-
-    loss: float = 0.0
-    nll: float = 0.0
-    tokens: int = 0
-    started: float = field(default_factory=time.time)
-
-
-@dataclass
 class StepResult:
     """One step as every rank sees it: sums over all ranks' batches and agreed flags."""
 
@@ -283,7 +310,7 @@ class StepResult:
 def _loop(run: Run, stop: _StopFlag, bar: ProgressBar) -> None:
     """Epochs of bucketed batches; validate and checkpoint at the interval and at the end."""
     cfg, progress, world = run.config.training, run.progress, run.place.world_size
-    window = _Window()
+    window = run.window
     run.model.train()
     reason = _stop_reason(run, None)
     while reason is None and progress.epoch < cfg.epochs:

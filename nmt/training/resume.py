@@ -44,11 +44,16 @@ def set_rng_state(rng: dict[str, Any]) -> None:
 
 
 def save_checkpoints(run_dir: Path, state: dict[str, Any], keep_last: int, is_best: bool) -> None:
-    """last.pt, best.pt when it improved, and with keep_last > 1 the newest keep_last step-N.pt."""
+    """best.pt when it improved, last.pt, and with keep_last > 1 the newest keep_last step-N.pt.
+
+    best.pt goes first: a run killed between the two resumes from the previous last.pt and
+    makes the same improving validation again, so best.pt is never left one validation behind
+    a last.pt that already counts the new best.
+    """
     step = state["progress"]["step"]
-    checkpoint.save(run_dir / "last.pt", state)
     if is_best:
         checkpoint.save(run_dir / "best.pt", state)
+    checkpoint.save(run_dir / "last.pt", state)
     if keep_last > 1:
         checkpoint.save(run_dir / f"step-{step:08d}.pt", state)
         for old in sorted(run_dir.glob("step-*.pt"))[:-keep_last]:

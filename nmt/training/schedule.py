@@ -25,6 +25,8 @@ class Progress:
     overflow_steps: int = 0  # of which the fp16 grad scaler skipped (normal, a few)
     bad_steps_in_a_row: int = 0  # non-finite losses or gradients in a row
     history: list[dict[str, float]] = field(default_factory=list)
+    window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # loss, nll, tokens
+    # summed since the last log line, so that a resumed run logs the same windows
 
 
 class Schedule:

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from nmt.files import atomic_write_text
+
 log = logging.getLogger("nmt")
 
 
@@ -45,16 +47,25 @@ def setup_logging(run_dir: Path | None, quiet: bool = False) -> None:
 
 
 class Tracker:
-    """Writes scalars and images; a no-op off rank 0."""
+    """Writes scalars and images; a no-op off rank 0.
 
-    def __init__(self, run_dir: Path, enabled: bool = True):
+    ``resumed_at``: the step of the checkpoint a resumed run starts from. What the killed run
+    logged after it is dropped from metrics.jsonl and hidden from tensorboard (its
+    ``purge_step``), so that both show one history, the same as an uninterrupted run's.
+    """
+
+    def __init__(self, run_dir: Path, enabled: bool = True, resumed_at: int | None = None):
         self.enabled = enabled
         self.metrics_path = run_dir / "metrics.jsonl"
         self.writer: Any = None
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            purge = None
+            if resumed_at is not None:
+                _truncate_metrics(self.metrics_path, resumed_at)
+                purge = resumed_at + 1
+            self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
 
     def scalars(self, step: int, values: dict[str, float], split: str) -> None:
         if not self.enabled:
@@ -73,6 +84,22 @@ class Tracker:
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()
+
+
+def _truncate_metrics(path: Path, last_step: int) -> None:
+    """Keep the records of steps up to ``last_step`` (a line cut off by a crash goes too)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, int) and step <= last_step:
+            kept.append(line + "\n")
+    atomic_write_text(path, "".join(kept))
 
 
 class ProgressBar:

@@ -78,6 +78,19 @@ def train_records(run_dir: Path) -> list[dict[str, Any]]:
     return [r for r in read_metrics(run_dir) if r["split"] == "train"]
 
 
+def history(run_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl without what depends on the clock."""
+    drop = ("time", "target_tokens_per_s")
+    return [{k: v for k, v in r.items() if k not in drop} for r in read_metrics(run_dir)]
+
+
+def assert_same_run(run_dir: Path, reference: Path) -> None:
+    """The same last and best checkpoints, and the same logged history."""
+    for name in ("last.pt", "best.pt"):
+        assert_same_weights(saved(run_dir / name)["model"], saved(reference / name)["model"])
+    assert history(run_dir) == history(reference)
+
+
 def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
     different = [name for name in a if not torch.equal(a[name], b[name])]
@@ -104,7 +117,8 @@ def wait_for(path: Path, process: subprocess.Popen, log: Path, timeout: float = 
         time.sleep(0.01)
 
 
-RESUME = {"epochs": 2, "validate_every": 20}  # 66 steps, a checkpoint every 20
+# 66 steps, a checkpoint every 20, log lines every 7: windows that straddle the checkpoints
+RESUME = {"epochs": 2, "validate_every": 20, "log_every": 7}
 
 
 def write_config(corpus: Path, root: Path) -> Path:
@@ -142,6 +156,7 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(
     assert f"resuming from {run_dir / 'last.pt'} (step {killed_at})" in (
         run_dir / "train.log"
     ).read_text(encoding="utf-8")
+    assert_same_run(run_dir, uninterrupted)  # the killed run's later records are gone
 
 
 def test_resume_after_sigterm_equals_an_uninterrupted_run(
@@ -164,6 +179,39 @@ def test_resume_after_sigterm_equals_an_uninterrupted_run(
     assert result["progress"]["step"] == final["progress"]["step"]
     assert_same_weights(result["model"], final["model"])
     assert_same_weights(result["optimizer"]["state"][0], final["optimizer"]["state"][0])
+    assert_same_run(run_dir, uninterrupted)
+
+
+def test_a_crash_between_best_and_last_leaves_no_stale_best(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed right after best.pt is written at an improving validation (dev loss, which
+    improves at every validation here): the resumed run makes that validation again, so
+    best.pt ends as the uninterrupted run's."""
+    import nmt.training.resume as resume_module
+
+    options = {**RESUME, "best_metric": "loss"}
+    reference = run_training(corpus, tmp_path / "uninterrupted", **options)
+    real_save, written = resume_module.checkpoint.save, []
+
+    class Killed(BaseException):
+        pass
+
+    def save(path: Path, state: dict[str, Any]) -> None:
+        written.append(path.name)
+        if written[-2:] == ["best.pt", "last.pt"] and state["progress"]["step"] >= 40:
+            raise Killed  # an improving validation's best.pt is written, its last.pt is not
+        real_save(path, state)
+
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr(resume_module.checkpoint, "save", save)
+    with pytest.raises(Killed):
+        run_training(corpus, run_dir, **options)
+    monkeypatch.setattr(resume_module.checkpoint, "save", real_save)
+    behind = saved(run_dir / "last.pt")["progress"]["step"]
+    assert saved(run_dir / "best.pt")["progress"]["step"] > behind  # best went first
+    run_training(corpus, run_dir, resume=True, **options)
+    assert_same_run(run_dir, reference)
 
 
 def test_a_signal_on_a_validation_step_still_resumes_exactly(
