@@ -5,10 +5,6 @@ naming the file, key or option, and no file changed."""
 from __future__ import annotations
 
 import math
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -191,36 +187,32 @@ def test_usage_errors_are_one_plain_line() -> None:
 # ----------------------------------------------------------------------------- interrupts
 
 
-def test_ctrl_c_before_the_first_checkpoint_says_there_is_nothing_to_resume(
-    tmp_path: Path, corpus: Path
+@pytest.mark.parametrize("checkpoint_exists", [False, True])
+def test_ctrl_c_says_whether_there_is_anything_to_resume(
+    tmp_path: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch, checkpoint_exists: bool
 ) -> None:
-    config = tiny_config(corpus)
-    config["tokenizer"] = {"vocab_size": 4000, "type": "unigram"}  # some seconds to train
-    big = tmp_path / "big"
-    lines = (corpus / "train.src").read_text(encoding="utf-8").splitlines()
-    targets = (corpus / "train.trg").read_text(encoding="utf-8").splitlines()
-    numbered = [f"{line} {n}" for n in range(60) for line in lines]
-    (big.with_suffix(".src")).write_text("\n".join(numbered) + "\n", encoding="utf-8")
-    numbered = [f"{line} {n}" for n in range(60) for line in targets]
-    (big.with_suffix(".trg")).write_text("\n".join(numbered) + "\n", encoding="utf-8")
-    config["data"]["train"] = str(big)
-    path = write_config(tmp_path / "c.yaml", config)
+    """Ctrl-C during data preparation (no checkpoint yet) or after one: the last line says
+    what there is (the end-to-end run with a checkpoint: test_errors' Ctrl-C test)."""
+    import nmt.training as training_package
+
     run_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "nmt", "train", str(path), "--run-dir", str(run_dir)],
-        stderr=subprocess.PIPE,
-        text=True,
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        run_dir.mkdir()
+        if checkpoint_exists:
+            (run_dir / "last.pt").write_bytes(b"")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training_package, "train", interrupted)
+    path = write_config(tmp_path / "c.yaml", tiny_config(corpus))
+    result = nmt("train", str(path), "--run-dir", str(run_dir))
+    assert result.code == 130
+    expected = (
+        f"interrupted: {run_dir / 'last.pt'} is saved; continue with --resume"
+        if checkpoint_exists
+        else "interrupted before the first checkpoint: nothing to resume; run the command again"
     )
-    deadline = time.time() + 60
-    while not (run_dir / "train.log").is_file() and time.time() < deadline:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130, stderr
-    assert not (run_dir / "last.pt").exists()
-    assert stderr.strip().splitlines()[-1] == (
-        "interrupted before the first checkpoint: nothing to resume; run the command again"
-    )
+    assert result.err.strip().splitlines()[-1] == expected
 
 
 def test_config_files_keep_their_yaml(tmp_path: Path) -> None:
