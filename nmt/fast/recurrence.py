@@ -28,6 +28,7 @@ Equations (torch's conventions, gates in this order):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -453,7 +454,7 @@ def plain_rnn(
     (outputs zero past each end, the final state at each last token), else over every
     position -> outputs (B, T, D*H), the final state."""
     device = inputs.device.type
-    if device not in RNN_OUTSIDE_AUTOCAST or not torch.is_autocast_enabled(device):
+    if not _outside_autocast(rnn, device):
         return _module_call(rnn, inputs, lengths, state)
     dtype = next(rnn.parameters()).dtype
     if isinstance(state, tuple):
@@ -462,6 +463,30 @@ def plain_rnn(
         state = state.to(dtype)
     with torch.autocast(device, enabled=False):
         return _module_call(rnn, inputs.to(dtype), lengths, state)
+
+
+def _outside_autocast(rnn: nn.RNNBase, device: str) -> bool:
+    """Whether the RNN must run outside autocast: CUDA's (above), and a CPU's bf16 autocast
+    for an LSTM, which it runs through oneDNN in bf16, on CPUs without bf16 instructions a
+    RuntimeError ("could not create a primitive descriptor")."""
+    if not torch.is_autocast_enabled(device):
+        return False
+    if device in RNN_OUTSIDE_AUTOCAST:
+        return True
+    return (
+        device == "cpu"
+        and isinstance(rnn, nn.LSTM)
+        and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        and not _cpu_has_bf16()
+    )
+
+
+@functools.cache
+def _cpu_has_bf16() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # no such check in this torch: assume it has
+        return True
 
 
 def _module_call(

@@ -100,3 +100,34 @@ def test_fp32_on_cuda_allows_tf32() -> None:
     finally:
         for flag, value in zip(flags, before, strict=True):
             flag.allow_tf32 = value
+
+
+@pytest.mark.parametrize("feeding", [True, False])
+def test_an_lstm_trains_under_cpu_bf16_autocast_on_any_cpu(feeding: bool) -> None:
+    """oneDNN runs an LSTM under CPU bf16 autocast in bf16, which CPUs without bf16
+    instructions cannot: there the plain path runs it outside autocast."""
+    import numpy as np
+
+    from nmt.config import from_dict
+    from nmt.data.batching import make_batch
+    from nmt.model import build_model
+
+    raw = {
+        "embedding_size": 8,
+        "encoder": {"rnn": "lstm", "hidden_size": 4},
+        "decoder": {"style": "luong", "rnn": "lstm", "hidden_size": 8, "input_feeding": feeding},
+        "attention": {"score": "dot"},
+    }
+    torch.manual_seed(0)
+    model = build_model(from_dict({"model": raw}).model, 20, 20).train()
+    batch = make_batch([[4, 5, 6], [7, 8]], [[9, 10], [11, 12, 13]], np.arange(2))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = model.loss(*batch.tensors(), 0.1)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    model.eval()  # search: each step through the plain path
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        memory, state = model.encode(batch.src, batch.src_lengths)
+        features, _, _ = model.decoder.step(batch.trg_in[:, 0], memory, state)
+    assert torch.isfinite(features.float()).all()
