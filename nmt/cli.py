@@ -1,4 +1,4 @@
-"""The `nmt` command line: train | translate | eval.
+"""The `nmt` command line: train | translate | score | eval.
 
 Each command parses its options and calls one library function. Any NMTError becomes one
 line on stderr and exit status 2 (``--debug`` shows the traceback).
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
+EnsembleAverage = Literal["linear", "log_linear"]
 PRECISION_OPTION = typer.Option(
     "--precision",
     help="auto (bf16 on a GPU that supports it, else fp32), fp32, bf16 or fp16 autocast.",
@@ -101,11 +102,15 @@ def train(
         raise typer.Exit(130) from None
 
 
+MODELS_HELP = (
+    "Run directory (uses best.pt) or checkpoint file; repeat for an ensemble of models that "
+    "share a tokenizer."
+)
+
+
 @app.command()
 def translate(
-    model: Annotated[
-        Path, typer.Option("--model", "-m", help="Run directory (uses best.pt) or checkpoint file.")
-    ],
+    model: Annotated[list[Path], typer.Option("--model", "-m", help=MODELS_HELP)],
     input: Annotated[
         str, typer.Option("--input", "-i", help="Input text, one sentence a line; - for stdin.")
     ] = "-",
@@ -146,9 +151,38 @@ def translate(
     length_penalty: Annotated[
         float | None, typer.Option("--length-penalty", min=0.0, help="GNMT alpha.")
     ] = None,
+    coverage_penalty: Annotated[
+        float | None,
+        typer.Option(
+            "--coverage-penalty", min=0.0, help="GNMT beta: coverage penalty weight (0: off)."
+        ),
+    ] = None,
     no_repeat_ngram: Annotated[
         int | None,
         typer.Option("--no-repeat-ngram", min=0, help="Forbid repeating n-grams of this size."),
+    ] = None,
+    ensemble_average: Annotated[
+        EnsembleAverage | None,
+        typer.Option(
+            "--ensemble-average",
+            help="Several --model: average probabilities (linear) or log-probabilities.",
+        ),
+    ] = None,
+    prefix: Annotated[
+        Path | None,
+        typer.Option(
+            "--prefix",
+            help="Target prefixes, one per input line (empty: none): each output starts with "
+            "its prefix.",
+        ),
+    ] = None,
+    constraints: Annotated[
+        Path | None,
+        typer.Option(
+            "--constraints",
+            help='JSONL, one list of target phrases per input line (["la casa", "verde"]; '
+            "empty or []: none): each output contains every phrase.",
+        ),
     ] = None,
     attention_dir: Annotated[
         Path | None,
@@ -156,6 +190,14 @@ def translate(
             "--attention-dir", help="Write a heatmap PNG plus .npy/.json per sentence here."
         ),
     ] = None,
+    unbuffered: Annotated[
+        bool,
+        typer.Option(
+            "--unbuffered",
+            help="Translate each stdin line as it arrives and flush its output (the default "
+            "when stdin is a terminal).",
+        ),
+    ] = False,
     device: Annotated[Device, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
     precision: Annotated[Precision, PRECISION_OPTION] = "auto",
 ) -> None:
@@ -168,7 +210,9 @@ def translate(
         "max_len_ratio": max_len_ratio,
         "max_len_offset": max_len_offset,
         "length_penalty": length_penalty,
+        "coverage_penalty": coverage_penalty,
         "no_repeat_ngram": no_repeat_ngram,
+        "ensemble_average": ensemble_average,
     }
     translate_command(
         model,
@@ -181,6 +225,92 @@ def translate(
         device,
         attention_dir,
         precision=precision,
+        prefix=prefix,
+        constraints=constraints,
+        unbuffered=unbuffered,
+        warn=_warn,
+    )
+
+
+def _warn(message: str) -> None:
+    typer.echo(f"warning: {message}", err=True)
+
+
+@app.command()
+def score(
+    model: Annotated[list[Path], typer.Option("--model", "-m", help=MODELS_HELP)],
+    input: Annotated[
+        str | None, typer.Option("--input", "-i", help="Source sentences, one a line; - for stdin.")
+    ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option("--target", "-t", help="Target sentences, line for line with --input."),
+    ] = None,
+    tsv: Annotated[
+        str | None,
+        typer.Option(
+            "--tsv", help="source<TAB>target lines instead of -i/-t; - for stdin (the default)."
+        ),
+    ] = None,
+    n_best: Annotated[
+        str | None,
+        typer.Option(
+            "--n-best",
+            help="Rescore the TSV of nmt translate --n-best (sources from -i): each row gets a "
+            "score column.",
+        ),
+    ] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="Output file; - for stdout.")] = "-",
+    tokens: Annotated[
+        bool,
+        typer.Option(
+            "--tokens", help="Add each target piece's log-probability and the pieces (EOS last)."
+        ),
+    ] = False,
+    length_penalty: Annotated[
+        float | None,
+        typer.Option("--length-penalty", min=0.0, help="GNMT alpha of the normalised score."),
+    ] = None,
+    coverage_penalty: Annotated[
+        float | None,
+        typer.Option("--coverage-penalty", min=0.0, help="GNMT beta (0: off)."),
+    ] = None,
+    ensemble_average: Annotated[
+        EnsembleAverage | None,
+        typer.Option("--ensemble-average", help="Several --model: linear or log_linear."),
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option("--batch-size", min=1, help="Pairs per batch.")
+    ] = None,
+    attention_dir: Annotated[
+        Path | None,
+        typer.Option("--attention-dir", help="Write the attention over each given target here."),
+    ] = None,
+    device: Annotated[Device, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    precision: Annotated[Precision, PRECISION_OPTION] = "auto",
+) -> None:
+    """Score given translations: per line, log P(target | source) and the length-normalised
+    score (as translate ranks), tab-separated."""
+    from nmt.commands.score import score_command
+
+    overrides = {
+        "length_penalty": length_penalty,
+        "coverage_penalty": coverage_penalty,
+        "ensemble_average": ensemble_average,
+        "batch_size": batch_size,
+    }
+    score_command(
+        model,
+        input,
+        target,
+        tsv,
+        n_best,
+        output,
+        overrides,
+        tokens,
+        attention_dir,
+        device,
+        precision,
     )
 
 
@@ -194,8 +324,12 @@ def eval_(
         typer.Option("--ref", "-r", help="Reference file (repeat for several)."),
     ] = None,
     model: Annotated[
-        Path | None,
-        typer.Option("--model", "-m", help="Translate a split of this run's data instead."),
+        list[Path] | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Translate a split of this run's data instead (repeat: an ensemble).",
+        ),
     ] = None,
     split: Annotated[str, typer.Option("--split", help="With --model: dev or test.")] = "test",
     beam: Annotated[
@@ -221,7 +355,7 @@ def eval_(
 ) -> None:
     """Score with sacrebleu (BLEU, chrF, TER and their signatures)."""
 
-    if model is not None:
+    if model:
         if hypotheses:
             raise ConfigError("give either hypothesis files or --model, not both")
         from nmt.commands.evaluate import evaluate_split

@@ -253,6 +253,17 @@ class DecodingConfig(_Section):
     no_repeat_ngram: int = Field(
         0, ge=0, description="forbid repeating any n-gram of this size in an output (0: off)"
     )
+    coverage_penalty: float = Field(
+        0.0,
+        ge=0,
+        description="GNMT beta in beta * sum_i log(min(sum_j a_ij, 1)), added to a finished "
+        "hypothesis's length-normalised score (0: off)",
+    )
+    ensemble_average: Literal["linear", "log_linear"] = Field(
+        "linear",
+        description="with several --model: linear averages the models' probabilities, "
+        "log_linear their log-probabilities (renormalised)",
+    )
 
 
 class RunConfig(_Section):

@@ -11,7 +11,7 @@ import functools
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,12 +137,15 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def check_output(path: Path, option: str, inputs: dict[str, Path] | None = None) -> None:
+def check_output(
+    path: Path, option: str, inputs: Mapping[str, Path | Sequence[Path]] | None = None
+) -> None:
     """Fail before any work if ``path`` cannot be written as a file, or if writing it would
-    overwrite what the command reads (``inputs``: option -> path) or a file of a run
-    directory (checkpoints, tokenizer, config, logs)."""
-    for source_option, source in (inputs or {}).items():
-        if _same_file(path, source):
+    overwrite what the command reads (``inputs``: option -> path, or the paths of a repeated
+    option) or a file of a run directory (checkpoints, tokenizer, config, logs)."""
+    for source_option, given in (inputs or {}).items():
+        sources = [given] if isinstance(given, Path) else list(given)
+        if any(_same_file(path, source) for source in sources):
             raise DataError(
                 f"{option} {path}: is the {source_option} this command reads; writing it would "
                 f"destroy it: choose another file"

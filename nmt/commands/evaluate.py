@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from nmt import checkpoint, evaluate
 from nmt.commands.progress import progress_bar
+from nmt.commands.translate import decoding_options
 from nmt.data.corpus import local_files, read_pairs
 from nmt.decoding.translator import Translator
 from nmt.errors import ConfigError, DataError
@@ -14,7 +16,7 @@ from nmt.files import atomic_write_text, check_output
 
 
 def evaluate_split(
-    model: Path,
+    models: Sequence[Path],
     split: str,
     decoding_overrides: dict[str, Any],
     device: str = "auto",
@@ -22,13 +24,15 @@ def evaluate_split(
     show_progress: bool = True,
     precision: str = "auto",
 ) -> Any:
-    """Translate a split (dev or test) of the run's own data and score it, decoding as
-    `nmt translate` does (``precision`` auto: bf16 on a GPU that supports it)."""
+    """Translate a split (dev or test) of the first run's own data with the model (several:
+    their ensemble) and score it, decoding as `nmt translate` does (``precision`` auto: bf16
+    on a GPU that supports it)."""
     if split not in ("dev", "test", "train"):
         raise ConfigError(f"--split {split!r}: expected dev, test or train")
     if hypotheses_out is not None:
-        check_output(hypotheses_out, "--save-hypotheses", {"--model": checkpoint.resolve(model)})
-    translator = Translator.from_checkpoint(model, device, precision)
+        resolved = [checkpoint.resolve(m) for m in models]
+        check_output(hypotheses_out, "--save-hypotheses", {"--model": resolved})
+    translator = Translator.from_checkpoints(models, device, precision)
     data = translator.config.data
     where = {"dev": data.dev, "test": data.test, "train": data.train}[split]
     if where is None:
@@ -50,13 +54,11 @@ def evaluate_split(
             "from the folder nmt train ran in"
         ) from None
     sources, references = list(rows["src"]), list(rows["trg"])
-    decoding = translator.config.decoding.model_copy(
-        update={k: v for k, v in decoding_overrides.items() if v is not None}
-    )
+    decoding = decoding_options(translator, decoding_overrides)
     with progress_bar(len(sources), show_progress) as advance:
         results = translator.translate(sources, decoding, progress=advance)
     hyps = [translator.detokenize(r.hypotheses[0]) if r.hypotheses else "" for r in results]
     if hypotheses_out is not None:
         atomic_write_text(hypotheses_out, "".join(h + "\n" for h in hyps))
-    name = f"{Path(model).name}:{split} (beam {decoding.beam_size})"
+    name = f"{'+'.join(Path(m).name for m in models)}:{split} (beam {decoding.beam_size})"
     return evaluate.score({name: hyps}, [references])

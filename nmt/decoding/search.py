@@ -1,39 +1,70 @@
-"""Greedy and batched beam search over token ids; no strings here.
+"""Greedy and batched beam search over token ids; no strings here. One implementation for
+every search: a single model or an ensemble, with or without coverage penalty, target
+prefixes and lexical constraints (nmt.decoding.steering).
 
 Beam search keeps sentences x beams in one (B*K) batch: the encoder runs once, the keys are
-projected once, finished hypotheses are set aside with their length-normalised score, and the
-loop ends when every sentence is done. Scores are sums of log-probabilities divided by the
-GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016, eq. 14), where |Y| counts
-the output tokens including the final EOS.
+projected once, finished hypotheses are set aside with their score, and the loop ends when
+every sentence is done. A finished hypothesis Y of source x scores (Wu et al. 2016, eq. 14)
+
+    s(Y, x) = log P(Y | x) / lp(Y) + cp(x; Y)
+    lp(Y) = ((5 + |Y|) / 6)^alpha
+    cp(x; Y) = beta * sum_{i=1}^{|x|} log(min(sum_j a_ij, 1))
+
+where |Y| counts the output tokens including the final EOS, a_ij is the attention on source
+token i when output token j is predicted (EOS's step included) and beta is
+``decoding.coverage_penalty`` (0: off). Alive hypotheses are ranked by log P alone; both
+penalties apply where a hypothesis ends, as the length penalty always has here.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from nmt.config import DecodingConfig
+from nmt.decoding.constraints import ConstraintState
+from nmt.decoding.ensemble import Ensemble, EnsembleState
+from nmt.decoding.steering import (
+    Steering,
+    constrained_beams,
+    forbid_early_eos,
+    force_prefixes,
+    search_limits,
+)
 from nmt.model import Seq2Seq
-from nmt.model.attention import Memory
-from nmt.model.decoder import DecoderState
 from nmt.vocab import BOS_ID, EOS_ID
 
 
 @dataclass
 class Hypothesis:
-    """tokens exclude EOS; score is the length-normalised log-probability;
+    """tokens exclude EOS; score is s(Y, x) above; log_prob is log P(Y | x) with EOS;
     alphas: (len(tokens)+1, S) attention for each output token including EOS, or None."""
 
     tokens: list[int]
     score: float
     alphas: Tensor | None = None
+    log_prob: float = 0.0
 
 
 def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
+
+
+def coverage_penalty(coverage: Tensor, src_lengths: Tensor, beta: float) -> Tensor:
+    """cp(x; Y) per row: coverage (N, S) summed attention, src_lengths (N,) -> (N,) float32.
+
+    A source token that no step attended to at all (local attention's zeros) would make the
+    log -inf; its coverage is raised to float32's smallest normal number first.
+    """
+    tiny = torch.finfo(torch.float32).tiny
+    capped = coverage.float().clamp(min=tiny, max=1.0).log()  # (N, S)
+    positions = torch.arange(coverage.size(1), device=coverage.device)
+    real = positions[None, :] < src_lengths[:, None]  # (N, S) padding excluded
+    return beta * capped.masked_fill(~real, 0.0).sum(dim=-1)
 
 
 def max_lengths(src_lengths: Tensor, ratio: float, offset: int) -> Tensor:
@@ -43,65 +74,75 @@ def max_lengths(src_lengths: Tensor, ratio: float, offset: int) -> Tensor:
 
 @torch.no_grad()
 def greedy_search(
-    model: Seq2Seq,
+    model: Seq2Seq | Ensemble,
     src: Tensor,
     src_lengths: Tensor,
     decoding: DecodingConfig,
     return_attention: bool = False,
+    prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[Hypothesis]:
     """Argmax decoding for a batch (``decoding.beam_size`` is not read); what beam search
     runs for beam size 1.
 
     Like beam search, a sentence at its maximum length may only end (EOS is forced), and the
-    score is the length-normalised log-probability of the output including EOS.
+    score is s(Y, x) of the output including EOS.
     """
+    scorer = Ensemble.of(model)
     batch = src.size(0)
     no_repeat_ngram = decoding.no_repeat_ngram
-    limit_tensor = max_lengths(src_lengths, decoding.max_len_ratio, decoding.max_len_offset)
-    longest = int(limit_tensor.max())
-    memory, state = model.encode(src, src_lengths)
+    steering = Steering(prefixes) if prefixes is not None else None
+    limits = search_limits(src_lengths, decoding.max_len_ratio, decoding.max_len_offset, steering)
+    limit_tensor = torch.tensor(limits, device=src.device)
+    state = scorer.encode(src, src_lengths)
     prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=src.device)
     tokens: list[Tensor] = []
     scores: list[Tensor] = []
     alphas: list[Tensor] = []
+    keep_alphas = return_attention or decoding.coverage_penalty > 0
     done = torch.zeros(batch, dtype=torch.bool, device=src.device)
-    for t in range(longest):
-        features, alphas_t, state = model.decoder.step(prev, memory, state)
-        log_probs = model.log_probs(features)  # (B, V)
+    for t in range(max(limits)):
+        log_probs, alphas_t, state = scorer.step(prev, state)  # (B, V), (B, S)
         if no_repeat_ngram and tokens:
             block_repeated_ngrams(log_probs, torch.stack(tokens, dim=1), no_repeat_ngram)
+        if prefixes is not None:
+            force_prefixes(log_probs, prefixes, t + 1, 1)
         best, prev = log_probs.max(dim=-1)  # (B,), (B,)
         at_limit = limit_tensor <= t + 1  # (B,) only EOS may follow
         prev = prev.masked_fill(at_limit, EOS_ID)
         best = torch.where(at_limit, log_probs[:, EOS_ID], best)
         tokens.append(prev)
         scores.append(best.masked_fill(done, 0.0))
-        if return_attention:
-            alphas.append(alphas_t)
+        if keep_alphas:
+            alphas.append(alphas_t.float())
         done = done | (prev == EOS_ID)
         if bool(done.all()):
             break
-    return _collect_greedy(tokens, scores, alphas, decoding.length_penalty, return_attention)
+    return _collect_greedy(tokens, scores, alphas, src_lengths, decoding, return_attention)
 
 
 def _collect_greedy(
     tokens: list[Tensor],
     scores: list[Tensor],
     alphas: list[Tensor],
-    alpha: float,
+    src_lengths: Tensor,
+    decoding: DecodingConfig,
     return_attention: bool,
 ) -> list[Hypothesis]:
     ids = torch.stack(tokens, dim=1).tolist()  # (B, T)
     score_rows = torch.stack(scores, dim=1).cpu()  # (B, T)
-    attention = torch.stack(alphas, dim=1).cpu() if return_attention else None  # (B, T, S)
+    attention = torch.stack(alphas, dim=1).cpu() if alphas else None  # (B, T, S)
+    beta = decoding.coverage_penalty
     out = []
     for row, seq in enumerate(ids):
         length = seq.index(EOS_ID) + 1  # every row ends in EOS by its limit
-        total = float(score_rows[row, :length].sum()) / length_penalty(length, alpha)
+        log_prob = float(score_rows[row, :length].sum())
+        total = log_prob / length_penalty(length, decoding.length_penalty)
+        row_alphas = attention[row, :length] if attention is not None else None
+        if beta > 0 and row_alphas is not None:
+            coverage = row_alphas.sum(dim=0, keepdim=True)  # (1, S)
+            total += float(coverage_penalty(coverage, src_lengths[row : row + 1].cpu(), beta)[0])
         out.append(
-            Hypothesis(
-                seq[: length - 1], total, attention[row, :length] if attention is not None else None
-            )
+            Hypothesis(seq[: length - 1], total, row_alphas if return_attention else None, log_prob)
         )
     return out
 
@@ -113,15 +154,8 @@ class _Beams:
     scores: Tensor  # (B, K) summed log-probabilities
     tokens: Tensor  # (B*K, t)
     alphas: Tensor | None  # (B*K, t, S)
-
-
-def _expand(
-    model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
-) -> tuple[Memory, DecoderState]:
-    """The encoder's memory and the decoder's first state, each sentence repeated K times."""
-    memory, state = model.encode(src, src_lengths)
-    index = torch.arange(src.size(0), device=src.device).repeat_interleave(beam_size)
-    return memory.index_select(index), model.decoder.reorder(state, index)
+    coverage: Tensor | None  # (B*K, S) summed attention, with a coverage penalty
+    constraints: list[ConstraintState | None] | None  # (B*K) with constraints
 
 
 def _top_candidates(
@@ -135,31 +169,43 @@ def _top_candidates(
     return scores, flat // vocab, flat % vocab
 
 
+@dataclass
+class _Step:
+    """One step's candidates (each (B, 2K)), attention (B*K, S) and the finished
+    hypotheses' coverage penalty per row (B*K,), or None."""
+
+    scores: Tensor
+    origins: Tensor
+    tokens: Tensor
+    alphas: Tensor | None
+    penalties: list[float] | None
+
+
 def _finalise(
     finished: list[list[Hypothesis]],
     beams: _Beams,
-    step_alphas: Tensor | None,
-    scores: Tensor,
-    origins: Tensor,
-    tokens: Tensor,
+    step: _Step,
     done: list[bool],
     alpha: float,
 ) -> None:
     """Set aside candidates that end in EOS among each sentence's top K (still open only)."""
     beam_size = beams.scores.size(1)
-    is_eos = (tokens[:, :beam_size] == EOS_ID) & torch.isfinite(scores[:, :beam_size])
+    top_scores, top_tokens = step.scores[:, :beam_size], step.tokens[:, :beam_size]
+    is_eos = (top_tokens == EOS_ID) & torch.isfinite(top_scores)
     length = beams.tokens.size(1) + 1
     penalty = length_penalty(length, alpha)
     for b, k in is_eos.nonzero().tolist():
         if done[b]:
             continue
-        source = b * beam_size + int(origins[b, k])
+        source = b * beam_size + int(step.origins[b, k])
         alphas = None
-        if beams.alphas is not None and step_alphas is not None:
-            alphas = torch.cat([beams.alphas[source], step_alphas[source : source + 1]], dim=0)
-        finished[b].append(
-            Hypothesis(beams.tokens[source].tolist(), float(scores[b, k]) / penalty, alphas)
-        )
+        if beams.alphas is not None and step.alphas is not None:
+            alphas = torch.cat([beams.alphas[source], step.alphas[source : source + 1]], dim=0)
+        log_prob = float(step.scores[b, k])
+        score = log_prob / penalty
+        if step.penalties is not None:
+            score += step.penalties[source]
+        finished[b].append(Hypothesis(beams.tokens[source].tolist(), score, alphas, log_prob))
 
 
 def _is_done(
@@ -180,62 +226,53 @@ def _is_done(
 
 @torch.no_grad()
 def beam_search(
-    model: Seq2Seq,
+    model: Seq2Seq | Ensemble,
     src: Tensor,
     src_lengths: Tensor,
     decoding: DecodingConfig,
     n_best: int = 1,
     return_attention: bool = False,
+    steering: Steering | None = None,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search; returns the ``n_best`` hypotheses per sentence, best first."""
+    """Batched beam search; returns the ``n_best`` hypotheses per sentence, best first.
+
+    ``steering``: per-sentence prefixes and constraints. A constrained sentence for which
+    no hypothesis meets every constraint within its length limit (possible only when
+    ``no_repeat_ngram`` blocks a constraint) gets an empty list.
+    """
     beam_size, alpha = decoding.beam_size, decoding.length_penalty
+    if steering is not None and steering.constrained and beam_size == 1:
+        raise ValueError("lexical constraints need a beam of at least 2")
     if beam_size == 1 and n_best == 1:
-        return [[h] for h in greedy_search(model, src, src_lengths, decoding, return_attention)]
+        prefixes = steering.prefixes if steering is not None else None
+        hyps = greedy_search(model, src, src_lengths, decoding, return_attention, prefixes)
+        return [[h] for h in hyps]
+    scorer = Ensemble.of(model)
     batch, device = src.size(0), src.device
-    limits = max_lengths(src_lengths, decoding.max_len_ratio, decoding.max_len_offset).tolist()
-    memory, state = _expand(model, src, src_lengths, beam_size)
-    initial = torch.full((batch, beam_size), -math.inf, device=device)
-    initial[:, 0] = 0.0  # only one live hypothesis at the start
-    beams = _Beams(
-        initial,
-        torch.empty((batch * beam_size, 0), dtype=torch.long, device=device),
-        memory.values.new_empty((batch * beam_size, 0, src.size(1)), dtype=torch.float32)
-        if return_attention
-        else None,
-    )
+    limits = search_limits(src_lengths, decoding.max_len_ratio, decoding.max_len_offset, steering)
+    state = scorer.encode(src, src_lengths, repeat=beam_size)
+    beams = _first_beams(src, src_lengths, decoding, return_attention, steering, state)
+    row_lengths = src_lengths.repeat_interleave(beam_size)
     prev = torch.full((batch * beam_size,), BOS_ID, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     done = [False] * batch
     while not all(done):
         length = beams.tokens.size(1) + 1
-        features, step_alphas, state = model.decoder.step(prev, memory, state)
-        log_probs = model.log_probs(features)  # (B*K, V)
-        if decoding.no_repeat_ngram:
-            block_repeated_ngrams(log_probs, beams.tokens, decoding.no_repeat_ngram)
-        _force_eos_at_limit(log_probs, limits, length, beam_size)
+        log_probs, step_alphas, state = scorer.step(prev, state)  # (B*K, V), (B*K, S)
+        _restrict(log_probs, beams, decoding, steering, limits, length)
         scores, origins, tokens = _top_candidates(beams, log_probs, beam_size)
-        _finalise(
-            finished,
-            beams,
-            step_alphas if return_attention else None,
-            scores,
-            origins,
-            tokens,
-            done,
-            alpha,
+        penalties = None
+        if beams.coverage is not None:
+            coverage = beams.coverage + step_alphas.float()
+            penalties = coverage_penalty(coverage, row_lengths, decoding.coverage_penalty).tolist()
+        step = _Step(scores, origins, tokens, step_alphas.float(), penalties)
+        _finalise(finished, beams, step, done, alpha)
+        alive_scores, origins, tokens, constraint_states = _next_alive(
+            beams, log_probs, step, limits, length
         )
-        scores = scores.masked_fill(tokens == EOS_ID, -math.inf)
-        alive_scores, pick = scores.topk(beam_size, dim=-1)  # (B, K) best non-EOS
-        origins, tokens = origins.gather(1, pick), tokens.gather(1, pick)
         flat = (torch.arange(batch, device=device)[:, None] * beam_size + origins).view(-1)
-        state = model.decoder.reorder(state, flat)
-        beams = _Beams(
-            alive_scores,
-            torch.cat([beams.tokens[flat], tokens.view(-1, 1)], dim=1),
-            torch.cat([beams.alphas[flat], step_alphas[flat].unsqueeze(1).float()], dim=1)
-            if beams.alphas is not None
-            else None,
-        )
+        state = scorer.reorder(state, flat)
+        beams = _advance(beams, step, alive_scores, flat, tokens, constraint_states)
         prev = tokens.view(-1)
         best_alive = alive_scores[:, 0].tolist()
         for b in range(batch):
@@ -243,6 +280,105 @@ def beam_search(
                 done[b] = _is_done(finished[b], best_alive[b], length, limits[b], beam_size, alpha)
         beams.scores.masked_fill_(torch.tensor(done, device=device)[:, None], -math.inf)
     return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
+
+
+def _first_beams(
+    src: Tensor,
+    src_lengths: Tensor,
+    decoding: DecodingConfig,
+    return_attention: bool,
+    steering: Steering | None,
+    state: EnsembleState,
+) -> _Beams:
+    """One live hypothesis (the empty one) per sentence, K-1 dead slots beside it."""
+    batch, beam_size, device = src.size(0), decoding.beam_size, src.device
+    rows = batch * beam_size
+    scores = torch.full((batch, beam_size), -math.inf, device=device)
+    scores[:, 0] = 0.0
+    values = state.memories[0].values
+    return _Beams(
+        scores,
+        torch.empty((rows, 0), dtype=torch.long, device=device),
+        values.new_empty((rows, 0, src.size(1)), dtype=torch.float32) if return_attention else None,
+        values.new_zeros((rows, src.size(1)), dtype=torch.float32)
+        if decoding.coverage_penalty > 0
+        else None,
+        steering.initial_states(beam_size)
+        if steering is not None and steering.constrained
+        else None,
+    )
+
+
+def _restrict(
+    log_probs: Tensor,
+    beams: _Beams,
+    decoding: DecodingConfig,
+    steering: Steering | None,
+    limits: list[int],
+    length: int,
+) -> None:
+    """This step's bans, in place: repeated n-grams, the prefixes' forced tokens, EOS at the
+    length limit, and EOS before a hypothesis has met its constraints."""
+    beam_size = beams.scores.size(1)
+    if decoding.no_repeat_ngram:
+        block_repeated_ngrams(log_probs, beams.tokens, decoding.no_repeat_ngram)
+    if steering is not None and steering.prefixes is not None:
+        force_prefixes(log_probs, steering.prefixes, length, beam_size)
+    _force_eos_at_limit(log_probs, limits, length, beam_size)
+    if beams.constraints is not None:
+        forbid_early_eos(log_probs, beams.constraints)
+
+
+def _next_alive(
+    beams: _Beams, log_probs: Tensor, step: _Step, limits: list[int], length: int
+) -> tuple[Tensor, Tensor, Tensor, list[ConstraintState | None] | None]:
+    """The next K alive hypotheses per sentence: the best non-EOS candidates, or for a
+    constrained sentence Post & Vilar's allocation. -> scores, origins, tokens (B, K), and
+    the constraint states (B*K) or None."""
+    beam_size = beams.scores.size(1)
+    scores = step.scores.masked_fill(step.tokens == EOS_ID, -math.inf)
+    alive_scores, pick = scores.topk(beam_size, dim=-1)  # (B, K) best non-EOS
+    origins, tokens = step.origins.gather(1, pick), step.tokens.gather(1, pick)
+    if beams.constraints is None:
+        return alive_scores, origins, tokens, None
+    top = (step.scores, step.origins, step.tokens)
+    chosen = constrained_beams(beams.scores, log_probs, top, beams.constraints, limits, length)
+    if chosen.sentences:
+        rows = torch.tensor(chosen.sentences, device=alive_scores.device)
+        alive_scores[rows] = torch.tensor(chosen.scores, device=alive_scores.device)
+        origins[rows] = torch.tensor(chosen.origins, device=origins.device)
+        tokens[rows] = torch.tensor(chosen.tokens, device=tokens.device)
+    states: list[ConstraintState | None] = [None] * len(beams.constraints)
+    for b, k in enumerate(origins.view(-1).tolist()):
+        states[b] = beams.constraints[(b // beam_size) * beam_size + k]
+    for b in chosen.sentences:  # their states were advanced by the allocation
+        states[b * beam_size : (b + 1) * beam_size] = chosen.states[
+            b * beam_size : (b + 1) * beam_size
+        ]
+    return alive_scores, origins, tokens, states
+
+
+def _advance(
+    beams: _Beams,
+    step: _Step,
+    alive_scores: Tensor,
+    flat: Tensor,
+    tokens: Tensor,
+    constraint_states: list[ConstraintState | None] | None,
+) -> _Beams:
+    """The alive hypotheses ``flat`` (B*K,) extended by ``tokens`` (B, K)."""
+    alphas, coverage = None, None
+    if beams.alphas is not None and step.alphas is not None:
+        alphas = torch.cat([beams.alphas[flat], step.alphas[flat].unsqueeze(1)], dim=1)
+    if beams.coverage is not None and step.alphas is not None:
+        coverage = beams.coverage[flat] + step.alphas[flat]
+    return _Beams(
+        alive_scores,
+        torch.cat([beams.tokens[flat], tokens.view(-1, 1)], dim=1),
+        alphas,
+        coverage,
+        constraint_states,
+    )
 
 
 def _force_eos_at_limit(log_probs: Tensor, limits: list[int], length: int, beam_size: int) -> None:

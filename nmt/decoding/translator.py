@@ -1,9 +1,10 @@
-"""A trained model with its tokenizer: checkpoint in, lines in, hypotheses out. Used by the
+"""Trained models with their tokenizer: checkpoints in, lines in, hypotheses out. Used by the
 commands (`nmt translate`, `nmt eval`) and by validation during training."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,32 +15,57 @@ from nmt import checkpoint
 from nmt.config import Config, DecodingConfig, from_dict
 from nmt.data.batching import length_sorted_batches, pad
 from nmt.data.tokenizer import Tokenizer
+from nmt.decoding.ensemble import Ensemble
+from nmt.decoding.scoring import Scored, score_ids
 from nmt.decoding.search import Hypothesis, beam_search
-from nmt.errors import CheckpointError
+from nmt.decoding.steering import Steering
+from nmt.errors import CheckpointError, DataError
 from nmt.model import Seq2Seq, build_model
 from nmt.runtime import allow_tf32, autocast, choose_device, choose_precision, eval_mode
+from nmt.vocab import UNK_ID
 
 
 @dataclass
 class Translation:
-    """One input line's n-best list (empty for an empty line) and its source pieces."""
+    """One input line's n-best list (empty for an empty line, or for a line whose constraints
+    no output could meet) and its source pieces."""
 
     hypotheses: list[Hypothesis]
     src_ids: list[int]
 
 
+@dataclass
+class Steered:
+    """Per-line target prefixes and constraint phrases as token ids (None: none given)."""
+
+    prefixes: list[list[int]] | None = None
+    constraints: list[list[list[int]]] | None = None
+
+    def select(self, index: Sequence[int]) -> Steering | None:
+        """The batch of lines ``index``'s steering for search."""
+        if self.prefixes is None and self.constraints is None:
+            return None
+        return Steering(
+            [self.prefixes[i] for i in index] if self.prefixes is not None else None,
+            [self.constraints[i] for i in index] if self.constraints is not None else None,
+        )
+
+
 class Translator:
-    """A trained model with its tokenizer, ready to decode."""
+    """One trained model, or an ensemble of models that share a tokenizer, ready to decode
+    and to score. ``config`` is the first model's (its decoding section is the default)."""
 
     def __init__(
         self,
-        model: Seq2Seq,
+        model: Seq2Seq | Sequence[Seq2Seq],
         tokenizer: Tokenizer,
         config: Config,
         device: torch.device,
         precision: str = "fp32",
     ):
-        self.model = model.to(device)
+        members = [model] if isinstance(model, Seq2Seq) else list(model)
+        self.models = [m.to(device) for m in members]
+        self.model = self.models[0]
         self.tokenizer = tokenizer
         self.config = config
         self.device = device
@@ -49,24 +75,32 @@ class Translator:
     def from_checkpoint(
         cls, path: Path, device: str = "auto", precision: str = "fp32"
     ) -> Translator:
+        return cls.from_checkpoints([path], device, precision)
+
+    @classmethod
+    def from_checkpoints(
+        cls, paths: Sequence[Path], device: str = "auto", precision: str = "fp32"
+    ) -> Translator:
+        """Load one model per run directory or checkpoint (several: an ensemble); every
+        model must have the first one's tokenizer."""
         target = choose_device(device)
-        path = checkpoint.resolve(Path(path))
-        state = checkpoint.load(path)
-        config = from_dict(state["config"], f"{path} (saved config)")
-        try:
-            tokenizer = Tokenizer.from_state_dict(state["tokenizer"])
-        except (RuntimeError, KeyError, TypeError):
-            raise CheckpointError(
-                f"{path}: the tokenizer inside is not a valid sentencepiece model; the file is "
-                f"damaged: use another checkpoint of the run"
-            ) from None
-        model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
-        _check_weights(model, state["model"], tokenizer, path)
-        model.load_state_dict(state["model"])
-        model.eval()
+        loaded = [_load_member(Path(path)) for path in paths]
+        first_path, _, first_tokenizer, first_config = loaded[0]
+        for path, _, tokenizer, _ in loaded[1:]:
+            if tokenizer.state_dict() != first_tokenizer.state_dict():
+                raise CheckpointError(
+                    f"--model {path}: its tokenizer differs from that of --model {first_path} "
+                    f"(vocabularies {tokenizer.src_vocab_size}/{tokenizer.trg_vocab_size} and "
+                    f"{first_tokenizer.src_vocab_size}/{first_tokenizer.trg_vocab_size}); an "
+                    f"ensemble's models must share one tokenizer: train them on the same data "
+                    f"with the same tokenizer settings, or with tokenizer.model set to one file"
+                )
         chosen = choose_precision(precision, target)
         allow_tf32(target, chosen)
-        return cls(model, tokenizer, config, target, chosen)
+        return cls([m for _, m, _, _ in loaded], first_tokenizer, first_config, target, chosen)
+
+    def scorer(self, decoding: DecodingConfig) -> Ensemble:
+        return Ensemble(self.models, decoding.ensemble_average)
 
     def decode_ids(
         self,
@@ -76,17 +110,20 @@ class Translator:
         return_attention: bool = False,
         batch_tokens: int | None = None,
         progress: Callable[[int], None] | None = None,
+        steered: Steered | None = None,
     ) -> list[list[Hypothesis]]:
         """Beam-search every id sequence (non-empty), in length-sorted batches."""
         out: list[list[Hypothesis]] = [[] for _ in src_ids]
         lengths = [len(s) for s in src_ids]
-        with eval_mode(self.model), autocast(self.device, self.precision):
+        scorer = self.scorer(decoding)
+        with eval_modes(self.models), autocast(self.device, self.precision):
             for index in length_sorted_batches(lengths, decoding.batch_size, batch_tokens):
                 chunk = [src_ids[i] for i in index]
                 src = pad(chunk).to(self.device)
                 src_lengths = torch.tensor([len(s) for s in chunk], device=self.device)
+                steering = steered.select(index.tolist()) if steered is not None else None
                 results = beam_search(
-                    self.model, src, src_lengths, decoding, n_best, return_attention
+                    scorer, src, src_lengths, decoding, n_best, return_attention, steering
                 )
                 for i, hyps in zip(index, results, strict=True):
                     for hyp in hyps:  # on the host, without the batch's padding columns
@@ -105,20 +142,102 @@ class Translator:
         return_attention: bool = False,
         batch_tokens: int | None = None,
         progress: Callable[[int], None] | None = None,
+        steered: Steered | None = None,
     ) -> list[Translation]:
-        """Exactly one Translation per input line; empty lines give empty n-best lists."""
+        """Exactly one Translation per input line; empty lines give empty n-best lists.
+        ``steered`` has one entry per line (the empty lines' entries are not used)."""
         keep = [i for i, line in enumerate(lines) if line.strip()]
         src_ids = self.tokenizer.encode_src([lines[i] for i in keep])
         if progress is not None and len(keep) < len(lines):
             progress(len(lines) - len(keep))
-        hyps = self.decode_ids(src_ids, decoding, n_best, return_attention, batch_tokens, progress)
+        kept = None
+        if steered is not None:
+            kept = Steered(
+                [steered.prefixes[i] for i in keep] if steered.prefixes is not None else None,
+                [steered.constraints[i] for i in keep] if steered.constraints is not None else None,
+            )
+        hyps = self.decode_ids(
+            src_ids, decoding, n_best, return_attention, batch_tokens, progress, kept
+        )
         out = [Translation([], []) for _ in lines]
         for i, ids, h in zip(keep, src_ids, hyps, strict=True):
             out[i] = Translation(h, ids)
         return out
 
+    def score(
+        self,
+        sources: Sequence[str],
+        targets: Sequence[str],
+        decoding: DecodingConfig,
+        return_attention: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[Scored | None]:
+        """Forced scores of each (source, target) pair; None where the source is empty
+        (nothing to condition on, as translate gives an empty line for it)."""
+        keep = [i for i, line in enumerate(sources) if line.strip()]
+        src_ids = self.tokenizer.encode_src([sources[i] for i in keep])
+        trg_ids = self.tokenizer.encode_trg([targets[i] for i in keep])
+        if progress is not None and len(keep) < len(sources):
+            progress(len(sources) - len(keep))
+        with eval_modes(self.models), autocast(self.device, self.precision):
+            scored = score_ids(
+                self.scorer(decoding),
+                src_ids,
+                trg_ids,
+                decoding,
+                self.device,
+                return_attention,
+                progress,
+            )
+        out: list[Scored | None] = [None] * len(sources)
+        for i, result in zip(keep, scored, strict=True):
+            out[i] = result
+        return out
+
     def detokenize(self, hypothesis: Hypothesis) -> str:
         return self.tokenizer.decode_trg([hypothesis.tokens])[0]
+
+    def target_ids(self, text: str, where: str) -> list[int]:
+        """A target phrase's pieces; ``where`` (file and line) names it in the error when a
+        piece is not in the target vocabulary."""
+        (ids,) = self.tokenizer.encode_trg([text])
+        if UNK_ID in ids:
+            pieces = self.tokenizer.trg.encode(text, out_type=str)
+            unknown = [p for p, i in zip(pieces, ids, strict=False) if i == UNK_ID]
+            raise DataError(
+                f"{where}: {text!r} has pieces the model's target vocabulary lacks "
+                f"({', '.join(repr(p) for p in unknown[:3]) or 'unknown characters'}); the "
+                f"model cannot produce them: change the phrase"
+            )
+        return ids
+
+
+def _load_member(path: Path) -> tuple[Path, Seq2Seq, Tokenizer, Config]:
+    """A checkpoint (or run directory) -> its path, model in eval mode, tokenizer, config."""
+    path = checkpoint.resolve(path)
+    state = checkpoint.load(path)
+    config = from_dict(state["config"], f"{path} (saved config)")
+    try:
+        tokenizer = Tokenizer.from_state_dict(state["tokenizer"])
+    except (RuntimeError, KeyError, TypeError):
+        raise CheckpointError(
+            f"{path}: the tokenizer inside is not a valid sentencepiece model; the file is "
+            f"damaged: use another checkpoint of the run"
+        ) from None
+    model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
+    _check_weights(model, state["model"], tokenizer, path)
+    model.load_state_dict(state["model"])
+    model.eval()
+    return path, model, tokenizer, config
+
+
+@contextmanager
+def eval_modes(models: Sequence[Seq2Seq]) -> Iterator[None]:
+    """Every model in eval mode for the block; each training flag restored afterwards."""
+    with ExitStack() as stack:
+        for model in models:
+            stack.enter_context(eval_mode(model))
+        yield
 
 
 def _check_weights(

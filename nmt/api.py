@@ -1,0 +1,152 @@
+"""The Python API, for scripts and notebooks: the CLI's translate and score as methods.
+
+    import nmt
+    model = nmt.load("runs/demo")                # or several: nmt.load(["runs/a", "runs/b"])
+    model.translate(["En el principio creó Dios los cielos y la tierra."], beam_size=5)
+    model.score(["Dios es amor."], ["God is love."])
+
+Options take the names of the ``decoding`` config keys and default to the (first) run's
+config, as the CLI's do; the same checks apply and raise the same errors (``nmt.errors``:
+``ConfigError`` for options, ``DataError`` for text, ``CheckpointError`` for models).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nmt.commands.translate import check_request, constraint_ids, decoding_options, prefix_ids
+from nmt.decoding.translator import Steered, Translator
+from nmt.errors import DataError
+
+
+@dataclass
+class Candidate:
+    """One hypothesis: its text, length-normalised score (as translate ranks) and
+    log-probability log P(text | source)."""
+
+    text: str
+    score: float
+    log_prob: float
+
+
+@dataclass
+class Score:
+    """Forced score of a given translation: log P(target | source), the length-normalised
+    score, and each target piece with its log-probability (EOS last, as ``</s>``). None
+    fields for an empty source."""
+
+    log_prob: float | None
+    score: float | None
+    tokens: list[tuple[str, float]]
+
+
+def load(
+    model: str | Path | Sequence[str | Path], device: str = "auto", precision: str = "auto"
+) -> Model:
+    """A run directory (its best.pt) or checkpoint, or several of them (an ensemble), ready
+    to translate and score. ``precision`` auto: bf16 on a GPU that supports it, else fp32."""
+    paths = [model] if isinstance(model, (str, Path)) else list(model)
+    if not paths:
+        raise DataError("nmt.load: give a run directory or checkpoint")
+    return Model(Translator.from_checkpoints([Path(p) for p in paths], device, precision))
+
+
+class Model:
+    """Loaded model(s) with their tokenizer; see ``load``."""
+
+    def __init__(self, translator: Translator):
+        self.translator = translator
+
+    @property
+    def config(self) -> Any:
+        """The (first) run's resolved config."""
+        return self.translator.config
+
+    def translate(
+        self,
+        sentences: str | Sequence[str],
+        *,
+        n_best: int = 1,
+        prefixes: Sequence[str] | None = None,
+        constraints: Sequence[Sequence[str]] | None = None,
+        **options: Any,
+    ) -> Any:
+        """Translate one sentence (-> str) or a list (-> list of str, one per sentence).
+
+        ``n_best`` > 1: a list of ``Candidate``s per sentence instead, best first.
+        ``prefixes``: one target prefix per sentence ("" for none); ``constraints``: one list
+        of target phrases per sentence. ``options``: decoding keys, e.g. ``beam_size=5``,
+        ``length_penalty``, ``coverage_penalty``, ``max_len_ratio``, ``no_repeat_ngram``.
+        """
+        single = isinstance(sentences, str)
+        lines = [sentences] if isinstance(sentences, str) else list(sentences)
+        if single:
+            prefixes = [prefixes] if isinstance(prefixes, str) else prefixes
+            if constraints is not None and all(isinstance(c, str) for c in constraints):
+                constraints = [[str(c) for c in constraints]]
+        decoding = decoding_options(self.translator, options)
+        check_request(decoding, n_best, constraints is not None, "beam_size" in options)
+        steered = self._steered(lines, prefixes, constraints)
+        results = self.translator.translate(lines, decoding, n_best, steered=steered)
+        if n_best == 1:
+            texts = [
+                self.translator.detokenize(r.hypotheses[0]) if r.hypotheses else "" for r in results
+            ]
+            return texts[0] if single else texts
+        lists = [
+            [Candidate(self.translator.detokenize(h), h.score, h.log_prob) for h in r.hypotheses]
+            for r in results
+        ]
+        return lists[0] if single else lists
+
+    def score(
+        self, sources: str | Sequence[str], targets: str | Sequence[str], **options: Any
+    ) -> Any:
+        """Forced scores of given translations: one ``Score`` per (source, target) pair (a
+        single Score for two strings). ``options``: ``length_penalty``,
+        ``coverage_penalty``, ``ensemble_average``, ``batch_size``."""
+        single = isinstance(sources, str)
+        src = [sources] if isinstance(sources, str) else list(sources)
+        trg = [targets] if isinstance(targets, str) else list(targets)
+        if len(src) != len(trg):
+            raise DataError(
+                f"score: {len(src)} sources but {len(trg)} targets; give one target per source"
+            )
+        decoding = decoding_options(self.translator, options)
+        results = self.translator.score(src, trg, decoding)
+        tokenizer = self.translator.tokenizer
+        out = []
+        for target, result in zip(trg, results, strict=True):
+            if result is None:
+                out.append(Score(None, None, []))
+                continue
+            (ids,) = tokenizer.encode_trg([target])
+            pieces = [*tokenizer.trg_pieces(ids), "</s>"]
+            tokens = list(zip(pieces, result.token_log_probs, strict=True))
+            out.append(Score(result.log_prob, result.score, tokens))
+        return out[0] if single else out
+
+    def _steered(
+        self,
+        lines: list[str],
+        prefixes: Sequence[str] | None,
+        constraints: Sequence[Sequence[str]] | None,
+    ) -> Steered | None:
+        if prefixes is None and constraints is None:
+            return None
+        steered = Steered()
+        for name, given in (("prefixes", prefixes), ("constraints", constraints)):
+            if given is not None and len(given) != len(lines):
+                raise DataError(
+                    f"translate: {len(given)} {name} for {len(lines)} sentences; give one per "
+                    f"sentence (empty for none)"
+                )
+        if prefixes is not None:
+            steered.prefixes = prefix_ids(self.translator, list(prefixes), "prefixes")
+        if constraints is not None:
+            rows = [[phrase for phrase in row] for row in constraints]
+            steered.constraints = constraint_ids(self.translator, rows, "constraints")
+        return steered

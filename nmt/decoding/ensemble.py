@@ -1,0 +1,127 @@
+"""Several models decoding as one: what search and forced scoring call instead of a model.
+
+At each target position the members' next-token distributions are averaged:
+
+    linear (default):  p(y_t | y_<t, x) = 1/M sum_m p_m(y_t | y_<t, x)
+    log_linear:        p(y_t | y_<t, x) = softmax(1/M sum_m log p_m(y_t | y_<t, x))
+
+``linear`` is the default, as in fairseq and Sockeye: the mixture is a proper distribution
+without renormalising, a token that one member rules out keeps the others' mass, and the
+sentence scores stay log-probabilities of one model (the mixture), comparable with a single
+model's. ``log_linear`` (a product of experts, OpenNMT-py's and Marian's average) is sharper.
+The attention an ensemble returns is the mean of the members' weights, itself a distribution
+over the source. One member is the member itself: no averaging, bit for bit the model's
+outputs.
+
+The members may have different architectures (a Bahdanau and a Luong model); they must
+share the tokenizer, which the Translator checks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from nmt.model import Seq2Seq
+from nmt.model.attention import Memory
+from nmt.model.decoder import DecoderState
+
+AVERAGES = ("linear", "log_linear")
+
+
+@dataclass
+class EnsembleState:
+    """Each member's attention memory and decoder state, in member order."""
+
+    memories: list[Memory]
+    states: list[DecoderState]
+
+
+class Ensemble:
+    """Models decoding in step, combined per token (see the module docstring)."""
+
+    def __init__(self, models: Sequence[Seq2Seq], average: str = "linear"):
+        if not models:
+            raise ValueError("an ensemble needs at least one model")
+        if average not in AVERAGES:
+            raise ValueError(f"average {average!r}: expected one of {', '.join(AVERAGES)}")
+        self.models = list(models)
+        self.average = average
+
+    @classmethod
+    def of(cls, model: Seq2Seq | Ensemble) -> Ensemble:
+        return model if isinstance(model, Ensemble) else cls([model])
+
+    def encode(self, src: Tensor, src_lengths: Tensor, repeat: int = 1) -> EnsembleState:
+        """src (B, S) -> every member's memory and first state, each sentence ``repeat``
+        times in a row (beams: B*K rows)."""
+        memories, states = [], []
+        index = None
+        if repeat > 1:
+            index = torch.arange(src.size(0), device=src.device).repeat_interleave(repeat)
+        for model in self.models:
+            memory, state = model.encode(src, src_lengths)
+            if index is not None:
+                memory, state = memory.index_select(index), model.decoder.reorder(state, index)
+            memories.append(memory)
+            states.append(state)
+        return EnsembleState(memories, states)
+
+    def step(self, prev: Tensor, state: EnsembleState) -> tuple[Tensor, Tensor, EnsembleState]:
+        """prev (N,) -> log-probabilities (N, V) float32, attention (N, S), the next state."""
+        log_probs, alphas, states = [], [], []
+        for model, memory, member in zip(self.models, state.memories, state.states, strict=True):
+            features, alphas_t, next_state = model.decoder.step(prev, memory, member)
+            log_probs.append(model.log_probs(features))
+            alphas.append(alphas_t)
+            states.append(next_state)
+        return (
+            self.combine(log_probs),
+            self.mean_attention(alphas),
+            EnsembleState(state.memories, states),
+        )
+
+    def reorder(self, state: EnsembleState, index: Tensor) -> EnsembleState:
+        """The state of the hypotheses ``index`` (N',); the memories are fixed per sentence
+        row and stay as they are (search keeps K rows per sentence throughout)."""
+        states = [
+            model.decoder.reorder(member, index)
+            for model, member in zip(self.models, state.states, strict=True)
+        ]
+        return EnsembleState(state.memories, states)
+
+    def teacher_forced(
+        self, src: Tensor, src_lengths: Tensor, trg_in: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Forced decoding of trg_in (B, T) = BOS y: log-probabilities (B, T, V) float32 of
+        each next token and the attention (B, T, S)."""
+        log_probs, alphas = [], []
+        for model in self.models:
+            features, alphas_m = model(src, src_lengths, trg_in)
+            log_probs.append(model.log_probs(features))
+            alphas.append(alphas_m)
+        return self.combine(log_probs), self.mean_attention(alphas)
+
+    def combine(self, log_probs: list[Tensor]) -> Tensor:
+        """The members' log-probabilities (each (..., V)) -> the ensemble's (..., V)."""
+        if len(log_probs) == 1:
+            return log_probs[0]
+        stacked = torch.stack(log_probs)  # (M, ..., V)
+        if self.average == "linear":
+            return torch.logsumexp(stacked, dim=0) - math.log(len(log_probs))
+        return torch.log_softmax(stacked.mean(dim=0), dim=-1)
+
+    @staticmethod
+    def mean_attention(alphas: list[Tensor]) -> Tensor:
+        if len(alphas) == 1:
+            return alphas[0]
+        return torch.stack([a.float() for a in alphas]).mean(dim=0)
+
+    def eval(self) -> Ensemble:
+        for model in self.models:
+            model.eval()
+        return self

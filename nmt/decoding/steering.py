@@ -1,0 +1,186 @@
+"""What a user may impose on the search, per sentence: a target prefix that every output
+starts with, and constraint phrases that every output contains (``constraints``). Search
+calls these between computing a step's log-probabilities and choosing the next beam.
+
+Forced tokens do not eat the source-based length budget: a sentence's longest output is
+ceil(ratio * |x|) + offset plus the tokens of its prefix and of its constraint phrases.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from nmt.decoding.constraints import Candidate, ConstraintState, allocate
+from nmt.vocab import EOS_ID
+
+
+@dataclass
+class Steering:
+    """One batch's prefixes and constraints (token ids, one entry per sentence; an empty
+    prefix or an empty list of phrases imposes nothing). None: nothing for any sentence."""
+
+    prefixes: Sequence[Sequence[int]] | None = None
+    constraints: Sequence[Sequence[Sequence[int]]] | None = None
+
+    @property
+    def constrained(self) -> bool:
+        return self.constraints is not None and any(self.constraints)
+
+    @property
+    def prefixed(self) -> bool:
+        return self.prefixes is not None and any(self.prefixes)
+
+    def forced_tokens(self, sentence: int) -> int:
+        """Tokens of the sentence's prefix and constraint phrases."""
+        count = len(self.prefixes[sentence]) if self.prefixes is not None else 0
+        if self.constraints is not None:
+            count += sum(len(p) for p in self.constraints[sentence])
+        return count
+
+    def initial_states(self, beam_size: int) -> list[ConstraintState | None]:
+        """Each beam row's constraint state (None: an unconstrained sentence)."""
+        assert self.constraints is not None
+        states: list[ConstraintState | None] = []
+        for phrases in self.constraints:
+            state = ConstraintState.start(phrases) if phrases else None
+            states.extend([state] * beam_size)
+        return states
+
+
+def search_limits(
+    src_lengths: Tensor, ratio: float, offset: int, steering: Steering | None
+) -> list[int]:
+    """Longest output per sentence, EOS included: ceil(ratio * |x|) + offset (at least 1),
+    plus the sentence's forced tokens."""
+    limits = (src_lengths.float() * ratio).ceil().long().add(offset).clamp(min=1).tolist()
+    if steering is None:
+        return limits
+    return [limit + steering.forced_tokens(b) for b, limit in enumerate(limits)]
+
+
+def force_prefixes(
+    log_probs: Tensor, prefixes: Sequence[Sequence[int]], length: int, beam_size: int
+) -> None:
+    """At output position ``length`` (1-based), rows of a sentence whose prefix is that long
+    may only output the prefix's token there (its log-probability counts as usual)."""
+    rows: list[int] = []
+    tokens: list[int] = []
+    for b, prefix in enumerate(prefixes):
+        if len(prefix) >= length:
+            rows.extend(range(b * beam_size, (b + 1) * beam_size))
+            tokens.extend([prefix[length - 1]] * beam_size)
+    if not rows:
+        return
+    row_index = torch.tensor(rows, device=log_probs.device)
+    token_index = torch.tensor(tokens, device=log_probs.device)
+    kept = log_probs[row_index, token_index].clone()
+    log_probs[row_index] = -math.inf
+    log_probs[row_index, token_index] = kept
+
+
+def forbid_early_eos(log_probs: Tensor, states: Sequence[ConstraintState | None]) -> None:
+    """A hypothesis with unmet constraints may not end."""
+    rows = [i for i, state in enumerate(states) if state is not None and not state.finished]
+    if rows:
+        log_probs[torch.tensor(rows, device=log_probs.device), EOS_ID] = -math.inf
+
+
+@dataclass
+class NextBeams:
+    """The constrained sentences' next beams, to write over the plain selection: for each
+    sentence b in ``sentences``, K scores, origins (0..K-1) and tokens; ``states`` (B*K)."""
+
+    sentences: list[int]
+    scores: list[list[float]]
+    origins: list[list[int]]
+    tokens: list[list[int]]
+    states: list[ConstraintState | None]
+
+
+def constrained_beams(
+    beam_scores: Tensor,
+    log_probs: Tensor,
+    top: tuple[Tensor, Tensor, Tensor],
+    states: list[ConstraintState | None],
+    limits: Sequence[int],
+    length: int,
+) -> NextBeams:
+    """Post & Vilar's candidates for each constrained sentence and its next beam.
+
+    beam_scores (B, K) summed log-probabilities of the alive hypotheses; log_probs (B*K, V)
+    this step's (masked) log-probabilities; top: the plain search's best 2K candidates
+    (scores, origins, tokens), each (B, 2K); states (B*K) the alive hypotheses' constraint
+    states. Candidates: the plain best 2K, plus for each alive hypothesis every token that
+    advances its constraints and its own best token (EOS excluded: ending is handled with
+    the plain candidates). A candidate that could not meet its remaining constraint tokens
+    before the sentence's limit is dropped.
+    """
+    batch, beam_size = beam_scores.size()
+    sentences = [b for b in range(batch) if states[b * beam_size] is not None]
+    wanted: list[tuple[int, int]] = []  # (row, token): the extra candidates
+    best = log_probs.argmax(dim=-1).tolist()
+    alive = beam_scores.tolist()
+    for b in sentences:
+        for k in range(beam_size):
+            row = b * beam_size + k
+            state = states[row]
+            if state is None or alive[b][k] == -math.inf:
+                continue
+            wanted.extend((row, token) for token in sorted(state.allowed()))
+            wanted.append((row, best[row]))
+    extra = _gather(log_probs, wanted)
+    top_scores, top_origins, top_tokens = (t.tolist() for t in top)
+    out = NextBeams([], [], [], [], list(states))
+    by_row: dict[int, list[tuple[int, int, float]]] = {}
+    for (row, token), value in zip(wanted, extra, strict=True):
+        by_row.setdefault(row // beam_size, []).append((row % beam_size, token, value))
+    for b in sentences:
+        pairs = zip(top_origins[b], top_tokens[b], top_scores[b], strict=True)
+        listed = [(k, token, score) for k, token, score in pairs]
+        listed += [(k, token, alive[b][k] + value) for k, token, value in by_row.get(b, [])]
+        room = limits[b] - 1 - length  # tokens still possible before EOS after this one
+        candidates, seen = [], set()
+        for k, token, score in listed:
+            if token == EOS_ID or score == -math.inf or (k, token) in seen:
+                continue
+            seen.add((k, token))
+            state = states[b * beam_size + k]
+            assert state is not None
+            after = state.advance(token)
+            if after.unmet <= room:
+                candidates.append(Candidate(score, k, token, after))
+        chosen = allocate(candidates, beam_size)
+        _record(out, b, chosen, beam_size, states[b * beam_size])
+    return out
+
+
+def _gather(log_probs: Tensor, pairs: list[tuple[int, int]]) -> list[float]:
+    if not pairs:
+        return []
+    rows = torch.tensor([r for r, _ in pairs], device=log_probs.device)
+    tokens = torch.tensor([t for _, t in pairs], device=log_probs.device)
+    return log_probs[rows, tokens].tolist()
+
+
+def _record(
+    out: NextBeams,
+    sentence: int,
+    chosen: list[Candidate],
+    beam_size: int,
+    filler: ConstraintState | None,
+) -> None:
+    """Write a sentence's chosen K (padded with dead slots at -inf) into ``out``."""
+    scores = [c.score for c in chosen] + [-math.inf] * (beam_size - len(chosen))
+    origins = [c.origin for c in chosen] + [0] * (beam_size - len(chosen))
+    tokens = [c.token for c in chosen] + [EOS_ID] * (beam_size - len(chosen))
+    out.sentences.append(sentence)
+    out.scores.append(scores)
+    out.origins.append(origins)
+    out.tokens.append(tokens)
+    for k in range(beam_size):
+        out.states[sentence * beam_size + k] = chosen[k].state if k < len(chosen) else filler
