@@ -67,7 +67,7 @@ from nmt.data.batching import bucket_batches, padding_fraction  # noqa: E402
 from nmt.data.corpus import read_pairs  # noqa: E402
 from nmt.data.prepare import load_corpora  # noqa: E402
 from nmt.data.tokenizer import Tokenizer  # noqa: E402
-from nmt.decoding.translator import Translator  # noqa: E402
+from nmt.decoding.translator import Steered, Translator  # noqa: E402
 from nmt.fast import FastPaths, compiled  # noqa: E402
 from nmt.fast.allocator import (  # noqa: E402
     MALLOC_TUNABLES,
@@ -118,6 +118,7 @@ SEED = 1
 MATMUL_SIZE = 2048
 TINY_MATMUL_SIZE = 256
 DECODE_SETTINGS = ((1, 1), (1, 64), (5, 1), (5, 64))  # (beam size, batch size)
+CONSTRAINT_COUNTS = (1, 3)  # constraint words per sentence, beam 5, batch 64
 GIB = 2.0**30
 
 
@@ -194,11 +195,25 @@ def training_batches(corpus: Any, batch_tokens: int, count: int) -> list[np.ndar
     return batches[:count]
 
 
-def test_sentences(config: Config, work_dir: Path) -> list[str]:
-    """Non-empty source lines of the test split."""
+def test_sentences(config: Config, work_dir: Path) -> tuple[list[str], list[str]]:
+    """Non-empty source lines of the test split and their references."""
     assert config.data.test is not None
     rows = read_pairs(config.data, config.data.test, work_dir / "cache")
-    return [line for line in rows["src"] if line.strip()]
+    pairs = [(s, t) for s, t in zip(rows["src"], rows["trg"], strict=True) if s.strip()]
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def reference_constraints(references: list[str], count: int, seed: int = 0) -> list[list[str]]:
+    """``count`` words of each reference (four letters or more, else any), drawn with a fixed
+    seed: the constraints of the constrained-decoding rows, as a terminology list would be."""
+    generator = np.random.default_rng(seed)
+    out = []
+    for line in references:
+        words = [w.strip(".,;:!?\"'()") for w in line.split()]
+        words = [w for w in words if len(w) >= 4] or [w for w in words if w]
+        chosen = generator.choice(len(words), size=min(count, len(words)), replace=False)
+        out.append([words[i] for i in sorted(chosen)])
+    return out
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -548,9 +563,10 @@ def decoding_model(args: argparse.Namespace) -> tuple[Path, bool]:
 
 
 def bench_decoding(
-    model_path: Path, sources: list[str], device: torch.device
+    model_path: Path, sources: list[str], references: list[str], device: torch.device
 ) -> list[dict[str, Any]]:
-    """Greedy and beam 5, batch sizes 1 and 64, through ``Translator.decode_ids``."""
+    """Greedy and beam 5, batch sizes 1 and 64, through ``Translator.decode_ids``; then beam 5
+    (batch 64) with 1 and 3 constraints per sentence, words of its reference."""
     translator = Translator.from_checkpoint(model_path, device.type)
     src_ids = translator.tokenizer.encode_src(sources)
     warm = translator.config.decoding.model_copy(update={"beam_size": 1, "batch_size": 4})
@@ -580,7 +596,46 @@ def bench_decoding(
         )
         rate = len(sources) / seconds
         log(f"decoding {results[-1]['search']}, batch {batch_size}: {rate:.1f} sentences/s")
+    for count in CONSTRAINT_COUNTS:
+        results.append(bench_constrained(translator, src_ids, references, count, device))
     return results
+
+
+def bench_constrained(
+    translator: Translator,
+    src_ids: list[list[int]],
+    references: list[str],
+    count: int,
+    device: torch.device,
+) -> dict[str, Any]:
+    """Beam 5, batch 64, ``count`` constraint words per sentence (Post & Vilar's search)."""
+    phrases = reference_constraints(references, count)
+    steered = Steered(
+        constraints=[
+            [translator.target_ids(p, f"reference {n}") for p in row]
+            for n, row in enumerate(phrases, start=1)
+        ]
+    )
+    decoding = translator.config.decoding.model_copy(update={"beam_size": 5, "batch_size": 64})
+    synchronize(device)
+    start = time.perf_counter()
+    hypotheses = translator.decode_ids(src_ids, decoding, steered=steered)
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(nbest[0].tokens) + 1 for nbest in hypotheses if nbest)
+    search = f"beam 5, {count} constraint{'s' if count > 1 else ''}"
+    log(f"decoding {search}, batch 64: {len(src_ids) / seconds:.1f} sentences/s")
+    return {
+        "search": search,
+        "beam_size": 5,
+        "batch_size": 64,
+        "constraints_per_sentence": count,
+        "sentences": len(src_ids),
+        "seconds": seconds,
+        "sentences_per_s": len(src_ids) / seconds,
+        "target_tokens_per_s": tokens / seconds,
+        "mean_output_tokens": tokens / len(src_ids),
+    }
 
 
 def nmt_command() -> list[str]:
@@ -728,7 +783,7 @@ def add_decoding(
 ) -> None:
     model_path, trained = decoding_model(args)
     config = bench_config(UNTRAINED_CONFIG, args)
-    sources = test_sentences(config, Path(args.work_dir))
+    sources, references = test_sentences(config, Path(args.work_dir))
     note = "trained" if trained else "untrained (outputs run to max length)"
     info = {"model": str(model_path), "trained": trained, "note": note}
     if "decode" in args.parts:
@@ -738,7 +793,7 @@ def add_decoding(
             **info,
             "test_set": f"first {len(first)} of {len(sources)} sentences of {config.data.test}",
             "precision": "fp32 (as nmt translate)",
-            "results": bench_decoding(model_path, first, device),
+            "results": bench_decoding(model_path, first, references[: len(first)], device),
         }
     if "translate" in args.parts:
         limit = args.translate_sentences or (lengths.decode_sentences if args.quick else None)

@@ -92,6 +92,8 @@ def test_quick_tiny_run_writes_every_figure(tmp_path: Path) -> None:
     assert decoding["trained"] is False and "untrained" in decoding["note"]
     searches = {(r["beam_size"], r["batch_size"]) for r in decoding["results"]}
     assert searches == {(1, 1), (1, 64), (5, 1), (5, 64)}
+    constrained = [r.get("constraints_per_sentence") for r in decoding["results"]]
+    assert [c for c in constrained if c] == [1, 3]
     for row in decoding["results"]:
         assert row["sentences"] == 16
         assert positive(row["sentences_per_s"]) and positive(row["target_tokens_per_s"])
