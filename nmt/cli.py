@@ -1,4 +1,4 @@
-"""The `nmt` command line: train | translate | score | eval.
+"""The `nmt` command line: train | translate | score | eval | average.
 
 Each command parses its options and calls one library function. Any NMTError becomes one
 line on stderr and exit status 2 (``--debug`` shows the traceback).
@@ -312,6 +312,32 @@ def score(
         device,
         precision,
     )
+
+
+@app.command()
+def average(
+    checkpoints: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Checkpoint files (or run directories: their best.pt) to average."),
+    ] = None,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="The averaged checkpoint to write.")
+    ] = Path("averaged.pt"),
+    run: Annotated[
+        Path | None,
+        typer.Option("--run", help="Average this run's newest step-N.pt files (with --last)."),
+    ] = None,
+    last: Annotated[
+        int | None,
+        typer.Option("--last", min=2, help="How many of the run's newest step-N.pt to average."),
+    ] = None,
+) -> None:
+    """Average checkpoints of one model (weights' mean, in float64) into a normal checkpoint
+    that translate, eval and score read."""
+    from nmt.commands.average import average_command
+
+    used = average_command(list(checkpoints or []), run, last, output)
+    typer.echo(f"{output}: the mean of {len(used)} checkpoints", err=True)
 
 
 @app.command("eval")
