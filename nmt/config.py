@@ -240,6 +240,19 @@ class TrainingConfig(_Section):
         description="on GPU out-of-memory, retry the batch in halves (same update) instead of stopping",
     )
     seed: int = Field(1, ge=0, le=2**32 - 1, description="random seed (0 to 2^32 - 1)")
+    init_from: str | None = Field(
+        None,
+        description="fine-tuning: start from this run directory's (best.pt) or checkpoint's "
+        "weights and tokenizer; the optimiser state, learning-rate schedule, step and epoch "
+        "counts, best score and random state start afresh, and the model section must build "
+        "the same weight shapes",
+    )
+    freeze: list[Literal["embeddings", "encoder", "decoder", "attention"]] = Field(
+        [],
+        description="parts kept fixed in training: embeddings (source and target, and a tied "
+        "output layer), encoder (with the bridge), decoder (with the output layer, without "
+        "attention), attention",
+    )
 
 
 class DecodingConfig(_Section):
@@ -315,6 +328,15 @@ class Config(_Section):
                 )
         if self.data.format == "hub" and not self.data.hub_name:
             problems.append("data.hub_name: required when data.format is 'hub'")
+        if len(set(self.training.freeze)) == 4:
+            problems.append(
+                "training.freeze: every part is frozen and nothing would train; leave at least "
+                "one of embeddings, encoder, decoder, attention out"
+            )
+        if self.training.init_from and self.tokenizer.model:
+            problems.append(
+                "tokenizer.model: training.init_from brings its own tokenizer; remove one"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

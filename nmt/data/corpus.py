@@ -131,6 +131,9 @@ def check_files(config: Config) -> None:
     model = config.tokenizer.model
     if model and not Path(model).is_file():
         problems.append(f"tokenizer.model: {model}: no such sentencepiece model")
+    start = config.training.init_from
+    if start and not Path(start).exists():
+        problems.append(f"training.init_from: {start}: no such run directory or checkpoint")
     if problems:
         raise DataError("; ".join(problems) + "; fix the paths in the config or --override them")
 

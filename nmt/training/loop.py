@@ -49,6 +49,13 @@ from nmt.training.distributed import (
     init_distributed,
     shutdown_distributed,
 )
+from nmt.training.finetune import (
+    Initial,
+    check_initial_weights,
+    freeze,
+    load_initial_weights,
+    read_initial,
+)
 from nmt.training.resume import read_checkpoint, restore, restore_rng, rng_state, save_checkpoints
 from nmt.training.rundir import (
     RunLock,
@@ -153,6 +160,9 @@ def train(
     """Train a model as configured (one process, or one rank under torchrun); returns the
     run directory."""
     check_files(config)  # before anything is written
+    initial = None if resume else read_initial(config)
+    if initial is not None:
+        check_initial_weights(config, initial)
     limit_kernel_cache()
     run_dir = Path(run_dir or config.run.dir)
     check_run_dir(run_dir)
@@ -161,7 +171,7 @@ def train(
     try:
         lock = RunLock(run_dir) if place.is_main else contextlib.nullcontext()
         with lock:
-            _train_locked(config, run_dir, resume, quiet, place, device)
+            _train_locked(config, run_dir, resume, quiet, place, device, initial)
         finished = True
     finally:
         shutdown_distributed(place, wait_for_all=finished)
@@ -175,8 +185,10 @@ def _train_locked(
     quiet: bool,
     place: Distributed,
     device: torch.device,
+    initial: Initial | None = None,
 ) -> None:
-    """The training run proper, with the run directory locked."""
+    """The training run proper, with the run directory locked; ``initial``: the checkpoint
+    a fine-tuning run starts from (not when resuming)."""
     resume_from = prepare_run_dir(run_dir, resume)
     setup_logging(run_dir if place.is_main else None, quiet=quiet or not place.is_main)
     set_threads(config.run.threads)
@@ -187,11 +199,15 @@ def _train_locked(
     allow_tf32(device, precision)
     started = time.time()
     saved, tokenizer = read_checkpoint(resume_from, config)
+    if saved is None and initial is not None:
+        tokenizer = initial.tokenizer
     seed_everything(config.training.seed)
     corpora, tokenizer = load_corpora_in_turn(config, run_dir, tokenizer, place)
     if place.is_main:
         write_run_info(run_dir, config, device, precision, place.world_size)
-    run = _build_run(config, run_dir, tokenizer, corpora, saved, place, device, precision, fast)
+    run = _build_run(
+        config, run_dir, tokenizer, corpora, saved, place, device, precision, fast, initial
+    )
     run.started = started  # training.max_minutes counts data preparation too
     try:
         with _StopFlag() as stop, ProgressBar(enabled=not quiet and place.is_main) as bar:
@@ -210,10 +226,15 @@ def _build_run(
     device: torch.device,
     precision: str,
     fast: FastPaths,
+    initial: Initial | None = None,
 ) -> Run:
-    """Model, optimiser and scaler, fresh or restored; the loss module DDP wraps."""
+    """Model, optimiser and scaler, fresh, fine-tuned from ``initial`` or restored; the loss
+    module DDP wraps."""
     cfg = config.training
     model = _allocate_model(config, tokenizer, fast, device)
+    if saved is None and initial is not None:
+        load_initial_weights(model, initial)
+    freeze(model, cfg.freeze)
     optimizer = build_optimizer(config, model)
     scaler = grad_scaler(precision, device)
     if saved is not None:

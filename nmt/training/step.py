@@ -55,7 +55,7 @@ def build_optimizer(config: Config, model: nn.Module) -> torch.optim.Optimizer:
     faster than the per-tensor loop on the CPU) wherever torch has it."""
     cfg = config.training
     cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]  # training.freeze: not these
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
     return cls(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, fused=fused)
 
