@@ -210,6 +210,14 @@ class TrainingConfig(_Section):
         description="max padded tokens per batch (sentences x longest side); pairs are "
         "bucketed by their longer side, then source length",
     )
+    accumulate: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="batches per update (gradient accumulation): the gradients of this many "
+        "batches (per rank) are summed and applied as one update on their union, "
+        "normalised by all their target tokens; an epoch's last update may take fewer",
+    )
     epochs: int = Field(10, ge=1, description="passes over the training data")
     max_steps: int | None = Field(None, ge=1, description="stop after this many updates")
     max_minutes: float | None = Field(None, gt=0, description="stop after this wall-clock time")

@@ -340,10 +340,19 @@ def _loop(run: Run, stop: _StopFlag, bar: ProgressBar) -> None:
             corpus.src_lengths, corpus.trg_lengths, cfg.batch_tokens, cfg.seed, progress.epoch
         )
         _log_epoch(run, batches)
-        bar.start_epoch(progress.epoch + 1, len(batches) // world, progress.batch_in_epoch // world)
+        per_update = world * cfg.accumulate
+        bar.start_epoch(
+            progress.epoch + 1,
+            -(-(len(batches) // world) // cfg.accumulate),
+            -(-(progress.batch_in_epoch // world) // cfg.accumulate),
+        )
         while reason is None and progress.batch_in_epoch + world <= len(batches):
-            shard = batches[progress.batch_in_epoch : progress.batch_in_epoch + world]
-            progress.batch_in_epoch += world
+            # world x accumulate batches (the epoch's last update: what is left, in whole
+            # rounds of one batch per rank)
+            left = (len(batches) - progress.batch_in_epoch) // world * world
+            taken = min(per_update, left)
+            shard = batches[progress.batch_in_epoch : progress.batch_in_epoch + taken]
+            progress.batch_in_epoch += taken
             result = _update(run, shard, window, bar, stop)
             reason = _stop_reason(run, result)
             if reason or (result.status == "applied" and progress.step % cfg.validate_every == 0):
@@ -404,15 +413,17 @@ def _finish(run: Run, reason: str) -> None:
 def _update(
     run: Run, shard: list[np.ndarray], window: _Window, bar: ProgressBar, stop: _StopFlag
 ) -> StepResult:
-    """One optimiser update on this rank's batch of the shard, with its bookkeeping."""
+    """One optimiser update on this rank's batches of the shard (every world-th, from its
+    rank on: one, or training.accumulate), with its bookkeeping."""
     progress = run.progress
     lr = run.schedule.lr(progress.step + 1, progress)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     corpus = run.corpora.train
-    batch = corpus.batch(shard[run.place.rank]).to(run.device)
+    mine = shard[run.place.rank :: run.place.world_size]
+    batches = [corpus.batch(indices).to(run.device) for indices in mine]
     tokens = sum(int(corpus.trg_lengths[indices].sum()) for indices in shard)  # all ranks'
-    result = _train_step(run, batch, tokens, stop)
+    result = _train_step(run, batches, tokens, stop)
     if result.status != "applied":
         _skipped(run, result)
         return result
@@ -449,13 +460,13 @@ def _skipped(run: Run, result: StepResult) -> None:
         )
 
 
-def _train_step(run: Run, batch: Batch, global_tokens: int, stop: _StopFlag) -> StepResult:
+def _train_step(run: Run, batches: list[Batch], global_tokens: int, stop: _StopFlag) -> StepResult:
     """Forward, backward, agree across ranks, clip, step."""
     cfg = run.config.training
     run.optimizer.zero_grad(set_to_none=True)
     loss, nll = forward_backward(
         run.loss_module,
-        batch,
+        batches,
         run.place.world_size / global_tokens,
         run.device,
         run.precision,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -69,7 +70,7 @@ def grad_scaler(precision: str, device: torch.device, init_scale: float | None =
 
 def forward_backward(
     loss_module: nn.Module,
-    batch: Batch,
+    batch: Batch | Sequence[Batch],
     scale: float,
     device: torch.device,
     precision: str,
@@ -77,26 +78,28 @@ def forward_backward(
     oom_split: bool = False,
     batch_tokens: int | None = None,
 ) -> tuple[float, float]:
-    """Forward and backward of ``batch``, the gradient of ``scale * loss_sum`` accumulated
-    into ``.grad``; returns this batch's (loss_sum, nll_sum).
+    """Forward and backward of ``batch`` (or of several: ``training.accumulate``), the
+    gradient of ``scale * loss_sum`` accumulated into ``.grad``; returns the batches'
+    (loss_sum, nll_sum). Under DDP only the last backward all-reduces.
 
     On out-of-memory: an NMTError that describes the batch, or with ``oom_split`` a retry in
     2, 4, ... pieces, each scaled the same way, so the gradient is unchanged.
     """
+    batches = [batch] if isinstance(batch, Batch) else list(batch)
     pieces = 1
     while True:
         in_sync: list[bool] = []  # set once the backward that all-reduces has begun
+        split = [piece for whole in batches for piece in _split_batch(whole, pieces)]
         try:
-            return _accumulate(
-                loss_module, _split_batch(batch, pieces), scale, device, precision, scaler, in_sync
-            )
+            return _accumulate(loss_module, split, scale, device, precision, scaler, in_sync)
         except torch.OutOfMemoryError:
             pass  # leave the except block, so that the failed graph can be freed
         for param in loss_module.parameters():
             param.grad = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        sentences = batch.src.size(0)
+        batch = max(batches, key=lambda b: b.src.numel() + b.trg_in.numel())
+        sentences = min(b.src.size(0) for b in batches)
         if not oom_split or pieces >= sentences or in_sync:
             raise NMTError(_oom_message(batch, pieces, oom_split, bool(in_sync), batch_tokens))
         pieces = min(2 * pieces, sentences)
