@@ -243,6 +243,12 @@ class TrainingConfig(_Section):
     keep_last: int = Field(
         1, ge=1, description="checkpoints kept besides the best (over 1: as step-N.pt files)"
     )
+    save_every: int | None = Field(
+        None,
+        ge=1,
+        description="updates between checkpoints (last.pt, and step-N.pt with keep_last over "
+        "1) besides those of the validations, e.g. for nmt average (null: at validations only)",
+    )
     oom_split: bool = Field(
         False,
         description="on GPU out-of-memory, retry the batch in halves (same update) instead of stopping",

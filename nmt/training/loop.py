@@ -355,9 +355,12 @@ def _loop(run: Run, stop: _StopFlag, bar: ProgressBar) -> None:
             progress.batch_in_epoch += taken
             result = _update(run, shard, window, bar, stop)
             reason = _stop_reason(run, result)
-            if reason or (result.status == "applied" and progress.step % cfg.validate_every == 0):
+            applied = result.status == "applied"
+            if reason or (applied and progress.step % cfg.validate_every == 0):
                 _validate_and_save(run)  # before a signal's save, as the run would have
                 reason = _stop_reason(run, result)
+            elif applied and cfg.save_every and progress.step % cfg.save_every == 0:
+                run.save(is_best=False)
             if result.signal and reason is None:
                 _stop_on_signal(run, stop)
         if reason is None:

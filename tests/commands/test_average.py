@@ -83,3 +83,21 @@ def test_too_few_checkpoints_and_writing_onto_one(kept: Path, tmp_path: Path) ->
     result = nmt("average", str(step), str(kept / "last.pt"), "-o", str(step))
     assert "--output" in result.error and step.read_bytes() == before
     assert not Path("x.pt").exists()
+
+
+def test_a_save_interval_keeps_checkpoints_between_validations(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """save_every 2 with validations every 4: step-N.pt at 2, 4 and 6, the last three."""
+    config = tiny_config(corpus)
+    config["training"].update(
+        {"max_steps": 6, "validate_every": 4, "save_every": 2, "keep_last": 3}
+    )
+    config["run"] = {"dir": str(tmp_path / "run"), "device": "cpu"}
+    assert nmt("train", str(write_config(tmp_path / "c.yaml", config)), "--quiet").code == 0
+    names = sorted(p.name for p in (tmp_path / "run").glob("step-*.pt"))
+    assert names == ["step-00000002.pt", "step-00000004.pt", "step-00000006.pt"]
+    out = tmp_path / "avg.pt"
+    assert nmt("average", "--run", str(tmp_path / "run"), "--last", "3", "-o", str(out)).code == 0
+    steps = [entry["step"] for entry in checkpoint.load(out)["averaged_from"]]
+    assert steps == [2, 4, 6]
