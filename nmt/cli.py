@@ -1,4 +1,4 @@
-"""The `nmt` command line: train | translate | score | eval | average.
+"""The `nmt` command line: train | translate | score | align | eval | average.
 
 Each command parses its options and calls one library function. Any NMTError becomes one
 line on stderr and exit status 2 (``--debug`` shows the traceback).
@@ -190,6 +190,14 @@ def translate(
             "--attention-dir", help="Write a heatmap PNG plus .npy/.json per sentence here."
         ),
     ] = None,
+    alignments: Annotated[
+        Path | None,
+        typer.Option(
+            "--alignments",
+            help="Also write each output's word alignment (Pharaoh i-j, from the attention) "
+            "to this file.",
+        ),
+    ] = None,
     unbuffered: Annotated[
         bool,
         typer.Option(
@@ -229,6 +237,7 @@ def translate(
         constraints=constraints,
         unbuffered=unbuffered,
         warn=_warn,
+        alignments=alignments,
     )
 
 
@@ -315,6 +324,44 @@ def score(
 
 
 @app.command()
+def align(
+    model: Annotated[list[Path], typer.Option("--model", "-m", help=MODELS_HELP)],
+    input: Annotated[
+        str | None, typer.Option("--input", "-i", help="Source sentences, one a line; - for stdin.")
+    ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option("--target", "-t", help="Their translations, line for line with --input."),
+    ] = None,
+    tsv: Annotated[
+        str | None,
+        typer.Option(
+            "--tsv", help="source<TAB>target lines instead of -i/-t; - for stdin (the default)."
+        ),
+    ] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="Output file; - for stdout.")] = "-",
+    extract: Annotated[
+        str,
+        typer.Option(
+            "--extract",
+            help="argmax (each target word to its most attended source word), threshold, or "
+            "next (the attention of the following step, for post-step decoders).",
+        ),
+    ] = "argmax",
+    threshold: Annotated[
+        float, typer.Option("--threshold", help="With --extract threshold: the least mass.")
+    ] = 0.5,
+    device: Annotated[Device, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    precision: Annotated[Precision, PRECISION_OPTION] = "auto",
+) -> None:
+    """Word alignments (Pharaoh: source-target word indices, 0-based) from the model's
+    attention while it reads the given translations."""
+    from nmt.commands.align import align_command
+
+    align_command(model, input, target, tsv, output, extract, threshold, device, precision)
+
+
+@app.command()
 def average(
     checkpoints: Annotated[
         list[Path] | None,
@@ -376,11 +423,31 @@ def eval_(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print JSON instead of a table.")
     ] = False,
+    align: Annotated[
+        Path | None,
+        typer.Option(
+            "--align", help="Score this Pharaoh alignment file (with --align-ref) instead."
+        ),
+    ] = None,
+    align_ref: Annotated[
+        Path | None,
+        typer.Option(
+            "--align-ref", help="Reference alignments: i-j sure links, i?j possible ones."
+        ),
+    ] = None,
     device: Annotated[Device, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
     precision: Annotated[Precision, PRECISION_OPTION] = "auto",
 ) -> None:
     """Score with sacrebleu (BLEU, chrF, TER and their signatures)."""
 
+    if align is not None or align_ref is not None:
+        if align is None or align_ref is None or hypotheses or model:
+            raise ConfigError("give --align HYP with --align-ref GOLD (and no other systems)")
+        from nmt.commands.align import evaluate_alignments
+
+        alignment = evaluate_alignments(align, align_ref)
+        typer.echo(alignment.to_json() if json_out else alignment.to_table())
+        return
     if model:
         if hypotheses:
             raise ConfigError("give either hypothesis files or --model, not both")

@@ -164,3 +164,13 @@ def check_output(
         raise DataError(f"{option} {path}: the folder {parent} {what}; create it first")
     if not os.access(parent, os.W_OK):
         raise DataError(f"{option} {path}: cannot write in {parent} (permission denied)")
+
+
+def write_lines(output: str, lines: Sequence[str]) -> None:
+    """A command's output lines: to stdout (``-``, flushed) or atomically to a file."""
+    text = "".join(line + "\n" for line in lines)
+    if output == STDIN:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        atomic_write_text(Path(output), text)

@@ -3,7 +3,6 @@ and n-best rescoring (the TSV of `nmt translate --n-best` with a score column ad
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from nmt.commands.translate import decoding_options, write_attention
 from nmt.decoding.scoring import Scored
 from nmt.decoding.translator import Translator
 from nmt.errors import ConfigError, DataError
-from nmt.files import STDIN, atomic_write_text, check_output, read_lines
+from nmt.files import STDIN, check_output, read_lines, write_lines
 
 
 @dataclass
@@ -159,10 +158,5 @@ def score_command(
             (src_ids,) = translator.tokenizer.encode_src([pairs.sources[index]])
             (trg_ids,) = translator.tokenizer.encode_trg([target])
             write_attention(translator, attention_dir, index, src_ids, trg_ids, result.alphas)
-    text = "".join(line + "\n" for line in out)
-    if output_path == STDIN:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        atomic_write_text(Path(output_path), text)
+    write_lines(output_path, out)
     return len(out)

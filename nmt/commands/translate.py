@@ -14,9 +14,10 @@ from typing import Any, TextIO
 from nmt import checkpoint
 from nmt.commands.progress import progress_bar
 from nmt.config import DecodingConfig, from_dict
+from nmt.decoding.alignment import format_links, hypothesis_links
 from nmt.decoding.translator import Steered, Translation, Translator
 from nmt.errors import ConfigError, DataError
-from nmt.files import STDIN, atomic_write_text, check_output, read_lines
+from nmt.files import STDIN, atomic_write_text, check_output, read_lines, write_lines
 from nmt.plots import save_attention
 
 
@@ -179,6 +180,7 @@ def translate_command(
     constraints: Path | None = None,
     unbuffered: bool = False,
     warn: Callable[[str], None] = lambda message: None,
+    alignments: Path | None = None,
 ) -> int:
     """`nmt translate`: read lines, write exactly one output line (or n-best block) per line.
 
@@ -186,7 +188,9 @@ def translate_command(
     is raised before the output is touched; a file output is replaced atomically, so a failed
     run leaves an existing file as it was. A line whose constraints no output could meet
     gets an empty output line and a call of ``warn``. Line by line (each output written and
-    flushed as its line arrives): ``unbuffered``, or input from a terminal.
+    flushed as its line arrives): ``unbuffered``, or input from a terminal. ``alignments``:
+    a file for the word alignment of each output (Pharaoh, from its attention), written at
+    the end.
     """
     streaming = input_path == STDIN and (unbuffered or sys.stdin.isatty())
     if unbuffered and output_path != STDIN:
@@ -199,6 +203,9 @@ def translate_command(
             if path is not None:
                 inputs[option] = [path]
         check_output(Path(output_path), "--output", inputs)
+    if alignments is not None:
+        outputs = {"--output": [Path(output_path)]} if output_path != STDIN else {}
+        check_output(alignments, "--alignments", {**inputs, **outputs})
     if attention_dir is not None and attention_dir.exists() and not attention_dir.is_dir():
         raise DataError(f"--attention-dir {attention_dir}: is a file; give a directory")
     lines = None if streaming else read_lines(input_path)
@@ -208,25 +215,38 @@ def translate_command(
         decoding, n_best, constraints is not None, bool(decoding_overrides.get("beam_size"))
     )
     steered = read_steering(translator, prefix, constraints, None if lines is None else len(lines))
+    attention = attention_dir is not None or alignments is not None
     if lines is None:
-        return _stream(translator, decoding, n_best, scores, attention_dir, steered, warn)
+        links: list[str] = []
+        count = _stream(
+            translator, decoding, n_best, scores, attention_dir, steered, warn, links, attention
+        )
+        if alignments is not None:
+            atomic_write_text(alignments, "".join(line + "\n" for line in links))
+        return count
     with progress_bar(len(lines), show_progress and input_path != STDIN) as advance:
         results = translator.translate(
-            lines, decoding, n_best, attention_dir is not None, batch_tokens, advance, steered
+            lines, decoding, n_best, attention, batch_tokens, advance, steered
         )
-    out_lines = []
+    out_lines, link_lines = [], []
     for index, item in enumerate(results):
         out_lines.extend(_format(translator, index, item, n_best, scores))
         if attention_dir is not None:
             _write_best_attention(translator, attention_dir, index, item)
+        link_lines.append(_links(translator, lines[index], item))
         _warn_unmet(lines[index], item, index, steered, warn)
-    text = "".join(line + "\n" for line in out_lines)
-    if output_path == STDIN:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        atomic_write_text(Path(output_path), text)
+    write_lines(output_path, out_lines)
+    if alignments is not None:
+        atomic_write_text(alignments, "".join(line + "\n" for line in link_lines))
     return len(lines)
+
+
+def _links(translator: Translator, line: str, item: Translation) -> str:
+    """The Pharaoh line of the best output's word alignment (empty without an output)."""
+    if not item.hypotheses:
+        return ""
+    best = item.hypotheses[0]
+    return format_links(hypothesis_links(translator.tokenizer, line, best.tokens, best.alphas))
 
 
 def _warn_unmet(
@@ -247,6 +267,8 @@ def _stream(
     attention_dir: Path | None,
     steered: Steered | None,
     warn: Callable[[str], None],
+    links: list[str],
+    attention: bool,
     source: TextIO | None = None,
     sink: TextIO | None = None,
 ) -> int:
@@ -260,14 +282,13 @@ def _stream(
             return index
         line = line.rstrip("\n").rstrip("\r")
         this = _steering_of(steered, index)
-        (item,) = translator.translate(
-            [line], decoding, n_best, attention_dir is not None, steered=this
-        )
+        (item,) = translator.translate([line], decoding, n_best, attention, steered=this)
         sink.write("".join(row + "\n" for row in _format(translator, index, item, n_best, scores)))
         sink.flush()
         if attention_dir is not None:
             _write_best_attention(translator, attention_dir, index, item)
         _warn_unmet(line, item, index, this, warn)
+        links.append(_links(translator, line, item))
         index += 1
 
 

@@ -3,80 +3,20 @@ vocabulary, teacher-forced rescoring, batch invariance and the length limits."""
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
 import torch
 from decode import run_beam, run_greedy
+from searchref import enumerate_outputs as _enumerate
+from searchref import limit as _limit
+from searchref import model as _model
+from searchref import sequence_log_probs
+from searchref import source as _source
 
-from nmt.config import ModelConfig, from_dict
-from nmt.data.batching import pad
 from nmt.data.tokenizer import BOS_ID, EOS_ID
 from nmt.decoding.search import block_repeated_ngrams, length_penalty, max_lengths
-from nmt.model import Seq2Seq, build_model
-
-
-def _config(style: str = "bahdanau", rnn: str = "gru", input_feeding: bool = True) -> ModelConfig:
-    raw = {
-        "embedding_size": 5,
-        "encoder": {"rnn": rnn, "hidden_size": 4},
-        "decoder": {"style": style, "rnn": rnn, "hidden_size": 6, "input_feeding": input_feeding},
-        "attention": {"score": "general"},
-    }
-    return from_dict({"model": raw}).model
-
-
-def _model(
-    vocab: int,
-    seed: int,
-    style: str = "bahdanau",
-    feeding: bool = True,
-    sharpen: float = 4.0,
-    eos: float = 1.0,
-) -> Seq2Seq:
-    """A random model; ``sharpen`` scales the output layer (peakier distributions, fewer
-    near-ties) and ``eos`` the EOS row on top of it (how readily sentences end)."""
-    torch.manual_seed(seed)
-    model = build_model(_config(style, input_feeding=feeding), vocab, vocab)
-    with torch.no_grad():
-        model.generator.weight.mul_(sharpen)
-        model.generator.weight[EOS_ID].mul_(eos)
-    return model.eval()
-
-
-def _source(lengths: list[int], vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    ids = [torch.randint(4, vocab, (n,), generator=generator).tolist() for n in lengths]
-    return pad(ids), torch.tensor(lengths)
-
-
-def _limit(src_length: int, ratio: float, offset: int) -> int:
-    """The longest output, EOS included, written from the definition."""
-    return max(1, math.ceil(src_length * ratio) + offset)
-
-
-@torch.no_grad()
-def _sequence_log_probs(model: Seq2Seq, src: torch.Tensor, candidates: list[tuple[int, ...]]):
-    """log p(y + EOS | x) for each candidate, by teacher forcing; src: (1, S)."""
-    out = []
-    for length, group in itertools.groupby(sorted(candidates, key=len), key=len):
-        group = list(group)
-        trg_in = torch.tensor([[BOS_ID, *y] for y in group]).view(len(group), length + 1)
-        gold = torch.tensor([[*y, EOS_ID] for y in group]).view(len(group), length + 1)
-        lengths = torch.full((len(group),), src.size(1))
-        features, _ = model(src.expand(len(group), -1), lengths, trg_in)
-        log_probs = model.log_probs(features).double()  # (N, T, V)
-        picked = log_probs.gather(2, gold[:, :, None]).squeeze(2).sum(1)  # (N,)
-        out.extend(zip(group, picked.tolist(), strict=True))
-    return dict(out)
-
-
-def _enumerate(vocab: int, max_tokens: int) -> list[tuple[int, ...]]:
-    """Every output of at most ``max_tokens`` non-EOS symbols (any symbol of the vocabulary)."""
-    words = [i for i in range(vocab) if i != EOS_ID]
-    return [y for n in range(max_tokens + 1) for y in itertools.product(words, repeat=n)]
-
+from nmt.model import Seq2Seq
 
 VOCAB = 6  # PAD UNK BOS EOS + two words
 RATIO = 1e-3  # ceil(S * ratio) = 1 for any S here, so the limit is 1 + offset
@@ -109,7 +49,7 @@ def test_exhaustive_beam_finds_every_output_in_order(style, feeding, alpha) -> N
         n_best=len(candidates),
     )
     for b, hyps in enumerate(results):
-        scores = _sequence_log_probs(model, src[b : b + 1, : int(src_lengths[b])], candidates)
+        scores = sequence_log_probs([model], src[b : b + 1, : int(src_lengths[b])], candidates)
         expected = {y: s / length_penalty(len(y) + 1, alpha) for y, s in scores.items()}
         found = {tuple(h.tokens): h.score for h in hyps}
         assert len(found) == len(hyps) == len(candidates)
@@ -137,7 +77,7 @@ def test_wide_beam_finds_the_exhaustive_best(style: str, seed: int, beam: int) -
     greedy = run_greedy(model, src, src_lengths, **options)
     beam_mattered = False
     for b, hyps in enumerate(results):
-        scores = _sequence_log_probs(model, src[b : b + 1, : int(src_lengths[b])], candidates)
+        scores = sequence_log_probs([model], src[b : b + 1, : int(src_lengths[b])], candidates)
         best = max(scores, key=scores.get)
         assert tuple(hyps[0].tokens) == best
         assert hyps[0].score == pytest.approx(scores[best], abs=1e-4)
@@ -277,7 +217,7 @@ def test_n_best_scores_and_attention_match_teacher_forcing(alpha: float) -> None
         assert 1 <= len(hyps) <= 5
         assert len({tuple(h.tokens) for h in hyps}) == len(hyps)
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
-        raw = _sequence_log_probs(model, src[b : b + 1, :n], [tuple(h.tokens) for h in hyps])
+        raw = sequence_log_probs([model], src[b : b + 1, :n], [tuple(h.tokens) for h in hyps])
         for h in hyps:
             expected = raw[tuple(h.tokens)] / length_penalty(len(h.tokens) + 1, alpha)
             assert h.score == pytest.approx(expected, abs=1e-4)

@@ -1,0 +1,178 @@
+"""Attention read as word alignment, and alignments scored against a reference.
+
+Words are the whitespace tokens of the text (what reference alignments count). A model's
+attention links subword pieces; ``piece_words`` maps each piece to the word its characters
+come from (sentencepiece's offsets), and ``word_attention`` turns the pieces' attention
+(target pieces x source pieces) into words': a target word's row is the mean of its pieces'
+rows (each a distribution over the source), a source word's column the sum of its pieces'
+columns (the probability mass on that word); EOS on either side is left out.
+
+Extraction (``extract_links``):
+- ``argmax`` (the default): each target word links to the source word with most attention
+  mass. Every target word gets one link, as in Bahdanau et al.'s figures and most
+  attention-alignment studies; it suits any decoder.
+- ``threshold``: every pair whose mass reaches the threshold (several or no links per word).
+- ``next``: the attention of the step after the word's own, taken at the position the
+  decoder has just read the word: post-step decoders (Luong) attend with the state that has
+  read y_t when predicting y_{t+1}, and that state often looks at y_t's source.
+
+Scores (Och & Ney 2003): with A the links given, S the sure and P the possible reference
+links (S included in P), precision |A & P| / |A|, recall |A & S| / |S| and the alignment
+error rate AER = 1 - (|A & S| + |A & P|) / (|A| + |S|), summed over the corpus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+EXTRACTIONS = ("argmax", "threshold", "next")
+
+
+def piece_words(processor: Any, text: str) -> list[int]:
+    """The word index (whitespace token) of each sentencepiece piece of ``text``; a piece of
+    whitespace alone (a lone ``▁``) belongs to the next piece's word. sentencepiece gives
+    each piece's place in the text as UTF-8 byte offsets."""
+    word_of_char = []  # per UTF-8 byte of the text
+    word = -1
+    previous_space = True
+    for char in text:
+        space = char.isspace()
+        if not space and previous_space:
+            word += 1
+        word_of_char.extend([-1 if space else word] * len(char.encode("utf-8")))
+        previous_space = space
+    pieces = processor.encode(text, return_type="proto").pieces
+    out: list[int] = []
+    pending = 0
+    for piece in pieces:
+        owner = next(
+            (word_of_char[i] for i in range(piece.begin, piece.end) if word_of_char[i] >= 0),
+            -1,
+        )
+        if owner < 0:
+            pending += 1
+            continue
+        out.extend([owner] * (pending + 1))
+        pending = 0
+    last = out[-1] if out else 0
+    return out + [last] * pending
+
+
+def word_attention(alphas: Tensor, src_words: Sequence[int], trg_words: Sequence[int]) -> Tensor:
+    """alphas (T+1, S+1): target pieces and EOS x source pieces and EOS -> (W_trg, W_src)
+    word attention, float64."""
+    weights = alphas.double()[: len(trg_words), : len(src_words)]  # without the EOS row/col
+    n_src, n_trg = max(src_words) + 1, max(trg_words) + 1
+    src_map = torch.zeros(len(src_words), n_src, dtype=torch.float64)
+    src_map[torch.arange(len(src_words)), torch.tensor(src_words)] = 1.0
+    trg_map = torch.zeros(n_trg, len(trg_words), dtype=torch.float64)
+    trg_map[torch.tensor(trg_words), torch.arange(len(trg_words))] = 1.0
+    trg_map /= trg_map.sum(dim=1, keepdim=True)  # mean over a word's pieces
+    return trg_map @ weights @ src_map
+
+
+def extract_links(
+    alphas: Tensor,
+    src_words: Sequence[int],
+    trg_words: Sequence[int],
+    method: str = "argmax",
+    threshold: float = 0.5,
+) -> list[tuple[int, int]]:
+    """Word links (source word, target word) from one sentence's attention (see above)."""
+    if not src_words or not trg_words:
+        return []
+    if method == "next":
+        alphas = alphas[1:]  # row t: the step that has read target piece t
+    words = word_attention(alphas, src_words, trg_words)  # (W_trg, W_src)
+    if method == "threshold":
+        pairs = (words >= threshold).nonzero().tolist()
+        return sorted((int(j), int(i)) for i, j in pairs)
+    best = words.argmax(dim=1).tolist()
+    return sorted((int(j), i) for i, j in enumerate(best))
+
+
+def hypothesis_links(
+    tokenizer: Any,
+    source: str,
+    tokens: Sequence[int],
+    alphas: Tensor | None,
+    method: str = "argmax",
+    threshold: float = 0.5,
+) -> list[tuple[int, int]]:
+    """Links between the source's words and an output's words (``tokens``, its attention
+    ``alphas``): a target piece that starts with ``▁`` starts a word, as detokenisation
+    makes it one."""
+    if alphas is None:
+        return []
+    src_words = piece_words(tokenizer.src, source)
+    trg_words, word = [], -1
+    for piece in tokenizer.trg_pieces(tokens):
+        word += 1 if piece.startswith("▁") or word < 0 else 0
+        trg_words.append(word)
+    return extract_links(alphas, src_words, trg_words, method, threshold)
+
+
+def format_links(links: Sequence[tuple[int, int]]) -> str:
+    """Pharaoh format: `i-j` for source word i and target word j, 0-based."""
+    return " ".join(f"{i}-{j}" for i, j in links)
+
+
+@dataclass
+class ReferenceLinks:
+    """One sentence's reference: sure links (``i-j``) and possible ones (``i?j`` or
+    ``i-j`` of a possible-only file), the sure ones included in ``possible``."""
+
+    sure: set[tuple[int, int]]
+    possible: set[tuple[int, int]]
+
+
+def parse_links(line: str, where: str) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
+    """A Pharaoh line -> (sure, possible-only) links; ``i-j`` is sure, ``i?j`` possible."""
+    sure: set[tuple[int, int]] = set()
+    possible: set[tuple[int, int]] = set()
+    for token in line.split():
+        separator = "?" if "?" in token else "-"
+        left, _, right = token.partition(separator)
+        if not (left.isdigit() and right.isdigit()):
+            raise ValueError(f"{where}: {token!r} is not a link i-j (or i?j for a possible one)")
+        (possible if separator == "?" else sure).add((int(left), int(right)))
+    return sure, possible
+
+
+@dataclass
+class AlignmentScores:
+    """Corpus-level precision, recall and AER, and the counts behind them."""
+
+    precision: float
+    recall: float
+    aer: float
+    links: int
+    sure: int
+    possible: int
+    sentences: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return dict(self.__dict__)
+
+
+def score_alignments(
+    hypotheses: Sequence[set[tuple[int, int]]], references: Sequence[ReferenceLinks]
+) -> AlignmentScores:
+    """Och & Ney's precision, recall and AER over all sentences."""
+    a_and_s = a_and_p = a_total = s_total = p_total = 0
+    for links, reference in zip(hypotheses, references, strict=True):
+        a_and_s += len(links & reference.sure)
+        a_and_p += len(links & reference.possible)
+        a_total += len(links)
+        s_total += len(reference.sure)
+        p_total += len(reference.possible)
+    precision = a_and_p / a_total if a_total else 0.0
+    recall = a_and_s / s_total if s_total else 0.0
+    total = a_total + s_total
+    aer = 1.0 - (a_and_s + a_and_p) / total if total else 0.0
+    return AlignmentScores(precision, recall, aer, a_total, s_total, p_total, len(references))

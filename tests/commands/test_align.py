@@ -1,0 +1,100 @@
+"""`nmt align`, `nmt translate --alignments` and `nmt eval --align` through the CLI: Pharaoh
+lines over the whitespace words, the scores of a file against a reference, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from clirun import corpus, nmt, previous, run, unchanged  # noqa: F401 - fixtures
+
+PAIRS = [("sol luna agua", "AGUA LUNA SOL"), ("fuego", "FUEGO"), ("", ""), ("mar sol", "")]
+
+
+def _links(line: str) -> list[tuple[int, int]]:
+    return [tuple(int(x) for x in token.split("-")) for token in line.split()]  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("extract", ["argmax", "next", "threshold"])
+def test_align_writes_one_pharaoh_line_per_pair(run: Path, tmp_path: Path, extract: str) -> None:
+    """Indices within each side's word count; argmax links every target word exactly once;
+    an empty side gives an empty line."""
+    tsv = "".join(f"{s}\t{t}\n" for s, t in PAIRS).encode()
+    result = nmt("align", "-m", str(run), "--extract", extract, "--threshold", "0.2", stdin=tsv)
+    assert result.code == 0, result.err
+    lines = result.out.split("\n")[:-1]
+    assert len(lines) == len(PAIRS)
+    for (src, trg), line in zip(PAIRS, lines, strict=True):
+        links = _links(line)
+        if not src or not trg:
+            assert links == []
+            continue
+        assert all(0 <= i < len(src.split()) and 0 <= j < len(trg.split()) for i, j in links)
+        if extract != "threshold":
+            assert sorted(j for _, j in links) == list(range(len(trg.split())))
+
+
+def test_align_reads_files_like_score(run: Path, tmp_path: Path) -> None:
+    """-i/-t and --tsv give the same lines."""
+    src, trg, tsv = tmp_path / "s", tmp_path / "t", tmp_path / "p.tsv"
+    src.write_text("".join(s + "\n" for s, _ in PAIRS), encoding="utf-8")
+    trg.write_text("".join(t + "\n" for _, t in PAIRS), encoding="utf-8")
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in PAIRS), encoding="utf-8")
+    a = nmt("align", "-m", str(run), "-i", str(src), "-t", str(trg))
+    b = nmt("align", "-m", str(run), "--tsv", str(tsv))
+    assert a.code == b.code == 0 and a.out == b.out
+
+
+def test_translate_writes_the_alignment_of_each_output(run: Path, tmp_path: Path) -> None:
+    """--alignments: one line per input line, over the output's words."""
+    out, links = tmp_path / "out.txt", tmp_path / "links.txt"
+    result = nmt(
+        "translate",
+        "-m",
+        str(run),
+        "--beam",
+        "2",
+        "-o",
+        str(out),
+        "--alignments",
+        str(links),
+        stdin=b"sol luna\n\nagua\n",
+    )
+    assert result.code == 0, result.err
+    outputs = out.read_text(encoding="utf-8").split("\n")[:-1]
+    rows = links.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(rows) == len(outputs) == 3 and rows[1] == ""
+    for source, output, row in zip(["sol luna", "", "agua"], outputs, rows, strict=True):
+        if output:
+            words = len(output.split())
+            assert sorted(j for _, j in _links(row)) == list(range(words))
+            assert all(i < len(source.split()) for i, _ in _links(row))
+
+
+def test_eval_align_scores_a_file_against_a_reference(tmp_path: Path) -> None:
+    """Och & Ney's figures for a small case counted by hand, as a table and JSON."""
+    hyp, gold = tmp_path / "hyp.al", tmp_path / "gold.al"
+    hyp.write_text("0-0 2-1 2-2\n0-1 1-0\n", encoding="utf-8")
+    gold.write_text("0-0 1-1 2?1\n0-1 1?0\n", encoding="utf-8")
+    table = nmt("eval", "--align", str(hyp), "--align-ref", str(gold))
+    assert table.code == 0 and "AER" in table.out
+    figures = json.loads(nmt("eval", "--align", str(hyp), "--align-ref", str(gold), "--json").out)
+    assert figures["precision"] == pytest.approx(0.8)
+    assert figures["recall"] == pytest.approx(2 / 3)
+    assert figures["aer"] == pytest.approx(0.25)
+
+
+def test_bad_alignment_input_is_one_line(run: Path, tmp_path: Path, previous: Path) -> None:
+    """Line counts that differ, a token that is not a link, an unknown extraction, writing
+    onto an input: one line naming the file and line, nothing written."""
+    hyp, gold = tmp_path / "hyp.al", tmp_path / "gold.al"
+    hyp.write_text("0-0\n0-1\n", encoding="utf-8")
+    gold.write_text("0-0\n", encoding="utf-8")
+    assert "has 2 lines" in nmt("eval", "--align", str(hyp), "--align-ref", str(gold)).error
+    gold.write_text("0-0\n1-b\n", encoding="utf-8")
+    error = nmt("eval", "--align", str(hyp), "--align-ref", str(gold)).error
+    assert f"{gold} line 2" in error and "'1-b'" in error
+    assert "--extract" in nmt("align", "-m", str(run), "--extract", "max", stdin=b"a\tb\n").error
+    result = nmt("align", "-m", str(run), "--tsv", str(previous), "-o", str(previous))
+    assert "--output" in result.error and unchanged(previous)
