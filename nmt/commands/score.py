@@ -79,7 +79,7 @@ def _read_n_best(input_path: str, n_best: str) -> Pairs:
     pairs = Pairs([], [], [], [])
     for n, line in enumerate(read_lines(n_best), start=1):
         fields = line.split("\t")
-        if len(fields) != 4 or not fields[0].isdigit():
+        if len(fields) != 4 or not (fields[0].isascii() and fields[0].isdigit()):
             raise DataError(
                 f"{_name(n_best)} line {n}: expected index<TAB>rank<TAB>score<TAB>text as "
                 f"nmt translate --n-best writes it"

@@ -233,7 +233,8 @@ def translate_command(
         out_lines.extend(_format(translator, index, item, n_best, scores))
         if attention_dir is not None:
             _write_best_attention(translator, attention_dir, index, item)
-        link_lines.append(_links(translator, lines[index], item))
+        if alignments is not None:
+            link_lines.append(_links(translator, lines[index], item))
         _warn_unmet(lines[index], item, index, steered, warn)
     write_lines(output_path, out_lines)
     if alignments is not None:
@@ -279,6 +280,7 @@ def _stream(
     while True:
         line = source.readline()
         if not line:
+            _check_count_at_end(steered, index)
             return index
         line = line.rstrip("\n").rstrip("\r")
         this = _steering_of(steered, index)
@@ -290,6 +292,18 @@ def _stream(
         _warn_unmet(line, item, index, this, warn)
         links.append(_links(translator, line, item))
         index += 1
+
+
+def _check_count_at_end(steered: Steered | None, count: int) -> None:
+    """Streamed input ended: a prefix or constraints file must not have had more lines."""
+    if steered is None:
+        return
+    for name, rows in (("--prefix", steered.prefixes), ("--constraints", steered.constraints)):
+        if rows is not None and len(rows) != count:
+            raise DataError(
+                f"{name} has {len(rows)} lines but the input had {count}; give one line per "
+                f"input line (an empty line for none)"
+            )
 
 
 def _steering_of(steered: Steered | None, index: int) -> Steered | None:

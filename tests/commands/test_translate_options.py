@@ -1,0 +1,350 @@
+"""`nmt translate`'s decoding options: ensembles (--model twice), --prefix, --constraints,
+--unbuffered in a pipe, `nmt eval` of an ensemble, and one-line errors for bad option files."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from clirun import (  # noqa: F401 - corpus, run and previous are fixtures
+    corpus,
+    nmt,
+    previous,
+    run,
+    tiny_config,
+    unchanged,
+    write_config,
+)
+
+SOURCES = ["sol luna", "mar rio casa", "", "agua fuego", "perro gato"]
+# Whole target words of the corpus; an empty prefix on a non-empty line (line 4).
+PREFIXES = ["LUNA", "CASA RIO", "", "", "GATO"]
+CONSTRAINTS = [["SOL"], ["MAR", "CASA"], [], [], ["PERRO GATO"]]
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def source(corpus: Path) -> Path:
+    return _write(corpus / "steer.src", SOURCES)
+
+
+@pytest.fixture(scope="module")
+def plain(run: Path, source: Path) -> list[str]:
+    """The run's output for SOURCES without options."""
+    result = nmt("translate", "-m", str(run), "-i", str(source))
+    assert result.code == 0, result.err
+    lines = result.out.split("\n")[:-1]
+    assert len(lines) == len(SOURCES) and lines[2] == ""
+    return lines
+
+
+@pytest.fixture(scope="module")
+def other(corpus: Path, run: Path) -> Path:
+    """A tiny run with another tokenizer (tokenizer.vocab_size 45 instead of 40)."""
+    config = tiny_config(corpus)
+    config["tokenizer"]["vocab_size"] = 45
+    config["run"] = {"dir": str(corpus / "other"), "device": "cpu"}
+    result = nmt("train", str(write_config(corpus / "other.yaml", config)), "--quiet")
+    assert result.code == 0, result.err
+    return corpus / "other"
+
+
+# ----------------------------------------------------------------------------- ensembles
+
+
+@pytest.mark.parametrize("average", [None, "linear", "log_linear"])
+def test_ensemble_of_a_run_with_itself_translates_as_the_run(
+    run: Path, source: Path, plain: list[str], average: str | None
+) -> None:
+    """-m RUN -m RUN writes RUN's output lines (default, linear and log-linear average)."""
+    options = [] if average is None else ["--ensemble-average", average]
+    result = nmt("translate", "-m", str(run), "-m", str(run), "-i", str(source), *options)
+    assert result.code == 0, result.err
+    assert result.out.split("\n")[:-1] == plain
+
+
+def test_ensemble_of_runs_with_different_tokenizers(
+    run: Path, other: Path, source: Path, previous: Path
+) -> None:
+    """Two runs whose tokenizers differ: one line naming both models, output untouched."""
+    result = nmt(
+        "translate", "-m", str(run), "-m", str(other), "-i", str(source), "-o", str(previous)
+    )
+    assert str(run) in result.error and str(other) in result.error
+    assert "tokenizer" in result.error
+    assert unchanged(previous)
+
+
+def test_eval_of_an_ensemble_of_a_run_with_itself(run: Path) -> None:
+    """nmt eval -m RUN -m RUN --split test: the BLEU (and chrF, TER) of RUN alone."""
+    alone = nmt("eval", "--model", str(run), "--split", "test", "--json")
+    both = nmt("eval", "--model", str(run), "--model", str(run), "--split", "test", "--json")
+    assert alone.code == 0 and both.code == 0, (alone.err, both.err)
+    (one,) = json.loads(alone.out)["systems"]
+    (two,) = json.loads(both.out)["systems"]
+    for metric in ("bleu", "bleu_detail", "chrf", "ter"):
+        assert two[metric] == one[metric], metric
+
+
+def test_eval_of_runs_with_different_tokenizers(run: Path, other: Path) -> None:
+    """nmt eval of two runs with different tokenizers: one line naming both."""
+    result = nmt("eval", "--model", str(run), "--model", str(other), "--split", "test")
+    assert str(run) in result.error and str(other) in result.error
+
+
+# ----------------------------------------------------------------------------- prefixes
+
+
+def test_every_output_starts_with_its_prefix(
+    run: Path, source: Path, plain: list[str], tmp_path: Path
+) -> None:
+    """--prefix: each output starts with its line's prefix; empty prefix lines: plain output."""
+    prefix = _write(tmp_path / "prefix.txt", PREFIXES)
+    result = nmt("translate", "-m", str(run), "-i", str(source), "--prefix", str(prefix))
+    assert result.code == 0, result.err
+    lines = result.out.split("\n")[:-1]
+    assert len(lines) == len(SOURCES)
+    for line, text, before in zip(lines, PREFIXES, plain, strict=True):
+        if text:
+            assert line.startswith(text), (line, text)
+        else:
+            assert line == before
+
+
+def test_prefix_with_greedy_search(run: Path, source: Path, tmp_path: Path) -> None:
+    """--prefix with --beam 1 (greedy) and with --n-best: every hypothesis starts with it."""
+    prefix = _write(tmp_path / "prefix.txt", PREFIXES)
+    greedy = nmt(
+        "translate", "-m", str(run), "-i", str(source), "--prefix", str(prefix), "--beam", "1"
+    )
+    assert greedy.code == 0, greedy.err
+    for line, text in zip(greedy.out.split("\n")[:-1], PREFIXES, strict=True):
+        assert line.startswith(text)
+    nbest = nmt(
+        "translate", "-m", str(run), "-i", str(source), "--prefix", str(prefix),
+        "--n-best", "3", "--beam", "3",
+    )  # fmt: skip
+    assert nbest.code == 0, nbest.err
+    for row in nbest.out.splitlines():
+        index, _, _, text = row.split("\t")
+        assert text.startswith(PREFIXES[int(index)])
+
+
+# ----------------------------------------------------------------------------- constraints
+
+
+def test_every_output_contains_every_phrase(
+    run: Path, source: Path, plain: list[str], tmp_path: Path
+) -> None:
+    """--constraints: each output contains each of its phrases; [] and empty lines: plain."""
+    rows = [json.dumps(c) if c else "" for c in CONSTRAINTS]
+    rows[2] = "[]"  # the empty input line: [] is none too
+    constraints = _write(tmp_path / "c.jsonl", rows)
+    result = nmt("translate", "-m", str(run), "-i", str(source), "--constraints", str(constraints))
+    assert result.code == 0, result.err
+    assert "warning" not in result.err
+    lines = result.out.split("\n")[:-1]
+    assert len(lines) == len(SOURCES)
+    for line, phrases, before in zip(lines, CONSTRAINTS, plain, strict=True):
+        if phrases:
+            assert all(p in line for p in phrases), (line, phrases)
+        else:
+            assert line == before
+
+
+def test_every_n_best_hypothesis_contains_every_phrase(
+    run: Path, source: Path, tmp_path: Path
+) -> None:
+    """--constraints with --n-best 3: every row of a constrained line has its phrases."""
+    constraints = _write(tmp_path / "c.jsonl", [json.dumps(c) for c in CONSTRAINTS])
+    result = nmt(
+        "translate", "-m", str(run), "-i", str(source), "--constraints", str(constraints),
+        "--n-best", "3", "--beam", "5",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    rows = [row.split("\t") for row in result.out.splitlines()]
+    assert {int(r[0]) for r in rows} == set(range(len(SOURCES)))
+    for index, _, _, text in rows:
+        assert all(p in text for p in CONSTRAINTS[int(index)]), (text, index)
+
+
+def test_prefix_and_constraints_together(run: Path, source: Path, tmp_path: Path) -> None:
+    """Both files: each output starts with its prefix and contains its phrases."""
+    prefix = _write(tmp_path / "prefix.txt", PREFIXES)
+    constraints = _write(tmp_path / "c.jsonl", [json.dumps(c) for c in CONSTRAINTS])
+    result = nmt(
+        "translate", "-m", str(run), "-i", str(source), "--prefix", str(prefix),
+        "--constraints", str(constraints),
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    for i, line in enumerate(result.out.split("\n")[:-1]):
+        if SOURCES[i]:
+            assert line.startswith(PREFIXES[i]) and all(p in line for p in CONSTRAINTS[i])
+
+
+# ----------------------------------------------------------------------------- bad option files
+
+
+def _refused(run: Path, source: Path, previous: Path, *options: str) -> str:
+    """The one error line of translate with ``options``; the output file stays as it was."""
+    result = nmt("translate", "-m", str(run), "-i", str(source), "-o", str(previous), *options)
+    error = result.error
+    assert unchanged(previous)
+    return error
+
+
+@pytest.mark.parametrize("option", ["--prefix", "--constraints"])
+@pytest.mark.parametrize("count", [4, 6])
+def test_option_file_with_the_wrong_line_count(
+    run: Path, source: Path, previous: Path, tmp_path: Path, option: str, count: int
+) -> None:
+    """A --prefix or --constraints file with fewer or more lines than the input."""
+    path = _write(tmp_path / "steer.txt", [""] * count)
+    error = _refused(run, source, previous, option, str(path))
+    assert f"{option} {path} has {count} lines but the input has {len(SOURCES)}" in error
+
+
+@pytest.mark.parametrize(
+    ("line2", "says"),
+    [
+        ('["MAR"', "line 2: not JSON"),
+        ("MAR", "line 2: not JSON"),
+        ('{"phrases": ["MAR"]}', "line 2: expected a JSON list"),
+        ('"MAR"', "line 2: expected a JSON list"),
+        ("[1, 2]", "line 2: expected a JSON list"),
+        ('[["MAR"]]', "line 2: expected a JSON list"),
+        ('["SOL", ""]', "line 2: an empty constraint phrase"),
+        ('["   "]', "line 2: an empty constraint phrase"),
+        ('["\u4e2d\u6587"]', "line 2: '\u4e2d\u6587' has pieces"),
+        ('["SOL \U0001f600"]', "line 2: 'SOL \U0001f600' has pieces"),
+    ],
+)
+def test_bad_constraint_lines(
+    run: Path, source: Path, previous: Path, tmp_path: Path, line2: str, says: str
+) -> None:
+    """Line 2 of --constraints not JSON, not a list of strings, with an empty phrase or with
+    characters the target vocabulary lacks: the file and line 2 named."""
+    path = _write(tmp_path / "c.jsonl", ['["SOL"]', line2, "", "[]", ""])
+    error = _refused(run, source, previous, "--constraints", str(path))
+    assert f"{path} {says}" in error
+
+
+@pytest.mark.parametrize("text", ["\u4e2d\u6587", "LUNA \U0001f600"])
+def test_prefix_with_characters_the_vocabulary_lacks(
+    run: Path, source: Path, previous: Path, tmp_path: Path, text: str
+) -> None:
+    """A prefix on line 2 the target vocabulary cannot spell: file, line 2 and the text."""
+    path = _write(tmp_path / "prefix.txt", ["LUNA", text, "", "", ""])
+    error = _refused(run, source, previous, "--prefix", str(path))
+    assert f"{path} line 2: {text!r}" in error and "vocabulary lacks" in error
+
+
+def test_a_missing_prefix_file(run: Path, source: Path, previous: Path, tmp_path: Path) -> None:
+    """--prefix naming no file: the path named."""
+    missing = tmp_path / "nope.txt"
+    assert f"{missing}: no such file" in _refused(run, source, previous, "--prefix", str(missing))
+
+
+def test_constraints_with_greedy_search(
+    run: Path, source: Path, previous: Path, tmp_path: Path
+) -> None:
+    """--constraints with --beam 1 is refused, naming --constraints and the beam."""
+    path = _write(tmp_path / "c.jsonl", [json.dumps(c) for c in CONSTRAINTS])
+    error = _refused(run, source, previous, "--constraints", str(path), "--beam", "1")
+    assert "--constraints" in error and "--beam 1" in error
+
+
+def test_unbuffered_with_output_file(run: Path, source: Path, previous: Path) -> None:
+    """--unbuffered writes to stdout: with --output it is refused, naming both."""
+    error = _refused(run, source, previous, "--unbuffered")
+    assert "--unbuffered" in error and "--output" in error
+
+
+@pytest.mark.parametrize("option", ["--prefix", "--constraints"])
+def test_output_onto_an_option_file(run: Path, source: Path, tmp_path: Path, option: str) -> None:
+    """-o naming the --prefix or --constraints file: refused and the file intact."""
+    path = _write(tmp_path / "steer.txt", [""] * len(SOURCES))
+    before = path.read_bytes()
+    result = nmt("translate", "-m", str(run), "-i", str(source), option, str(path), "-o", str(path))
+    assert f"--output {path}" in result.error and option in result.error
+    assert path.read_bytes() == before
+
+
+# ----------------------------------------------------------------------------- --unbuffered
+
+
+def test_unbuffered_in_process_equals_the_batch(
+    run: Path, source: Path, plain: list[str], tmp_path: Path
+) -> None:
+    """--unbuffered on piped stdin: the same lines as the batch, empty line included, and with
+    --prefix the batch's prefixed lines."""
+    stdin = source.read_bytes()
+    result = nmt("translate", "-m", str(run), "--unbuffered", stdin=stdin)
+    assert result.code == 0, result.err
+    assert result.out.split("\n")[:-1] == plain
+    prefix = _write(tmp_path / "prefix.txt", PREFIXES)
+    batch = nmt("translate", "-m", str(run), "-i", str(source), "--prefix", str(prefix))
+    streamed = nmt(
+        "translate", "-m", str(run), "--unbuffered", "--prefix", str(prefix), stdin=stdin
+    )
+    assert streamed.code == 0, streamed.err
+    assert streamed.out == batch.out
+
+
+def test_unbuffered_answers_each_line_before_stdin_closes(
+    run: Path, plain: list[str], tmp_path: Path
+) -> None:
+    """In a pipe, --unbuffered writes each line's translation while stdin is still open."""
+    stderr = (tmp_path / "stderr.txt").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nmt", "translate", "-m", str(run), "--unbuffered"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        encoding="utf-8",
+    )
+    assert process.stdin is not None and process.stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(
+        target=lambda: [lines.put(line) for line in process.stdout],  # type: ignore[union-attr]
+        daemon=True,
+    )
+    reader.start()
+
+    def answer() -> str:
+        try:
+            return lines.get(timeout=60)
+        except queue.Empty:
+            process.kill()
+            raise AssertionError(
+                "no output line within 60 s while stdin is open: "
+                + (tmp_path / "stderr.txt").read_text(encoding="utf-8")
+            ) from None
+
+    try:
+        process.stdin.write(SOURCES[0] + "\n")
+        process.stdin.flush()
+        first = answer()
+        assert process.poll() is None  # still running: stdin is open
+        process.stdin.write(SOURCES[1] + "\n")
+        process.stdin.flush()
+        second = answer()
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        stderr.close()
+    reader.join(timeout=10)
+    assert [first, second] == [plain[0] + "\n", plain[1] + "\n"]
+    assert lines.empty()
