@@ -16,7 +16,7 @@ from nmt.files import atomic_write_text, check_output
 
 
 def evaluate_split(
-    models: Sequence[Path],
+    models: Path | Sequence[Path],
     split: str,
     decoding_overrides: dict[str, Any],
     device: str = "auto",
@@ -27,6 +27,7 @@ def evaluate_split(
     """Translate a split (dev or test) of the first run's own data with the model (several:
     their ensemble) and score it, decoding as `nmt translate` does (``precision`` auto: bf16
     on a GPU that supports it)."""
+    models = [models] if isinstance(models, Path) else list(models)
     if split not in ("dev", "test", "train"):
         raise ConfigError(f"--split {split!r}: expected dev, test or train")
     if hypotheses_out is not None:

@@ -165,7 +165,7 @@ def _write_best_attention(
 
 
 def translate_command(
-    model: Sequence[Path],
+    model: Path | Sequence[Path],
     input_path: str,
     output_path: str,
     decoding_overrides: dict[str, Any],
@@ -192,6 +192,7 @@ def translate_command(
     a file for the word alignment of each output (Pharaoh, from its attention), written at
     the end.
     """
+    model = [model] if isinstance(model, Path) else list(model)
     streaming = input_path == STDIN and (unbuffered or sys.stdin.isatty())
     if unbuffered and output_path != STDIN:
         raise ConfigError("--unbuffered writes each line to stdout as it is done: drop --output")
