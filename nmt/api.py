@@ -4,6 +4,7 @@
     model = nmt.load("runs/demo")                # or several: nmt.load(["runs/a", "runs/b"])
     model.translate(["En el principio creó Dios los cielos y la tierra."], beam_size=5)
     model.score(["Dios es amor."], ["God is love."])
+    model.align("Dios es amor.", "God is love.")  # [(0, 0), (1, 1), (2, 2)]: word links
 
 Options take the names of the ``decoding`` config keys and default to the (first) run's
 config, as the CLI's do; the same checks apply and raise the same errors (``nmt.errors``:
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nmt.commands.align import align_pairs, check_method
 from nmt.commands.translate import check_request, constraint_ids, decoding_options, prefix_ids
 from nmt.decoding.translator import Steered, Translator
 from nmt.errors import DataError
@@ -108,13 +110,7 @@ class Model:
         """Forced scores of given translations: one ``Score`` per (source, target) pair (a
         single Score for two strings). ``options``: ``length_penalty``,
         ``coverage_penalty``, ``ensemble_average``, ``batch_size``."""
-        single = isinstance(sources, str)
-        src = [sources] if isinstance(sources, str) else list(sources)
-        trg = [targets] if isinstance(targets, str) else list(targets)
-        if len(src) != len(trg):
-            raise DataError(
-                f"score: {len(src)} sources but {len(trg)} targets; give one target per source"
-            )
+        single, src, trg = _pairs("score", sources, targets)
         decoding = decoding_options(self.translator, options)
         results = self.translator.score(src, trg, decoding)
         tokenizer = self.translator.tokenizer
@@ -127,6 +123,21 @@ class Model:
             pieces = [*tokenizer.trg_pieces(ids), "</s>"]
             tokens = list(zip(pieces, result.token_log_probs, strict=True))
             out.append(Score(result.log_prob, result.score, tokens))
+        return out[0] if single else out
+
+    def align(
+        self,
+        sources: str | Sequence[str],
+        targets: str | Sequence[str],
+        extract: str = "argmax",
+        threshold: float = 0.5,
+    ) -> Any:
+        """Word alignments of given translations from the attention (as `nmt align`): per
+        pair a sorted list of (source word, target word) indices, whitespace words from 0;
+        a single list for two strings."""
+        check_method(extract, threshold)
+        single, src, trg = _pairs("align", sources, targets)
+        out = align_pairs(self.translator, src, trg, extract, threshold)
         return out[0] if single else out
 
     def _steered(
@@ -150,3 +161,16 @@ class Model:
             rows = [[phrase for phrase in row] for row in constraints]
             steered.constraints = constraint_ids(self.translator, rows, "constraints")
         return steered
+
+
+def _pairs(
+    method: str, sources: str | Sequence[str], targets: str | Sequence[str]
+) -> tuple[bool, list[str], list[str]]:
+    """(one pair given as two strings?, the sources, the targets), as many of each."""
+    src = [sources] if isinstance(sources, str) else list(sources)
+    trg = [targets] if isinstance(targets, str) else list(targets)
+    if len(src) != len(trg):
+        raise DataError(
+            f"{method}: {len(src)} sources but {len(trg)} targets; give one target per source"
+        )
+    return isinstance(sources, str), src, trg

@@ -232,3 +232,16 @@ def test_import_nmt_does_not_import_torch() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_align_gives_the_cli_links(run: Path, tmp_path: Path) -> None:
+    """model.align equals `nmt align` line for line; two strings give one list."""
+    model = nmt_api.load(run, device="cpu")
+    sources, targets = ["sol luna agua", "fuego", ""], ["AGUA LUNA SOL", "FUEGO", "SOL"]
+    tsv = "".join(f"{s}\t{t}\n" for s, t in zip(sources, targets, strict=True)).encode()
+    lines = nmt("align", "-m", str(run), "--device", "cpu", stdin=tsv).out.split("\n")[:-1]
+    links = model.align(sources, targets)
+    assert [" ".join(f"{i}-{j}" for i, j in row) for row in links] == lines
+    assert model.align("fuego", "FUEGO") == links[1] and links[2] == []
+    with pytest.raises(ConfigError, match="--extract"):
+        model.align("fuego", "FUEGO", extract="max")

@@ -4,7 +4,7 @@ given translation) and `nmt eval --align` (alignments scored against a reference
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,29 @@ def check_method(method: str, threshold: float) -> None:
         raise ConfigError(f"--threshold {threshold}: expected a value in (0, 1]")
 
 
+def align_pairs(
+    translator: Translator,
+    sources: Sequence[str],
+    targets: Sequence[str],
+    method: str = "argmax",
+    threshold: float = 0.5,
+    progress: Callable[[int], None] | None = None,
+) -> list[list[tuple[int, int]]]:
+    """Each pair's word links from the attention while the model reads the target (none
+    where either side is empty)."""
+    decoding = decoding_options(translator, {})
+    results = translator.score(sources, targets, decoding, True, progress)
+    out: list[list[tuple[int, int]]] = []
+    for source, target, result in zip(sources, targets, results, strict=True):
+        if result is None or result.alphas is None or not target.strip():
+            out.append([])
+            continue
+        src_words = piece_words(translator.tokenizer.src, source)
+        trg_words = piece_words(translator.tokenizer.trg, target)
+        out.append(extract_links(result.alphas, src_words, trg_words, method, threshold))
+    return out
+
+
 def align_command(
     models: Sequence[Path],
     input_path: str | None,
@@ -56,19 +79,10 @@ def align_command(
         check_output(Path(output_path), "--output", inputs)
     pairs = read_pairs_given(input_path, target_path, tsv, None)
     translator = Translator.from_checkpoints(models, device, precision)
-    decoding = decoding_options(translator, {})
     from_files = STDIN not in (input_path, target_path, tsv) and bool(pairs.sources)
     with progress_bar(len(pairs.sources), show_progress and from_files) as advance:
-        results = translator.score(pairs.sources, pairs.targets, decoding, True, advance)
-    lines = []
-    for source, target, result in zip(pairs.sources, pairs.targets, results, strict=True):
-        if result is None or result.alphas is None or not target.strip():
-            lines.append("")
-            continue
-        src_words = piece_words(translator.tokenizer.src, source)
-        trg_words = piece_words(translator.tokenizer.trg, target)
-        links = extract_links(result.alphas, src_words, trg_words, method, threshold)
-        lines.append(format_links(links))
+        links = align_pairs(translator, pairs.sources, pairs.targets, method, threshold, advance)
+    lines = [format_links(row) for row in links]
     write_lines(output_path, lines)
     return len(lines)
 
