@@ -412,6 +412,18 @@ def eval_(
         Path | None,
         typer.Option("--save-hypotheses", help="With --model: write the translations here."),
     ] = None,
+    length_penalty: Annotated[
+        float | None,
+        typer.Option("--length-penalty", min=0.0, help="With --model: GNMT alpha."),
+    ] = None,
+    coverage_penalty: Annotated[
+        float | None,
+        typer.Option("--coverage-penalty", min=0.0, help="With --model: GNMT beta (0: off)."),
+    ] = None,
+    ensemble_average: Annotated[
+        EnsembleAverage | None,
+        typer.Option("--ensemble-average", help="With several --model: linear or log_linear."),
+    ] = None,
     significance: Annotated[
         str,
         typer.Option(
@@ -453,9 +465,13 @@ def eval_(
             raise ConfigError("give either hypothesis files or --model, not both")
         from nmt.commands.evaluate import evaluate_split
 
-        report = evaluate_split(
-            model, split, {"beam_size": beam}, device, save_hypotheses, precision=precision
-        )
+        options = {
+            "beam_size": beam,
+            "length_penalty": length_penalty,
+            "coverage_penalty": coverage_penalty,
+            "ensemble_average": ensemble_average,
+        }
+        report = evaluate_split(model, split, options, device, save_hypotheses, precision=precision)
     else:
         from nmt.evaluate import score_files
 
