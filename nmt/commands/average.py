@@ -128,6 +128,12 @@ def average_command(
             )
         paths = last_checkpoints(run_dir, last)
     else:
+        missing = [str(p) for p in checkpoints if not Path(p).exists()]
+        if missing:
+            raise CheckpointError(
+                f"{missing[0]}: no such checkpoint file or run directory; check the paths "
+                f"given to nmt average"
+            )
         paths = [checkpoint.resolve(Path(p)) for p in checkpoints]
     if len(paths) < 2:
         raise ConfigError("averaging needs at least two checkpoints")
