@@ -78,6 +78,8 @@ def test_too_few_checkpoints_and_writing_onto_one(kept: Path, tmp_path: Path) ->
     line each, nothing written."""
     assert "kept 3" in nmt("average", "--run", str(kept), "--last", "4", "-o", "x.pt").error
     assert "at least two" in nmt("average", str(kept / "last.pt"), "-o", "x.pt").error
+    missing = nmt("average", "no/such.pt", str(kept / "last.pt"), "-o", "x.pt").error
+    assert "no/such.pt" in missing and "nmt average" in missing
     step = sorted(kept.glob("step-*.pt"))[0]
     before = step.read_bytes()
     result = nmt("average", str(step), str(kept / "last.pt"), "-o", str(step))
