@@ -104,6 +104,9 @@ def read_steering(
     each must match (None: streamed input, checked line by line)."""
     if prefix_path is None and constraints_path is None:
         return None
+    for option, path in (("--prefix", prefix_path), ("--constraints", constraints_path)):
+        if path is not None and not path.is_file():
+            raise DataError(f"{option} {path}: no such file")
     steered = Steered()
     if prefix_path is not None:
         texts = read_lines(str(prefix_path))

@@ -248,10 +248,14 @@ def test_prefix_with_characters_the_vocabulary_lacks(
     assert f"{path} line 2: {text!r}" in error and "vocabulary lacks" in error
 
 
-def test_a_missing_prefix_file(run: Path, source: Path, previous: Path, tmp_path: Path) -> None:
-    """--prefix naming no file: the path named."""
+def test_a_missing_prefix_or_constraints_file(
+    run: Path, source: Path, previous: Path, tmp_path: Path
+) -> None:
+    """--prefix or --constraints naming no file: the option and the path named."""
     missing = tmp_path / "nope.txt"
-    assert f"{missing}: no such file" in _refused(run, source, previous, "--prefix", str(missing))
+    for option in ("--prefix", "--constraints"):
+        error = _refused(run, source, previous, option, str(missing), "--beam", "2")
+        assert f"{option} {missing}: no such file" in error
 
 
 def test_constraints_with_greedy_search(
