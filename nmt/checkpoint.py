@@ -39,6 +39,12 @@ def resolve(model: Path) -> Path:
     return model
 
 
+def step_of(state: dict[str, Any]) -> int:
+    """The training step a checkpoint was saved at (0 when it records none)."""
+    progress = state.get("progress")
+    return int(progress.get("step", 0)) if isinstance(progress, dict) else 0
+
+
 REQUIRED = ("model", "config", "tokenizer")  # what translate and eval need of a checkpoint
 
 

@@ -106,15 +106,33 @@ MODELS_HELP = (
     "Run directory (uses best.pt) or checkpoint file; repeat for an ensemble of models that "
     "share a tokenizer."
 )
+# options that several commands share, spelled once
+Models = Annotated[list[Path], typer.Option("--model", "-m", help=MODELS_HELP)]
+OutputOption = Annotated[str, typer.Option("--output", "-o", help="Output file; - for stdout.")]
+DeviceOption = Annotated[Device, typer.Option("--device", help="auto, cpu or cuda.")]
+PrecisionOption = Annotated[Precision, PRECISION_OPTION]
+SourceOption = Annotated[
+    str | None, typer.Option("--input", "-i", help="Source sentences, one a line; - for stdin.")
+]
+TargetOption = Annotated[
+    str | None,
+    typer.Option("--target", "-t", help="Their translations, line for line with --input."),
+]
+TsvOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tsv", help="source<TAB>target lines instead of -i/-t; - for stdin (the default)."
+    ),
+]
 
 
 @app.command()
 def translate(
-    model: Annotated[list[Path], typer.Option("--model", "-m", help=MODELS_HELP)],
+    model: Models,
     input: Annotated[
         str, typer.Option("--input", "-i", help="Input text, one sentence a line; - for stdin.")
     ] = "-",
-    output: Annotated[str, typer.Option("--output", "-o", help="Output file; - for stdout.")] = "-",
+    output: OutputOption = "-",
     beam: Annotated[
         int | None,
         typer.Option(
@@ -206,8 +224,8 @@ def translate(
             "when stdin is a terminal).",
         ),
     ] = False,
-    device: Annotated[Device, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
-    precision: Annotated[Precision, PRECISION_OPTION] = "auto",
+    device: DeviceOption = "auto",
+    precision: PrecisionOption = "auto",
 ) -> None:
     """Translate text: exactly one output line per input line (empty in, empty out)."""
     from nmt.commands.translate import translate_command
@@ -247,20 +265,10 @@ def _warn(message: str) -> None:
 
 @app.command()
 def score(
-    model: Annotated[list[Path], typer.Option("--model", "-m", help=MODELS_HELP)],
-    input: Annotated[
-        str | None, typer.Option("--input", "-i", help="Source sentences, one a line; - for stdin.")
-    ] = None,
-    target: Annotated[
-        str | None,
-        typer.Option("--target", "-t", help="Target sentences, line for line with --input."),
-    ] = None,
-    tsv: Annotated[
-        str | None,
-        typer.Option(
-            "--tsv", help="source<TAB>target lines instead of -i/-t; - for stdin (the default)."
-        ),
-    ] = None,
+    model: Models,
+    input: SourceOption = None,
+    target: TargetOption = None,
+    tsv: TsvOption = None,
     n_best: Annotated[
         str | None,
         typer.Option(
@@ -269,7 +277,7 @@ def score(
             "score column.",
         ),
     ] = None,
-    output: Annotated[str, typer.Option("--output", "-o", help="Output file; - for stdout.")] = "-",
+    output: OutputOption = "-",
     tokens: Annotated[
         bool,
         typer.Option(
@@ -295,8 +303,8 @@ def score(
         Path | None,
         typer.Option("--attention-dir", help="Write the attention over each given target here."),
     ] = None,
-    device: Annotated[Device, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
-    precision: Annotated[Precision, PRECISION_OPTION] = "auto",
+    device: DeviceOption = "auto",
+    precision: PrecisionOption = "auto",
 ) -> None:
     """Score given translations: per line, log P(target | source) and the length-normalised
     score (as translate ranks), tab-separated."""
@@ -325,21 +333,11 @@ def score(
 
 @app.command()
 def align(
-    model: Annotated[list[Path], typer.Option("--model", "-m", help=MODELS_HELP)],
-    input: Annotated[
-        str | None, typer.Option("--input", "-i", help="Source sentences, one a line; - for stdin.")
-    ] = None,
-    target: Annotated[
-        str | None,
-        typer.Option("--target", "-t", help="Their translations, line for line with --input."),
-    ] = None,
-    tsv: Annotated[
-        str | None,
-        typer.Option(
-            "--tsv", help="source<TAB>target lines instead of -i/-t; - for stdin (the default)."
-        ),
-    ] = None,
-    output: Annotated[str, typer.Option("--output", "-o", help="Output file; - for stdout.")] = "-",
+    model: Models,
+    input: SourceOption = None,
+    target: TargetOption = None,
+    tsv: TsvOption = None,
+    output: OutputOption = "-",
     extract: Annotated[
         str,
         typer.Option(
@@ -351,8 +349,8 @@ def align(
     threshold: Annotated[
         float, typer.Option("--threshold", help="With --extract threshold: the least mass.")
     ] = 0.5,
-    device: Annotated[Device, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
-    precision: Annotated[Precision, PRECISION_OPTION] = "auto",
+    device: DeviceOption = "auto",
+    precision: PrecisionOption = "auto",
 ) -> None:
     """Word alignments (Pharaoh: source-target word indices, 0-based) from the model's
     attention while it reads the given translations."""
@@ -447,8 +445,8 @@ def eval_(
             "--align-ref", help="Reference alignments: i-j sure links, i?j possible ones."
         ),
     ] = None,
-    device: Annotated[Device, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
-    precision: Annotated[Precision, PRECISION_OPTION] = "auto",
+    device: DeviceOption = "auto",
+    precision: PrecisionOption = "auto",
 ) -> None:
     """Score with sacrebleu (BLEU, chrF, TER and their signatures)."""
 

@@ -44,11 +44,6 @@ def last_checkpoints(run_dir: Path, count: int) -> list[Path]:
     return [path for _, path in steps[-count:]]
 
 
-def _step(state: dict[str, Any]) -> int:
-    progress = state.get("progress")
-    return int(progress.get("step", 0)) if isinstance(progress, dict) else 0
-
-
 def average_states(paths: Sequence[Path]) -> dict[str, Any]:
     """Load and average the checkpoints; the newest (highest step, else the last given)
     gives the config and tokenizer."""
@@ -56,7 +51,7 @@ def average_states(paths: Sequence[Path]) -> dict[str, Any]:
     first_path, first = paths[0], states[0]
     for path, state in zip(paths[1:], states[1:], strict=True):
         _check_compatible(first_path, first, path, state)
-    newest = max(range(len(states)), key=lambda i: (_step(states[i]), i))
+    newest = max(range(len(states)), key=lambda i: (checkpoint.step_of(states[i]), i))
     averaged = {}
     for name, tensor in first["model"].items():
         if torch.is_floating_point(tensor):
@@ -77,7 +72,7 @@ def average_states(paths: Sequence[Path]) -> dict[str, Any]:
         "config": states[newest]["config"],
         "tokenizer": states[newest]["tokenizer"],
         "averaged_from": [
-            {"path": str(path), "step": _step(state)}
+            {"path": str(path), "step": checkpoint.step_of(state)}
             for path, state in zip(paths, states, strict=True)
         ],
     }

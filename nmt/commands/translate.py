@@ -320,7 +320,4 @@ def _steering_of(steered: Steered | None, index: int) -> Steered | None:
                 f"{name} has {len(rows)} lines but input line {index + 1} arrived; give one "
                 f"line per input line (an empty line for none)"
             )
-    return Steered(
-        [steered.prefixes[index]] if steered.prefixes is not None else None,
-        [steered.constraints[index]] if steered.constraints is not None else None,
-    )
+    return steered.subset([index])

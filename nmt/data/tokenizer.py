@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import sentencepiece as spm
 
@@ -143,6 +143,17 @@ class Tokenizer:
 
 def _write(data: bytes, handle: BinaryIO) -> None:
     handle.write(data)
+
+
+def checkpoint_tokenizer(state: dict[str, Any], path: Path) -> Tokenizer:
+    """The tokenizer a checkpoint holds; a damaged one is a CheckpointError naming the file."""
+    try:
+        return Tokenizer.from_state_dict(state["tokenizer"])
+    except (RuntimeError, KeyError, TypeError):
+        raise CheckpointError(
+            f"{path}: the tokenizer inside is not a valid sentencepiece model; the file is "
+            f"damaged: use another checkpoint of the run"
+        ) from None
 
 
 def load_model_file(path: Path) -> bytes:

@@ -261,11 +261,14 @@ def beam_search(
         log_probs, step_alphas, state = scorer.step(prev, state)  # (B*K, V), (B*K, S)
         _restrict(log_probs, beams, decoding, steering, limits, length)
         scores, origins, tokens = _top_candidates(beams, log_probs, beam_size)
+        kept = None  # this step's attention, when a hypothesis keeps it or sums it
+        if beams.alphas is not None or beams.coverage is not None:
+            kept = step_alphas.float()
         penalties = None
-        if beams.coverage is not None:
-            coverage = beams.coverage + step_alphas.float()
+        if beams.coverage is not None and kept is not None:
+            coverage = beams.coverage + kept
             penalties = coverage_penalty(coverage, row_lengths, decoding.coverage_penalty).tolist()
-        step = _Step(scores, origins, tokens, step_alphas.float(), penalties)
+        step = _Step(scores, origins, tokens, kept, penalties)
         _finalise(finished, beams, step, done, alpha)
         alive_scores, origins, tokens, constraint_states = _next_alive(
             beams, log_probs, step, limits, length

@@ -14,7 +14,7 @@ import torch
 from nmt import checkpoint
 from nmt.config import Config, DecodingConfig, from_dict
 from nmt.data.batching import length_sorted_batches, pad
-from nmt.data.tokenizer import Tokenizer
+from nmt.data.tokenizer import Tokenizer, checkpoint_tokenizer
 from nmt.decoding.ensemble import Ensemble
 from nmt.decoding.scoring import Scored, score_ids
 from nmt.decoding.search import Hypothesis, beam_search
@@ -41,14 +41,19 @@ class Steered:
     prefixes: list[list[int]] | None = None
     constraints: list[list[list[int]]] | None = None
 
+    def subset(self, index: Sequence[int]) -> Steered:
+        """The entries of lines ``index``, in that order."""
+        return Steered(
+            [self.prefixes[i] for i in index] if self.prefixes is not None else None,
+            [self.constraints[i] for i in index] if self.constraints is not None else None,
+        )
+
     def select(self, index: Sequence[int]) -> Steering | None:
         """The batch of lines ``index``'s steering for search."""
         if self.prefixes is None and self.constraints is None:
             return None
-        return Steering(
-            [self.prefixes[i] for i in index] if self.prefixes is not None else None,
-            [self.constraints[i] for i in index] if self.constraints is not None else None,
-        )
+        part = self.subset(index)
+        return Steering(part.prefixes, part.constraints)
 
 
 class Translator:
@@ -150,12 +155,7 @@ class Translator:
         src_ids = self.tokenizer.encode_src([lines[i] for i in keep])
         if progress is not None and len(keep) < len(lines):
             progress(len(lines) - len(keep))
-        kept = None
-        if steered is not None:
-            kept = Steered(
-                [steered.prefixes[i] for i in keep] if steered.prefixes is not None else None,
-                [steered.constraints[i] for i in keep] if steered.constraints is not None else None,
-            )
+        kept = steered.subset(keep) if steered is not None else None
         hyps = self.decode_ids(
             src_ids, decoding, n_best, return_attention, batch_tokens, progress, kept
         )
@@ -217,13 +217,7 @@ def _load_member(path: Path) -> tuple[Path, Seq2Seq, Tokenizer, Config]:
     path = checkpoint.resolve(path)
     state = checkpoint.load(path)
     config = from_dict(state["config"], f"{path} (saved config)")
-    try:
-        tokenizer = Tokenizer.from_state_dict(state["tokenizer"])
-    except (RuntimeError, KeyError, TypeError):
-        raise CheckpointError(
-            f"{path}: the tokenizer inside is not a valid sentencepiece model; the file is "
-            f"damaged: use another checkpoint of the run"
-        ) from None
+    tokenizer = checkpoint_tokenizer(state, path)
     model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
     _check_weights(model, state["model"], tokenizer, path)
     model.load_state_dict(state["model"])

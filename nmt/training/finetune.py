@@ -21,8 +21,8 @@ from torch import nn
 
 from nmt import checkpoint
 from nmt.config import Config
-from nmt.data.tokenizer import Tokenizer
-from nmt.errors import CheckpointError, ConfigError
+from nmt.data.tokenizer import Tokenizer, checkpoint_tokenizer
+from nmt.errors import ConfigError
 from nmt.model import build_model
 
 log = logging.getLogger("nmt")
@@ -54,16 +54,8 @@ def read_initial(config: Config) -> Initial | None:
         return None
     path = checkpoint.resolve(Path(source))
     state = checkpoint.load(path)
-    try:
-        tokenizer = Tokenizer.from_state_dict(state["tokenizer"])
-    except (RuntimeError, KeyError, TypeError):
-        raise CheckpointError(
-            f"training.init_from: {path}: the tokenizer inside is not a valid sentencepiece "
-            f"model; the file is damaged"
-        ) from None
-    progress = state.get("progress")
-    step = int(progress.get("step", 0)) if isinstance(progress, dict) else 0
-    return Initial(path, state["model"], tokenizer, step)
+    tokenizer = checkpoint_tokenizer(state, path)
+    return Initial(path, state["model"], tokenizer, checkpoint.step_of(state))
 
 
 def check_initial_weights(config: Config, initial: Initial) -> None:

@@ -4,21 +4,20 @@ too; under DDP only the last batch's backward all-reduces; a run resumes exactly
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from clirun import corpus, nmt, tiny_config, write_config  # noqa: F401 - corpus is a fixture
-from test_distributed import free_port, spawn, tiny_model
+from test_distributed import free_port, join_group, spawn, tiny_model
 
 from nmt import checkpoint
 from nmt.config import from_dict
 from nmt.data.batching import Batch, make_batch
 from nmt.fast import FastPaths
 from nmt.model import build_model
-from nmt.training.distributed import init_distributed, shutdown_distributed
+from nmt.training.distributed import shutdown_distributed
 from nmt.training.step import TrainingLoss, forward_backward, loss_for_training
 
 CPU = torch.device("cpu")
@@ -109,15 +108,7 @@ def test_the_loss_scaler_scales_every_batch_and_unscales_once() -> None:
 
 def _accumulating_rank(rank: int, world: int, port: int, out: Path) -> None:
     """One rank: one update of two batches; a comm hook counts the gradient all-reduces."""
-    torch.set_num_threads(1)
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        WORLD_SIZE=str(world),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-    )
-    place, device = init_distributed("cpu")
+    place, device = join_group(rank, world, port)
     try:
         model = tiny_model()
         loss_module = loss_for_training(model, 0.1, place)

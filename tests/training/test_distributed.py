@@ -82,8 +82,8 @@ def split_above(sentences: int) -> None:
     Seq2Seq.loss = loss  # type: ignore[method-assign]  # in a spawned worker only
 
 
-def _two_steps(rank: int, world: int, port: int, out: Path) -> None:
-    """One rank: two DDP updates; the second with rank 0's batch split for out-of-memory."""
+def join_group(rank: int, world: int, port: int) -> tuple[Any, torch.device]:
+    """In a spawned worker: one thread, the torchrun variables, the gloo group joined."""
     torch.set_num_threads(1)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -92,7 +92,12 @@ def _two_steps(rank: int, world: int, port: int, out: Path) -> None:
         RANK=str(rank),
         LOCAL_RANK=str(rank),
     )
-    place, device = init_distributed("cpu")
+    return init_distributed("cpu")
+
+
+def _two_steps(rank: int, world: int, port: int, out: Path) -> None:
+    """One rank: two DDP updates; the second with rank 0's batch split for out-of-memory."""
+    place, device = join_group(rank, world, port)
     try:
         model = tiny_model()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
