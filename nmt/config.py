@@ -42,19 +42,37 @@ class _Section(BaseModel):
 class DataConfig(_Section):
     """Where the parallel corpus comes from and which pairs are used for training."""
 
-    format: Literal["text", "tsv", "jsonl", "hub"] = Field(
+    format: Literal["text", "tsv", "jsonl", "parquet", "arrow", "disk", "hub"] = Field(
         "text",
-        description="text: {prefix}.{lang} file pair; tsv; jsonl; hub: datasets.load_dataset",
+        description="text: {prefix}.{lang} file pair; tsv; jsonl; parquet (a file or a folder "
+        "of shards); arrow (a datasets Arrow file); disk (a save_to_disk folder); hub: "
+        "datasets.load_dataset",
     )
     src_lang: str = Field("es", description="source language code (file suffix, JSON/hub key)")
     trg_lang: str = Field("en", description="target language code (file suffix, JSON/hub key)")
     train: str = Field(
-        "data/bible/train", description="prefix (text), file (tsv/jsonl), split (hub)"
+        "data/bible/train",
+        description="prefix (text), file (tsv/jsonl/parquet/arrow), folder (disk), split (hub)",
     )
     dev: str = Field("data/bible/dev", description="development set, same form as train")
     test: str | None = Field("data/bible/test", description="test set, same form as train")
     hub_name: str | None = Field(None, description="hub dataset name, e.g. iwslt2017")
     hub_config: str | None = Field(None, description="hub dataset config, e.g. iwslt2017-de-en")
+    hub_revision: str | None = Field(
+        None, description="hub dataset revision (commit, tag or branch) to pin; default: main"
+    )
+    cache_dir: str | None = Field(
+        None,
+        description="where parsed files, hub downloads and prepared corpora are kept "
+        "(default: the run's cache/); share one between runs to prepare a corpus once",
+    )
+    num_proc: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="processes that tokenise (default: one per core, at most 8, for corpora "
+        "of 100,000 pairs or more; else 1)",
+    )
     src_field: str | None = Field(
         None, description="JSON/hub field of the source (default src_lang)"
     )

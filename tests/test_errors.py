@@ -128,8 +128,9 @@ def test_data_line_counts_differ(tmp_path: Path, corpus: Path) -> None:
     write_pair(tmp_path / "train", src, trg[:29])
     result, _ = train_result(tmp_path, corpus)
     assert result.error == (
-        f"error: {tmp_path / 'train.src'} has 30 lines but {tmp_path / 'train.trg'} has 29; "
-        "parallel files must have one sentence per line on both sides"
+        f"error: {tmp_path / 'train.src'}:30: no partner line: {tmp_path / 'train.trg'} ends "
+        f"after line 29 but {tmp_path / 'train.src'} has 30 lines; parallel files must have one "
+        "sentence per line on both sides"
     )
 
 

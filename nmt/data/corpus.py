@@ -1,10 +1,11 @@
-"""Corpora -> cleaned pairs -> token ids, random access by batch.
+"""Where a split's pairs come from: each becomes a Hugging Face ``datasets.Dataset`` with
+string columns ``src`` and ``trg``.
 
-Every corpus becomes a Hugging Face ``datasets.Dataset``: local files (a text pair, TSV,
-JSONL) parsed by ``nmt.textfiles`` into memory-mapped Arrow tables, hub datasets through
-``load_dataset(name, config, split=...)``. Tokenisation is a ``Dataset.map`` whose results are
-cached on disk under the run directory, so corpora larger than memory work; only lengths are
-held in memory (for nmt.data.batching).
+Local text pairs, TSV and JSONL files are parsed by ``nmt.textfiles`` into memory-mapped Arrow
+tables; parquet files, datasets Arrow files and ``save_to_disk`` folders are opened by
+``datasets``; hub datasets come through ``load_dataset(name, config, split=, revision=)``, the
+same call for a hub name and for a local folder in the hub's layout. Tokenising and filtering
+happen once, in ``nmt.data.store``.
 """
 
 from __future__ import annotations
@@ -14,11 +15,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from nmt.data.batching import Batch, make_batch
-from nmt.data.textfiles import existing, quiet_datasets, read_file, string_features
-from nmt.data.tokenizer import Tokenizer
+from nmt.data.textfiles import Progress, existing, quiet_datasets, read_file, string_features
 from nmt.errors import DataError
 
 if TYPE_CHECKING:
@@ -35,16 +32,21 @@ def _key(cfg: DataConfig, split: str) -> str:
     return "data"
 
 
-def _read_text_pair(cfg: DataConfig, prefix: str, cache_dir: Path | None) -> Any:
+def _read_text_pair(
+    cfg: DataConfig, prefix: str, cache_dir: Path | None, progress: Progress
+) -> Any:
     key = _key(cfg, prefix)
-    src_path = existing(Path(f"{prefix}.{cfg.src_lang}"), key)
-    trg_path = existing(Path(f"{prefix}.{cfg.trg_lang}"), key)
-    src = read_file(src_path, "text", utf8_errors=cfg.utf8_errors, cache_dir=cache_dir)
-    trg = read_file(trg_path, "text", utf8_errors=cfg.utf8_errors, cache_dir=cache_dir)
+    src_path, trg_path = (existing(path, key) for path in local_files(cfg, prefix))
+    src = read_file(src_path, "text", ("", ""), cfg.utf8_errors, cache_dir, progress)
+    trg = read_file(trg_path, "text", ("", ""), cfg.utf8_errors, cache_dir, progress)
     if len(src) != len(trg):
+        (longer, more), (shorter, fewer) = sorted(
+            ((src_path, len(src)), (trg_path, len(trg))), key=lambda side: -side[1]
+        )
         raise DataError(
-            f"{src_path} has {len(src)} lines but {trg_path} has {len(trg)}; "
-            f"parallel files must have one sentence per line on both sides"
+            f"{longer}:{fewer + 1}: no partner line: {shorter} ends after line {fewer:,} but "
+            f"{longer} has {more:,} lines; parallel files must have one sentence per line on "
+            f"both sides"
         )
     datasets = quiet_datasets()
     if len(src) == 0:  # concatenate_datasets would drop an empty table, and its column
@@ -71,6 +73,9 @@ def _select_fields(rows: Any, cfg: DataConfig, where: str) -> Any:
                 },
                 batched=True,
                 remove_columns=columns,
+                new_fingerprint=hashlib.sha256(
+                    repr((rows._fingerprint, src_field, trg_field)).encode()
+                ).hexdigest()[:16],
             )
         except (KeyError, TypeError):
             pass
@@ -80,36 +85,88 @@ def _select_fields(rows: Any, cfg: DataConfig, where: str) -> Any:
     )
 
 
-def read_pairs(cfg: DataConfig, split: str, cache_dir: Path | None = None) -> Any:
-    """A ``datasets.Dataset`` with string columns ``src`` and ``trg`` for one split.
+def _read_table(cfg: DataConfig, split: str, cache_dir: Path | None) -> Any:
+    """A parquet file or folder of shards, a datasets Arrow file, or a save_to_disk folder."""
+    datasets = quiet_datasets()
+    key = _key(cfg, split)
+    path = Path(split)
+    if not path.exists():
+        raise DataError(f"{key}: {path}: no such {cfg.format} data; fix {key} in the config")
+    try:
+        if cfg.format == "parquet":
+            files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+            if not files:
+                raise DataError(f"{key}: {path} holds no .parquet files; fix {key} in the config")
+            rows = datasets.Dataset.from_parquet(
+                [str(f) for f in files], cache_dir=str(cache_dir / "parquet") if cache_dir else None
+            )
+        elif cfg.format == "arrow":
+            rows = datasets.Dataset.from_file(str(path))
+        else:
+            rows = datasets.load_from_disk(str(path))
+    except DataError:
+        raise
+    except Exception as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"{key}: {path}: cannot read it as {cfg.format} data ({reason})") from None
+    if isinstance(rows, datasets.DatasetDict):
+        raise DataError(
+            f"{key}: {path} is a DatasetDict with splits {', '.join(rows)}; name one split's "
+            f"folder, e.g. {path / next(iter(rows))}"
+        )
+    return _select_fields(rows, cfg, str(path))
 
-    ``split`` is the value of data.train, data.dev or data.test: a file prefix (text), a file
-    (tsv, jsonl) or a hub split. Local files are read by ``nmt.textfiles`` (lines end at
-    ``\\n``; CRLF handled; file:line errors) into Arrow tables under ``cache_dir``.
-    """
-    if cfg.format == "text":
-        return _read_text_pair(cfg, split, cache_dir)
-    if cfg.format in ("tsv", "jsonl"):
-        path = existing(Path(split), _key(cfg, split))
-        fields = (cfg.src_field or cfg.src_lang, cfg.trg_field or cfg.trg_lang)
-        return read_file(path, cfg.format, fields, cfg.utf8_errors, cache_dir)
+
+def _read_hub(cfg: DataConfig, split: str, cache_dir: Path | None) -> Any:
+    """``datasets.load_dataset(hub_name, hub_config, split, revision)``; downloads are kept in
+    ``cache_dir/hub`` (the run's cache unless data.cache_dir is set), not the user's HF cache,
+    so that a run's directory holds what it read."""
     datasets = quiet_datasets()
     try:
         rows = datasets.load_dataset(
             cfg.hub_name,
             cfg.hub_config,
             split=split,
-            cache_dir=str(cache_dir) if cache_dir else None,
+            revision=cfg.hub_revision,
+            cache_dir=str(cache_dir / "hub") if cache_dir else None,
         )
     except Exception as exc:
         raise DataError(f"data.hub_name {cfg.hub_name!r} split {split!r}: {exc}") from None
     return _select_fields(rows, cfg, f"{cfg.hub_name} {split}")
 
 
+def read_pairs(
+    cfg: DataConfig, split: str, cache_dir: Path | None = None, progress: Progress = None
+) -> Any:
+    """A ``datasets.Dataset`` with string columns ``src`` and ``trg`` for one split.
+
+    ``split`` is the value of data.train, data.dev or data.test: a file prefix (text), a file
+    (tsv, jsonl, parquet, arrow), a folder (parquet shards, disk) or a hub split. Text, TSV
+    and JSONL files are read by ``nmt.textfiles`` (lines end at ``\\n``; CRLF handled;
+    file:line errors) into Arrow tables under ``cache_dir``.
+    """
+    if cfg.format == "text":
+        return _read_text_pair(cfg, split, cache_dir, progress)
+    if cfg.format in ("tsv", "jsonl"):
+        path = existing(Path(split), _key(cfg, split))
+        fields = (cfg.src_field or cfg.src_lang, cfg.trg_field or cfg.trg_lang)
+        return read_file(path, cfg.format, fields, cfg.utf8_errors, cache_dir, progress)
+    if cfg.format == "hub":
+        return _read_hub(cfg, split, cache_dir)
+    return _read_table(cfg, split, cache_dir)
+
+
 def local_files(cfg: DataConfig, split: str) -> list[Path]:
     """The local file(s) a split is read from (before a .gz is looked for)."""
     if cfg.format == "text":
         return [Path(f"{split}.{cfg.src_lang}"), Path(f"{split}.{cfg.trg_lang}")]
+    return [Path(split)]
+
+
+def source_files(cfg: DataConfig, split: str) -> list[Path]:
+    """The files (or folders) a local split is read from, as found (a ``.gz`` included)."""
+    if cfg.format in ("text", "tsv", "jsonl"):
+        return [existing(path, _key(cfg, split)) for path in local_files(cfg, split)]
     return [Path(split)]
 
 
@@ -121,13 +178,16 @@ def check_files(config: Config) -> None:
     """
     data = config.data
     problems = []
-    if data.format != "hub":
-        for key, split in (("data.train", data.train), ("data.dev", data.dev)):
-            for path in local_files(data, split):
-                try:
-                    existing(path, key)
-                except DataError as exc:
-                    problems.append(str(exc).removesuffix(f"; fix {key} in the config"))
+    for key, split in (("data.train", data.train), ("data.dev", data.dev)):
+        if data.format in ("parquet", "arrow", "disk"):
+            if not Path(split).exists():
+                problems.append(f"{key}: {split}: no such {data.format} data")
+            continue
+        for path in local_files(data, split) if data.format != "hub" else []:
+            try:
+                existing(path, key)
+            except DataError as exc:
+                problems.append(str(exc).removesuffix(f"; fix {key} in the config"))
     model = config.tokenizer.model
     if model and not Path(model).is_file():
         problems.append(f"tokenizer.model: {model}: no such sentencepiece model")
@@ -136,66 +196,3 @@ def check_files(config: Config) -> None:
         problems.append(f"training.init_from: {start}: no such run directory or checkpoint")
     if problems:
         raise DataError("; ".join(problems) + "; fix the paths in the config or --override them")
-
-
-def drop_empty(rows: Any) -> tuple[Any, int]:
-    """Remove pairs where either side is empty or whitespace; returns (rows, dropped)."""
-    kept = rows.filter(
-        lambda b: [
-            bool(s.strip()) and bool(t.strip()) for s, t in zip(b["src"], b["trg"], strict=False)
-        ],
-        batched=True,
-    )
-    return kept, len(rows) - len(kept)
-
-
-def _fingerprint(*parts: Any) -> str:
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(part if isinstance(part, bytes) else repr(part).encode())
-    return digest.hexdigest()[:16]
-
-
-def tokenize(rows: Any, tokenizer: Tokenizer) -> Any:
-    """Add ``src_ids``, ``trg_ids`` and their lengths (a cached ``Dataset.map``)."""
-
-    def encode(batch: dict[str, list[str]]) -> dict[str, list]:
-        src = tokenizer.encode_src(batch["src"])
-        trg = tokenizer.encode_trg(batch["trg"])
-        return {
-            "src_ids": src,
-            "trg_ids": trg,
-            "src_len": [len(s) for s in src],
-            "trg_len": [len(t) + 1 for t in trg],
-        }
-
-    fingerprint = _fingerprint(rows._fingerprint, tokenizer.src_proto, tokenizer.trg_proto)
-    return rows.map(encode, batched=True, batch_size=2000, new_fingerprint=fingerprint)
-
-
-def drop_long(rows: Any, max_length: int) -> tuple[Any, int]:
-    """Remove pairs with more than ``max_length`` pieces on either side."""
-    kept = rows.filter(
-        lambda b: [
-            s <= max_length + 1 and t <= max_length + 1
-            for s, t in zip(b["src_len"], b["trg_len"], strict=False)
-        ],
-        batched=True,
-    )
-    return kept, len(rows) - len(kept)
-
-
-class TokenizedCorpus:
-    """Random access to tokenised pairs; ids stay in the on-disk Arrow table."""
-
-    def __init__(self, rows: Any):
-        self.rows = rows.select_columns(["src_ids", "trg_ids", "src_len", "trg_len"])
-        self.src_lengths = np.asarray(self.rows["src_len"], dtype=np.int64)
-        self.trg_lengths = np.asarray(self.rows["trg_len"], dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.src_lengths)
-
-    def batch(self, indices: np.ndarray) -> Batch:
-        picked = self.rows[[int(i) for i in indices]]
-        return make_batch(picked["src_ids"], picked["trg_ids"], indices)

@@ -1,54 +1,35 @@
-"""Before the first step: the tokenizer (trained on the training split unless one is given)
-and the cleaned, tokenised training and dev corpora."""
+"""Before the first step: the tokenizer (trained on a bounded sample of the training split
+unless one is given) and the training and dev splits, prepared once (``nmt.data.store``).
+
+Preparation runs in stages (read, tokenizer, tokenise), each timed in the log and shown with
+a progress bar on a terminal. Everything prepared lands in the store under
+``data.cache_dir`` (default: the run's ``cache/``): a later run, a resumed run and every
+other rank of a torchrun job find it there and start at once.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from nmt.data.corpus import TokenizedCorpus, drop_empty, drop_long, read_pairs, tokenize
+import numpy as np
+
+from nmt.data.corpus import read_pairs, source_files
+from nmt.data.stages import Stages, on_terminal
+from nmt.data.store import STORE_VERSION, Encode, Store, TokenizedCorpus, digest, file_identity
+from nmt.data.store import prepare as prepare_split
 from nmt.data.tokenizer import Tokenizer, load_model_file, train_sentencepiece
 from nmt.errors import DataError
+from nmt.files import atomic_write_bytes, atomic_write_text
 
 if TYPE_CHECKING:
-    from nmt.config import Config
+    from nmt.config import Config, DataConfig
 
 log = logging.getLogger("nmt")
-
-
-def build_tokenizer(config: Config, train_rows: Any) -> Tokenizer:
-    cfg = config.tokenizer
-    if cfg.model:
-        proto = load_model_file(Path(cfg.model))
-        return Tokenizer(proto, proto)
-    args = (
-        cfg.vocab_size,
-        cfg.type,
-        cfg.character_coverage,
-        cfg.max_train_sentences,
-        config.training.seed,
-    )
-    started = time.time()
-    if cfg.joint:
-        proto = train_sentencepiece([*train_rows["src"], *train_rows["trg"]], *args)
-        tokenizer = Tokenizer(proto, proto)
-    else:
-        tokenizer = Tokenizer(
-            train_sentencepiece(train_rows["src"], *args),
-            train_sentencepiece(train_rows["trg"], *args),
-        )
-    log.info(
-        "tokenizer: %s %s, vocab %d/%d, trained in %.1fs",
-        cfg.type,
-        "joint" if cfg.joint else "separate",
-        tokenizer.src_vocab_size,
-        tokenizer.trg_vocab_size,
-        time.time() - started,
-    )
-    return tokenizer
 
 
 @dataclass
@@ -58,48 +39,184 @@ class Corpora:
     dev_src: list[str]
     dev_trg: list[str]
     dev_src_ids: list[list[int]]
+    built: list[str] = field(default_factory=list)  # what this process prepared itself
+    stages: dict[str, float] = field(default_factory=dict)  # seconds per stage
+
+
+class Source:
+    """One split of the config's corpus: its identity for the store's keys, and its pairs,
+    read at most once and only when something must be prepared from them."""
+
+    def __init__(self, cfg: DataConfig, split: str, cache: Path, stages: Stages):
+        self.cfg, self.split, self.cache, self.stages = cfg, split, cache, stages
+        self._rows: Any = None
+
+    def identity(self) -> Any:
+        cfg = self.cfg
+        fields = (cfg.src_lang, cfg.trg_lang, cfg.src_field, cfg.trg_field, cfg.utf8_errors)
+        if cfg.format == "hub":
+            hub = (cfg.hub_name, cfg.hub_config, cfg.hub_revision, self.split)
+            return ("hub", fields, hub, self.rows()._fingerprint)
+        return (cfg.format, fields, file_identity(source_files(cfg, self.split)))
+
+    def rows(self) -> Any:
+        if self._rows is None:
+            files = source_files(self.cfg, self.split) if self.cfg.format != "hub" else []
+            total = sum(path.stat().st_size for path in files if path.is_file())
+            with self.stages.stage("read"), self.stages.bar(f"reading {self.split}", total) as bar:
+                self._rows = read_pairs(self.cfg, self.split, self.cache, bar)
+        return self._rows
+
+
+def sample_text(rows: Any, pairs: int, seed: int) -> tuple[list[str], list[str]]:
+    """The text of at most ``pairs`` pairs with both sides non-empty: all of them in order
+    when the split is that small, else a seeded random sample (only the sample is read)."""
+    if len(rows) > pairs:
+        picked = np.sort(np.random.default_rng(seed).choice(len(rows), pairs, replace=False))
+        rows = rows.select(picked)
+    src, trg = rows["src"], rows["trg"]
+    kept = [(s, t) for s, t in zip(src, trg, strict=True) if s.strip() and t.strip()]
+    return [s for s, _ in kept], [t for _, t in kept]
+
+
+def _train_tokenizer(config: Config, source: Source) -> Tokenizer:
+    cfg = config.tokenizer
+    rows = source.rows()
+    limit = cfg.max_train_sentences
+    src, trg = sample_text(rows, -(-limit // 2) if cfg.joint else limit, config.training.seed)
+    if not src:
+        raise DataError(
+            f"data.train: {config.data.train}: none of the {len(rows)} pairs read has text on "
+            f"both sides; point data.train at the training corpus"
+        )
+    args = (cfg.vocab_size, cfg.type, cfg.character_coverage, limit, config.training.seed)
+    if cfg.joint:
+        proto = train_sentencepiece([*src, *trg], *args)
+        return Tokenizer(proto, proto)
+    return Tokenizer(train_sentencepiece(src, *args), train_sentencepiece(trg, *args))
+
+
+def build_tokenizer(config: Config, source: Source, store: Store, stages: Stages) -> Tokenizer:
+    """tokenizer.model, or the one trained earlier on the same text with the same keys, or a
+    new one (trained, then kept in the store)."""
+    cfg = config.tokenizer
+    if cfg.model:
+        proto = load_model_file(Path(cfg.model))
+        return Tokenizer(proto, proto)
+    settings = cfg.model_dump(exclude={"model"})
+    key = digest(STORE_VERSION, "tokenizer", source.identity(), settings, config.training.seed)
+    found = store.find("tokenizer", key)
+    if found is not None:
+        path = store.entry("tokenizer", key)
+        log.info("tokenizer: trained earlier on the same text, from %s", path)
+        return Tokenizer((path / "src.model").read_bytes(), (path / "trg.model").read_bytes())
+    with stages.stage("tokenizer"):
+        tokenizer = _train_tokenizer(config, source)
+    tmp = store.scratch("tokenizer")
+    for name, proto in (("src.model", tokenizer.src_proto), ("trg.model", tokenizer.trg_proto)):
+        atomic_write_bytes(tmp / name, functools.partial(_write, proto))
+    manifest = {"key": key, "files": ["src.model", "trg.model"], "settings": settings}
+    atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=1))
+    store.publish(tmp, "tokenizer", key)
+    log.info(
+        "tokenizer: %s %s, vocab %d/%d, trained in %.1fs",
+        cfg.type,
+        "joint" if cfg.joint else "separate",
+        tokenizer.src_vocab_size,
+        tokenizer.trg_vocab_size,
+        stages.seconds["tokenizer"],
+    )
+    return tokenizer
+
+
+def _write(data: bytes, handle: BinaryIO) -> None:
+    handle.write(data)
+
+
+def _check_train(config: Config) -> Any:
+    def check(counts: dict[str, int]) -> None:
+        if counts["kept"]:
+            return
+        if not counts["long"]:
+            raise DataError(
+                f"data.train: {config.data.train}: none of its {counts['empty']} pairs has "
+                f"text on both sides; point data.train at the training corpus"
+            )
+        raise DataError(
+            f"data.max_length: all {counts['long']} training pairs are longer than "
+            f"{config.data.max_length} pieces on a side; raise it "
+            f"(e.g. --override data.max_length=200)"
+        )
+
+    return check
+
+
+def _check_dev(config: Config) -> Any:
+    def check(counts: dict[str, int]) -> None:
+        if not counts["kept"]:
+            raise DataError(
+                f"data.dev: {config.data.dev}: none of its {counts['empty']} pairs has text "
+                f"on both sides; point data.dev at the development corpus"
+            )
+
+    return check
 
 
 def load_corpora(
     config: Config, run_dir: Path, tokenizer: Tokenizer | None
 ) -> tuple[Corpora, Tokenizer]:
-    """Read, clean and tokenise train and dev; trains the tokenizer when none is given."""
-    cache = run_dir / "cache"
-    train_rows, empty = drop_empty(read_pairs(config.data, config.data.train, cache))
-    if empty:
-        log.info("train: dropped %d pairs with an empty side", empty)
-    if len(train_rows) == 0:
-        raise DataError(
-            f"data.train: {config.data.train}: none of its {empty} pairs has text on both "
-            f"sides; point data.train at the training corpus"
-        )
-    tokenizer = tokenizer or build_tokenizer(config, train_rows)
-    train_ids, long = drop_long(tokenize(train_rows, tokenizer), config.data.max_length)
-    if long:
-        log.info(
-            "train: dropped %d pairs longer than data.max_length=%d", long, config.data.max_length
-        )
-    if len(train_ids) == 0:
-        raise DataError(
-            f"data.max_length: all {long} training pairs are longer than "
-            f"{config.data.max_length} pieces on a side; raise it "
-            f"(e.g. --override data.max_length=200)"
-        )
-    dev_rows, dev_empty = drop_empty(read_pairs(config.data, config.data.dev, cache))
-    if len(dev_rows) == 0:
-        raise DataError(
-            f"data.dev: {config.data.dev}: none of its {dev_empty} pairs has text on both "
-            f"sides; point data.dev at the development corpus"
-        )
-    dev_ids = tokenize(dev_rows, tokenizer)
-    limit = min(len(dev_rows), config.data.dev_max_sentences or len(dev_rows))
-    dev_src, dev_trg = list(dev_rows["src"][:limit]), list(dev_rows["trg"][:limit])
+    """The tokenizer and the prepared train and dev splits (prepared here if not yet)."""
+    data = config.data
+    store_dir = Path(data.cache_dir).expanduser() if data.cache_dir else run_dir / "cache"
+    store, stages = Store(store_dir), Stages(on_terminal())
+    train_source = Source(data, data.train, store_dir, stages)
+    tokenizer = tokenizer or build_tokenizer(config, train_source, store, stages)
+    built = []
+    prepared = {}
+    for name, source, max_length, check in (
+        ("train", train_source, data.max_length, _check_train(config)),
+        ("dev", Source(data, data.dev, store_dir, stages), None, _check_dev(config)),
+    ):
+        with stages.stage("tokenise"):
+            prepared[name], new = prepare_split(
+                store,
+                name,
+                {"source": source.identity()},
+                source.rows,
+                Encode(tokenizer, max_length, keep_text=name == "dev"),
+                data.num_proc,
+                stages.show,
+                check,
+            )
+        if new:
+            built.append(name)
+        else:
+            log.info("%s: prepared earlier, from %s", name, prepared[name].path)
+    train, dev = prepared["train"], prepared["dev"]
+    _log_counts(config, train.counts)
+    limit = min(len(dev.row_ids), data.dev_max_sentences or len(dev.row_ids))
+    dev_src, dev_trg = dev.text(limit)
     corpora = Corpora(
-        train=TokenizedCorpus(train_ids),
-        dev=TokenizedCorpus(dev_ids),
+        train=TokenizedCorpus(train),
+        dev=TokenizedCorpus(dev),
         dev_src=dev_src,
         dev_trg=dev_trg,
-        dev_src_ids=[list(ids) for ids in dev_ids["src_ids"][:limit]],
+        dev_src_ids=dev.src_ids(limit),
+        built=built,
+        stages=dict(stages.seconds),
     )
     log.info("data: %d training pairs, %d dev pairs", len(corpora.train), len(corpora.dev))
+    if built:
+        log.info("data: prepared in %s (%s)", stages.summary(), store_dir)
     return corpora, tokenizer
+
+
+def _log_counts(config: Config, counts: dict[str, int]) -> None:
+    if counts["empty"]:
+        log.info("train: dropped %d pairs with an empty side", counts["empty"])
+    if counts["long"]:
+        log.info(
+            "train: dropped %d pairs longer than data.max_length=%d",
+            counts["long"],
+            config.data.max_length,
+        )

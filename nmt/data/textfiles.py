@@ -24,7 +24,7 @@ import hashlib
 import json
 import logging
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -35,6 +35,7 @@ from nmt.files import atomic_write_bytes
 log = logging.getLogger("nmt")
 
 Kind = Literal["text", "tsv", "jsonl"]
+Progress = Callable[[int], None] | None
 
 BLOCK_BYTES = 1 << 22  # bytes read at a time (then completed to the end of a line)
 READER_VERSION = 1  # part of the cache key: bump when parsing changes
@@ -85,13 +86,19 @@ def _open(path: Path) -> BinaryIO:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
-def _blocks(path: Path) -> Iterator[bytes]:
-    """The file's bytes in blocks of whole lines (each ends in ``\\n`` but perhaps the last)."""
+def _blocks(path: Path, progress: Progress = None) -> Iterator[bytes]:
+    """The file's bytes in blocks of whole lines (each ends in ``\\n`` but perhaps the last);
+    ``progress(n)`` hears of each ``n`` bytes of the file read (compressed, for a .gz)."""
     with _open(path) as handle:
-        rest = b""
+        raw = getattr(handle, "fileobj", handle)  # a GzipFile's compressed file
+        rest, done = b"", 0
         while True:
             try:
                 block = handle.read(BLOCK_BYTES)
+                if progress is not None:
+                    position = raw.tell()
+                    progress(position - done)
+                    done = position
             except (OSError, EOFError, zlib.error) as exc:
                 kind = "gzip file" if path.suffix == ".gz" else "file"
                 raise DataError(
@@ -210,10 +217,15 @@ def _columns(kind: Kind) -> list[str]:
 
 
 def _rows(
-    path: Path, kind: Kind, fields: tuple[str, str], errors: str, counts: Counts
+    path: Path,
+    kind: Kind,
+    fields: tuple[str, str],
+    errors: str,
+    counts: Counts,
+    progress: Progress = None,
 ) -> Iterator[dict[str, list[str]]]:
     """Column blocks of the parsed file; ``counts`` fills in as the blocks go by."""
-    for block in _blocks(path):
+    for block in _blocks(path, progress):
         first = counts.lines + 1
         lines = _decode(block, first, path, errors, counts)
         counts.lines += len(lines)
@@ -233,7 +245,7 @@ def _cache_name(path: Path, kind: Kind, fields: tuple[str, str], errors: str) ->
 
 
 def _write_arrow(
-    target: Path, path: Path, kind: Kind, fields: tuple[str, str], errors: str
+    target: Path, path: Path, kind: Kind, fields: tuple[str, str], errors: str, progress: Progress
 ) -> Counts:
     """Parse ``path`` into an Arrow stream at ``target`` (atomically); returns the counts."""
     import pyarrow as pa
@@ -243,7 +255,7 @@ def _write_arrow(
 
     def write(handle: BinaryIO) -> None:
         with pa.ipc.new_stream(handle, schema) as writer:
-            for block in _rows(path, kind, fields, errors, counts):
+            for block in _rows(path, kind, fields, errors, counts, progress):
                 arrays = [pa.array(block[name], pa.string()) for name in schema.names]
                 writer.write_batch(pa.record_batch(arrays, schema=schema))
 
@@ -257,11 +269,13 @@ def read_file(
     fields: tuple[str, str] = ("", ""),
     utf8_errors: str = "strict",
     cache_dir: Path | None = None,
+    progress: Progress = None,
 ) -> Any:
     """A ``datasets.Dataset``: column ``text`` (kind text) or ``src`` and ``trg`` (tsv, jsonl).
 
     With a ``cache_dir`` the table is an Arrow file there, memory-mapped, reused while the
-    file is unchanged; without, it is held in memory.
+    file is unchanged; without, it is held in memory. ``progress(n)`` hears of the bytes
+    parsed.
 
     Raises:
         DataError: unreadable file, invalid UTF-8 (with ``utf8_errors`` strict), a malformed
@@ -271,7 +285,7 @@ def read_file(
     if cache_dir is None:
         counts = Counts()
         columns: dict[str, list[str]] = {name: [] for name in _columns(kind)}
-        for block in _rows(path, kind, fields, utf8_errors, counts):
+        for block in _rows(path, kind, fields, utf8_errors, counts, progress):
             for name, values in block.items():
                 columns[name].extend(values)
         rows = datasets.Dataset.from_dict(columns, features=string_features(list(columns)))
@@ -282,7 +296,7 @@ def read_file(
         if target.is_file() and report.is_file():
             counts = Counts(**json.loads(report.read_text(encoding="utf-8")))
         else:
-            counts = _write_arrow(target, path, kind, fields, utf8_errors)
+            counts = _write_arrow(target, path, kind, fields, utf8_errors, progress)
             summary = json.dumps(asdict(counts)).encode()
             atomic_write_bytes(report, lambda handle: handle.write(summary))
         rows = datasets.Dataset.from_file(str(target))

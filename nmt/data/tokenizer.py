@@ -95,6 +95,13 @@ class Tokenizer:
         self.src = _load_proto(self.src_proto)
         self.trg = self.src if self.joint else _load_proto(self.trg_proto)
 
+    def __getstate__(self) -> dict[str, bytes]:  # the processors are rebuilt from the bytes
+        return self.state_dict()
+
+    def __setstate__(self, state: dict[str, bytes]) -> None:
+        self.src_proto, self.trg_proto = state["src"], state["trg"]
+        self.__post_init__()
+
     @property
     def joint(self) -> bool:
         return self.src_proto == self.trg_proto

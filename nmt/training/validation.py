@@ -17,8 +17,8 @@ import torch
 from nmt import evaluate
 from nmt.config import Config
 from nmt.data.batching import bucket_batches
-from nmt.data.corpus import TokenizedCorpus
 from nmt.data.prepare import Corpora
+from nmt.data.store import TokenizedCorpus
 from nmt.data.tokenizer import Tokenizer
 from nmt.decoding.translator import Translator
 from nmt.model import Seq2Seq

@@ -13,7 +13,8 @@ import pytest
 
 from nmt.config import DataConfig
 from nmt.data.batching import bucket_batches, make_batch, padding_fraction
-from nmt.data.corpus import TokenizedCorpus, drop_empty, drop_long, read_pairs, tokenize
+from nmt.data.corpus import read_pairs
+from nmt.data.store import Encode, Store, TokenizedCorpus, prepare
 from nmt.data.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -162,7 +163,8 @@ def test_mismatched_line_counts_name_both_files(tmp_path: Path) -> None:
         read_pairs(DataConfig(format="text"), str(tmp_path / "train"), tmp_path / "cache")
     message = str(info.value)
     assert "train.es" in message and "train.en" in message
-    assert "3" in message and "2" in message
+    assert message.startswith(f"{tmp_path / 'train.es'}:3: no partner line")
+    assert "train.en ends after line 2 but" in message
 
 
 @pytest.mark.parametrize("fmt", ["text", "tsv", "jsonl"])
@@ -243,13 +245,19 @@ def test_jsonl_without_the_fields_lists_what_it_found(tmp_path: Path) -> None:
     assert "'es'" in message and "de" in message and "fr" in message and "src_field" in message
 
 
-def test_drop_empty_counts(tmp_path: Path) -> None:
+def _prepare(rows, tokenizer, tmp_path, max_length=None, keep_text=False):  # type: ignore[no-untyped-def]
+    encode = Encode(tokenizer, max_length, keep_text)
+    return prepare(Store(tmp_path / "store"), "split", {}, lambda: rows, encode, 1, False)
+
+
+def test_empty_pairs_are_dropped_and_counted(tmp_path: Path, tokenizer: Tokenizer) -> None:
     _lines(tmp_path / "c.es", ["uno", "", "tres", "  ", "cinco"])
     _lines(tmp_path / "c.en", ["one", "two", "", "four", "five"])
     rows = read_pairs(DataConfig(format="text"), str(tmp_path / "c"), tmp_path / "cache")
-    kept, dropped = drop_empty(rows)
-    assert dropped == 3
-    assert _pairs(kept) == [("uno", "one"), ("cinco", "five")]
+    prepared, built = _prepare(rows, tokenizer, tmp_path, keep_text=True)
+    assert built
+    assert prepared.counts == {"pairs": 5, "kept": 2, "empty": 3, "long": 0}
+    assert prepared.text(10) == (["uno", "cinco"], ["one", "five"])
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -332,20 +340,18 @@ def test_not_a_sentencepiece_model(tmp_path: Path) -> None:
 
 
 def test_corpus_to_batches(tokenizer: Tokenizer, tmp_path: Path) -> None:
-    """read -> drop empty -> tokenize -> drop long -> bucket -> batch, ids decoding back."""
+    """read -> tokenise, dropping empty and long pairs -> bucket -> batch, ids decoding back."""
     es = ["el gato", "", "la casa del sol y la luna y el agua", "los perros"]
     en = ["the cat", "x", "the house of the sun and the moon and the water", "the dogs"]
     _lines(tmp_path / "c.es", es)
     _lines(tmp_path / "c.en", en)
-    rows, dropped = drop_empty(
-        read_pairs(DataConfig(format="text"), str(tmp_path / "c"), tmp_path / "cache")
-    )
-    assert dropped == 1
-    rows = tokenize(rows, tokenizer)
+    rows = read_pairs(DataConfig(format="text"), str(tmp_path / "c"), tmp_path / "cache")
     long_trg = len(tokenizer.encode_trg([en[2]])[0])
-    kept, too_long = drop_long(rows, max_length=long_trg - 1)
-    assert too_long == 1 and len(kept) == 2
-    corpus = TokenizedCorpus(rows)
+    prepared, _ = _prepare(rows, tokenizer, tmp_path, max_length=long_trg - 1)
+    assert prepared.counts == {"pairs": 4, "kept": 2, "empty": 1, "long": 1}
+    prepared, _ = _prepare(rows, tokenizer, tmp_path / "all")
+    assert prepared.counts == {"pairs": 4, "kept": 3, "empty": 1, "long": 0}
+    corpus = TokenizedCorpus(prepared)
     assert corpus.src_lengths.tolist() == [
         len(s) for s in tokenizer.encode_src([es[0], es[2], es[3]])
     ]
@@ -358,39 +364,12 @@ def test_corpus_to_batches(tokenizer: Tokenizer, tmp_path: Path) -> None:
     assert tokenizer.decode_trg(targets) == [en[0], en[2], en[3]]
 
 
-def test_hub_dataset_goes_through_load_dataset(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The hub path calls datasets.load_dataset(name, config, split=...) and reads the
-    Hugging Face `translation` column; a small in-memory Dataset stands in for the download."""
-    import datasets
-
-    calls = []
-
-    def fake_load_dataset(name, config=None, split=None, cache_dir=None):  # type: ignore[no-untyped-def]
-        calls.append((name, config, split))
-        rows = [{"de": "Hallo Welt", "en": "hello world"}, {"de": "Danke", "en": "thanks"}]
-        return datasets.Dataset.from_dict({"translation": rows})
-
-    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    cfg = DataConfig(
-        format="hub",
-        hub_name="iwslt2017",
-        hub_config="iwslt2017-de-en",
-        src_lang="de",
-        trg_lang="en",
-    )
-    rows = read_pairs(cfg, "validation")
-    assert calls == [("iwslt2017", "iwslt2017-de-en", "validation")]
-    assert list(rows["src"]) == ["Hallo Welt", "Danke"]
-    assert list(rows["trg"]) == ["hello world", "thanks"]
-
-
-def test_hub_failure_is_a_data_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    import datasets
-
-    def offline(*args, **kwargs):  # type: ignore[no-untyped-def]
-        raise ConnectionError("no network")
-
-    monkeypatch.setattr(datasets, "load_dataset", offline)
-    cfg = DataConfig(format="hub", hub_name="wmt14", hub_config="de-en")
-    with pytest.raises(DataError, match="wmt14"):
-        read_pairs(cfg, "train")
+def test_a_missing_line_a_million_lines_in_names_file_and_line(tmp_path: Path) -> None:
+    """At scale too: the error points at the first line without a partner."""
+    lines = b"".join(b"frase %d\n" % i for i in range(1_000_000))
+    (tmp_path / "big.es").write_bytes(lines + b"frase extra\n")
+    (tmp_path / "big.en").write_bytes(lines)
+    with pytest.raises(DataError) as info:
+        read_pairs(DataConfig(format="text"), str(tmp_path / "big"), tmp_path / "cache")
+    assert str(info.value).startswith(f"{tmp_path / 'big.es'}:1000001: no partner line: ")
+    assert "big.en ends after line 1,000,000" in str(info.value)
