@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # CPU build of torch first (a GPU machine may set TORCH_SPEC to its own build or to "").
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup test test-slow lint demo bench corpus clean
+.PHONY: setup test test-slow lint demo bench bench-data synthetic corpus clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,16 @@ demo:
 
 bench:
 	$(BIN)/python scripts/bench.py
+
+# The data path's scale figures (docs/benchmarks.md): synthetic corpora of 0.1M, 1M, 4.5M pairs.
+bench-data:
+	$(BIN)/python scripts/bench_data.py --markdown
+
+# A synthetic parallel corpus with WMT14 en-de's length statistics: make synthetic PAIRS=1000000
+PAIRS ?= 1000000
+SYNTHETIC ?= runs/synthetic-$(PAIRS)
+synthetic:
+	$(BIN)/python scripts/synthetic_corpus.py --pairs $(PAIRS) --out $(SYNTHETIC)
 
 corpus:
 	$(BIN)/python scripts/build_corpus.py --out data/bible

@@ -108,7 +108,47 @@ def _cut(
 ) -> list[np.ndarray]:
     """``order`` cut into consecutive batches whose padded size (sentences x largest size)
     stays within ``max_tokens`` and whose sentences number at most ``max_sentences`` (either
-    None: no limit); a single sentence over the budget is a batch of its own."""
+    None: no limit); a single sentence over the budget is a batch of its own.
+
+    Both callers pass ``order`` sorted by ``sizes``; then a batch's largest size is its last
+    one and each batch is found with one vectorised look at the next few positions
+    (``_cut_sorted``), which at millions of pairs is seconds faster per epoch than the plain
+    walk (``_cut_walk``) that any other order takes. Both give the same batches."""
+    ordered = sizes[order]
+    if len(ordered) and bool(np.all(ordered[1:] >= ordered[:-1])):
+        return _cut_sorted(order, ordered, max_tokens, max_sentences)
+    return _cut_walk(order, sizes, max_tokens, max_sentences)
+
+
+def _cut_sorted(
+    order: np.ndarray, ordered: np.ndarray, max_tokens: int | None, max_sentences: int | None
+) -> list[np.ndarray]:
+    """``_cut`` for sizes ``ordered`` (= sizes[order]) that never decrease: a batch from
+    ``start`` ends before the first position p whose count (p - start + 1) times its size
+    exceeds the budget, or whose count exceeds ``max_sentences``."""
+    batches: list[np.ndarray] = []
+    total, start = len(order), 0
+    while start < total:
+        first = int(ordered[start])
+        most = max_sentences or total
+        if max_tokens:
+            most = min(most, max(1, max_tokens // max(first, 1)))
+        end = min(total, start + most)
+        if max_tokens and end - start > 1:
+            counts = np.arange(1, end - start + 1)
+            over = counts * ordered[start:end] > max_tokens
+            over[0] = False  # a sentence over the budget is a batch of its own
+            if over.any():
+                end = start + int(np.argmax(over))
+        batches.append(order[start:end])
+        start = end
+    return batches
+
+
+def _cut_walk(
+    order: np.ndarray, sizes: np.ndarray, max_tokens: int | None, max_sentences: int | None
+) -> list[np.ndarray]:
+    """``_cut`` in any order: the plain walk, one position at a time."""
     batches: list[np.ndarray] = []
     start, longest = 0, 0
     for position, index in enumerate(order):

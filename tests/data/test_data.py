@@ -373,3 +373,19 @@ def test_a_missing_line_a_million_lines_in_names_file_and_line(tmp_path: Path) -
         read_pairs(DataConfig(format="text"), str(tmp_path / "big"), tmp_path / "cache")
     assert str(info.value).startswith(f"{tmp_path / 'big.es'}:1000001: no partner line: ")
     assert "big.en ends after line 1,000,000" in str(info.value)
+
+
+def test_the_sorted_cut_gives_the_plain_walks_batches() -> None:
+    """``_cut``'s vectorised path (sorted sizes) against the one-position-at-a-time walk."""
+    from nmt.data.batching import _cut_sorted, _cut_walk
+
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        n = int(rng.integers(1, 300))
+        sizes = rng.integers(1, int(rng.integers(2, 250)), n)
+        order = np.argsort(sizes, kind="stable")
+        tokens = int(rng.integers(1, 2500)) if trial % 4 else None
+        sentences = int(rng.integers(1, 40)) if trial % 3 == 0 or tokens is None else None
+        fast = _cut_sorted(order, sizes[order], tokens, sentences)
+        plain = _cut_walk(order, sizes, tokens, sentences)
+        assert [b.tolist() for b in fast] == [b.tolist() for b in plain], (tokens, sentences)
