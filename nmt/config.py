@@ -103,7 +103,10 @@ class TokenizerConfig(_Section):
     model: str | None = Field(None, description="existing sentencepiece .model (joint) to reuse")
     character_coverage: float = Field(1.0, gt=0, le=1, description="sentencepiece coverage")
     max_train_sentences: int = Field(
-        1_000_000, ge=100, description="sentences sampled to train sentencepiece"
+        300_000,
+        ge=100,
+        description="sentences sampled to train sentencepiece (its memory grows with them: "
+        "about 4.5 GiB per million WMT-length sentences)",
     )
 
 

@@ -133,14 +133,19 @@ def run_train(work: Path, corpus: Path, cache: Path, name: str, num_proc: int | 
 
 
 def corpus_for(work: Path, pairs: int) -> Path:
+    """The synthetic corpus of this size, generated once (into a temporary folder renamed
+    when complete, so that an interrupted generation is never taken for a corpus)."""
     corpus = work / f"corpus-{pairs}"
-    if not (corpus / "train.de").is_file():
+    if not corpus.is_dir():
+        partial = work / f".corpus-{pairs}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
         script = ROOT / "scripts" / "synthetic_corpus.py"
         subprocess.run(
             [sys.executable, str(script), "--pairs", str(pairs), "--dev", "500"]
-            + ["--out", str(corpus)],
+            + ["--out", str(partial)],
             check=True,
         )
+        partial.rename(corpus)
     return corpus
 
 
