@@ -102,6 +102,20 @@ class TokenizerConfig(_Section):
     joint: bool = Field(True, description="one vocabulary for both languages")
     model: str | None = Field(None, description="existing sentencepiece .model (joint) to reuse")
     character_coverage: float = Field(1.0, gt=0, le=1, description="sentencepiece coverage")
+    sampling_alpha: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="subword regularisation, training only, re-sampled every epoch: unigram: "
+        "sampling's smoothing alpha (0.1-0.5 usual); bpe: BPE-dropout's merge-drop rate "
+        "(below 1); null: off",
+    )
+    sampling_nbest: int = Field(
+        -1,
+        ge=-1,
+        description="unigram sampling: sample among the n best segmentations (-1: all; 1 and 0 "
+        "would not sample)",
+    )
     max_train_sentences: int = Field(
         300_000,
         ge=100,
@@ -349,6 +363,7 @@ class Config(_Section):
         model = self.model
         dec = model.decoder
         problems = _attention_problems(model) + _bridge_problems(model)
+        problems += _sampling_problems(self.tokenizer)
         if model.tie_embeddings:
             out = (
                 dec.hidden_size
@@ -375,6 +390,27 @@ class Config(_Section):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+def _sampling_problems(tok: TokenizerConfig) -> list[str]:
+    """Subword-sampling settings that would not sample, or do not apply to the model type."""
+    problems = []
+    if tok.sampling_nbest in (0, 1):
+        problems.append(
+            f"tokenizer.sampling_nbest: {tok.sampling_nbest} would not sample; use -1 (all "
+            f"segmentations) or 2 or more"
+        )
+    if tok.type == "bpe" and tok.sampling_alpha == 1:
+        problems.append(
+            "tokenizer.sampling_alpha: 1 would drop every BPE merge; BPE-dropout needs a rate "
+            "below 1 (0.1 is usual)"
+        )
+    if tok.type == "bpe" and tok.sampling_nbest != -1:
+        problems.append(
+            "tokenizer.sampling_nbest: only unigram models sample among n-best segmentations; "
+            "remove it for type: bpe"
+        )
+    return problems
 
 
 def _attention_problems(model: ModelConfig) -> list[str]:

@@ -11,9 +11,10 @@ in a process of its own, with a small model and ``training.max_steps: 1``:
 
 and reports for each: the time from starting the command to the first training step (the
 ``epoch 1:`` log line), the stage timings nmt logs, the peak resident memory of the nmt
-process (``ru_maxrss``) and the peak proportional set size summed over it and its worker
-processes (sampled from /proc every 0.2 s; Linux only), so that workers sharing pages are
-not counted twice.
+process (``ru_maxrss``), and the peak proportional set size summed over it and its worker
+processes, in all and its anonymous part (sampled from /proc every 0.2 s; Linux only): PSS
+counts pages that workers share once, and the anonymous part leaves out the memory-mapped
+corpus files, page cache that the kernel reclaims when memory runs short.
 
 Usage::
 
@@ -49,9 +50,14 @@ MODEL = {
 }
 
 
-def tree_pss_kib(pid: int) -> int:
-    """Proportional set size of ``pid`` and its descendants, in KiB (0 when gone)."""
-    total, todo = 0, [pid]
+def tree_memory_kib(pid: int) -> tuple[int, int]:
+    """(proportional set size, its anonymous part) of ``pid`` and its descendants, in KiB.
+
+    PSS shares each page among the processes that map it, so workers forked from the main
+    process are not counted twice; the anonymous part leaves out the pages of memory-mapped
+    files (the corpus's Arrow tables), which are page cache the kernel reclaims at need."""
+    total = anon = 0
+    todo = [pid]
     while todo:
         current = todo.pop()
         try:
@@ -59,12 +65,13 @@ def tree_pss_kib(pid: int) -> int:
                 for line in handle:
                     if line.startswith("Pss:"):
                         total += int(line.split()[1])
-                        break
+                    elif line.startswith("Pss_Anon:"):
+                        anon += int(line.split()[1])
             with open(f"/proc/{current}/task/{current}/children") as handle:
                 todo.extend(int(child) for child in handle.read().split())
         except (OSError, ValueError):
             continue
-    return total
+    return total, anon
 
 
 def run_train(work: Path, corpus: Path, cache: Path, name: str, num_proc: int | None) -> dict:
@@ -99,11 +106,12 @@ def run_train(work: Path, corpus: Path, cache: Path, name: str, num_proc: int | 
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
     )
-    peak = [0]
+    peak = [0, 0]
 
     def sample() -> None:
         while process.poll() is None:
-            peak[0] = max(peak[0], tree_pss_kib(process.pid))
+            pss, anon = tree_memory_kib(process.pid)
+            peak[0], peak[1] = max(peak[0], pss), max(peak[1], anon)
             time.sleep(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -129,6 +137,7 @@ def run_train(work: Path, corpus: Path, cache: Path, name: str, num_proc: int | 
         "stages": stages,
         "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2),
         "peak_pss_gib": round(peak[0] / 2**20, 2),
+        "peak_anon_gib": round(peak[1] / 2**20, 2),
     }
 
 
@@ -151,15 +160,16 @@ def corpus_for(work: Path, pairs: int) -> Path:
 
 def markdown(results: list[dict]) -> str:
     rows = [
-        "| pairs | run | first step (s) | stages | peak RSS, nmt (GiB) | peak PSS, all (GiB) |",
-        "| ---: | --- | ---: | --- | ---: | ---: |",
+        "| pairs | run | first step (s) | stages | peak RSS, nmt (GiB) | peak PSS, all (GiB) "
+        "| peak anonymous PSS, all (GiB) |",
+        "| ---: | --- | ---: | --- | ---: | ---: | ---: |",
     ]
     for result in results:
         for run in ("cold", "warm"):
             r = result[run]
             rows.append(
                 f"| {result['pairs']:,} | {run} | {r['first_step_s']} | {r['stages'] or '-'} "
-                f"| {r['peak_rss_gib']} | {r['peak_pss_gib']} |"
+                f"| {r['peak_rss_gib']} | {r['peak_pss_gib']} | {r['peak_anon_gib']} |"
             )
     return "\n".join(rows)
 

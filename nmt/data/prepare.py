@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -20,7 +21,16 @@ import numpy as np
 
 from nmt.data.corpus import read_pairs, source_files
 from nmt.data.stages import Stages, on_terminal
-from nmt.data.store import STORE_VERSION, Encode, Store, TokenizedCorpus, digest, file_identity
+from nmt.data.store import (
+    STORE_VERSION,
+    Encode,
+    Prepared,
+    Sampling,
+    Store,
+    TokenizedCorpus,
+    digest,
+    file_identity,
+)
 from nmt.data.store import prepare as prepare_split
 from nmt.data.tokenizer import Tokenizer, load_model_file, train_sentencepiece
 from nmt.errors import DataError
@@ -34,13 +44,19 @@ log = logging.getLogger("nmt")
 
 @dataclass
 class Corpora:
-    train: TokenizedCorpus
+    train: TokenizedCorpus  # the deterministic segmentation
     dev: TokenizedCorpus
     dev_src: list[str]
     dev_trg: list[str]
     dev_src_ids: list[list[int]]
     built: list[str] = field(default_factory=list)  # what this process prepared itself
     stages: dict[str, float] = field(default_factory=dict)  # seconds per stage
+    sampler: EpochSampler | None = None  # subword regularisation (tokenizer.sampling_alpha)
+
+    def for_epoch(self, epoch: int) -> TokenizedCorpus:
+        """The training pairs of one epoch: sampled anew with subword regularisation, else
+        the one deterministic segmentation."""
+        return self.sampler.corpus(epoch) if self.sampler else self.train
 
 
 class Source:
@@ -68,13 +84,83 @@ class Source:
         return self._rows
 
 
+class EpochSampler:
+    """Subword regularisation (Kudo 2018; BPE-dropout, Provilkov et al. 2020): each epoch's
+    training ids are sampled anew from the kept pairs' text, by the same parallel
+    ``Dataset.map`` that prepares a split, once per epoch and not per step. An epoch's sample
+    is a function of (training.seed, epoch, pair) alone, so a resumed run, or another rank,
+    gets the same ids; the previous epoch's sample is removed when the next is prepared.
+    ``data.max_length`` keeps the pairs it kept by the deterministic segmentation."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        source: Source,
+        tokenizer: Tokenizer,
+        train: Prepared,
+        show: bool,
+    ):
+        self.config, self.store, self.source = config, store, source
+        self.tokenizer, self.kept, self.show = tokenizer, train.row_ids, show
+        self.pieces = float(train.src_lengths.mean() + train.trg_lengths.mean())
+        kept = self.kept
+        tok = config.tokenizer
+        self.family = digest(
+            source.identity(), kept.tobytes(), tok.sampling_alpha, tok.sampling_nbest
+        )
+        self.seconds: dict[int, float] = {}  # epoch -> seconds spent sampling it here
+
+    def corpus(self, epoch: int) -> TokenizedCorpus:
+        tok, seed = self.config.tokenizer, self.config.training.seed
+        assert tok.sampling_alpha is not None
+        base = int(digest("sampling", seed, epoch), 16) % 2**32
+        sampling = Sampling(tok.sampling_alpha, tok.sampling_nbest, base)
+        started = time.perf_counter()
+        prepared, built = prepare_split(
+            self.store,
+            f"sampled{epoch}",
+            {"family": self.family, "epoch": epoch},
+            lambda: self.source.rows().select(self.kept),
+            Encode(self.tokenizer, None, keep_text=False, sampling=sampling),
+            self.config.data.num_proc,
+            self.show,
+        )
+        self.store.remove_family("sampled", self.family, keep=prepared.path)
+        if built:
+            self.seconds[epoch] = time.perf_counter() - started
+            log.info(
+                "epoch %d: subword segmentations sampled in %.1fs (%.2f pieces per pair, "
+                "%.2f deterministic)",
+                epoch + 1,
+                self.seconds[epoch],
+                float(prepared.src_lengths.mean() + prepared.trg_lengths.mean()),
+                self.pieces,
+            )
+        return TokenizedCorpus(prepared)
+
+
+SAMPLE_BLOCK = 64  # pairs read together when sampling a large split for the tokenizer
+
+
 def sample_text(rows: Any, pairs: int, seed: int) -> tuple[list[str], list[str]]:
     """The text of at most ``pairs`` pairs with both sides non-empty: all of them in order
-    when the split is that small, else a seeded random sample (only the sample is read)."""
+    when the split is that small, else a seeded random sample of blocks of 64 consecutive
+    pairs. Blocks, not single pairs, so that the sample reads a few pages of the
+    memory-mapped corpus per block instead of nearly every page (a 4.5M-pair corpus: 40 MB
+    instead of 1.8 GB touched, and 10 times faster); only the sample is held in memory."""
     if len(rows) > pairs:
-        picked = np.sort(np.random.default_rng(seed).choice(len(rows), pairs, replace=False))
-        rows = rows.select(picked)
-    src, trg = rows["src"], rows["trg"]
+        blocks = len(rows) // SAMPLE_BLOCK
+        wanted = min(blocks, -(-pairs // SAMPLE_BLOCK))
+        starts = np.sort(np.random.default_rng(seed).choice(blocks, wanted, replace=False))
+        src, trg = [], []
+        for start in starts.tolist():  # slices read only their pages (a take reads all)
+            block = rows[start * SAMPLE_BLOCK : (start + 1) * SAMPLE_BLOCK]
+            src.extend(block["src"])
+            trg.extend(block["trg"])
+        src, trg = src[:pairs], trg[:pairs]
+    else:
+        src, trg = rows["src"], rows["trg"]
     kept = [(s, t) for s, t in zip(src, trg, strict=True) if s.strip() and t.strip()]
     return [s for s, _ in kept], [t for _, t in kept]
 
@@ -205,6 +291,8 @@ def load_corpora(
         built=built,
         stages=dict(stages.seconds),
     )
+    if config.tokenizer.sampling_alpha is not None:
+        corpora.sampler = EpochSampler(config, store, train_source, tokenizer, train, stages.show)
     log.info("data: %d training pairs, %d dev pairs", len(corpora.train), len(corpora.dev))
     if built:
         log.info("data: prepared in %s (%s)", stages.summary(), store_dir)

@@ -81,18 +81,44 @@ def default_num_proc(pairs: int) -> int:
     return max(1, min(8, cores or 1))
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Subword regularisation for one epoch: sentencepiece's ``alpha`` and ``nbest``, and a
+    base seed; pair i's source is sampled with seed base + 2i, its target with base + 2i + 1,
+    so an epoch's ids depend on nothing else (not on processes or batch boundaries)."""
+
+    alpha: float
+    nbest: int
+    base: int
+
+    def seeds(self, indices: list[int], side: int) -> list[int]:
+        return [(self.base + 2 * i + side) % 2**32 for i in indices]
+
+
 @dataclass
 class Encode:
     """The map function: ids, lengths and the drop code of each pair (picklable, so that
-    ``num_proc`` processes can run it)."""
+    ``num_proc`` processes can run it); with ``sampling``, sampled segmentations."""
 
     tokenizer: Tokenizer
     max_length: int | None  # None: drop only pairs with an empty side
     keep_text: bool
+    sampling: Sampling | None = None
 
-    def __call__(self, batch: dict[str, list[str]]) -> dict[str, list]:
-        src = self.tokenizer.encode_src(batch["src"])
-        trg = self.tokenizer.encode_trg(batch["trg"])
+    def ids(self, batch: dict[str, list[str]], indices: list[int] | None) -> tuple[list, list]:
+        tok, sampling = self.tokenizer, self.sampling
+        if sampling is None or indices is None:
+            return tok.encode_src(batch["src"]), tok.encode_trg(batch["trg"])
+        alpha, nbest = sampling.alpha, sampling.nbest
+        return (
+            tok.sample("src", batch["src"], sampling.seeds(indices, 0), alpha, nbest),
+            tok.sample("trg", batch["trg"], sampling.seeds(indices, 1), alpha, nbest),
+        )
+
+    def __call__(
+        self, batch: dict[str, list[str]], indices: list[int] | None = None
+    ) -> dict[str, list]:
+        src, trg = self.ids(batch, indices)
         src_len = [len(s) for s in src]
         trg_len = [len(t) + 1 for t in trg]
         limit = None if self.max_length is None else self.max_length + 1
@@ -190,6 +216,19 @@ class Store:
             shutil.rmtree(tmp, ignore_errors=True)
         return final
 
+    def remove_family(self, name_prefix: str, family: str, keep: Path) -> None:
+        """Remove the entries ``{name_prefix}*`` whose manifest names ``family``, but ``keep``
+        (an epoch's sampled ids once the next epoch's are prepared)."""
+        for path in self.prepared.glob(f"{name_prefix}*-*"):
+            if path == keep or not path.is_dir():
+                continue
+            try:
+                manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if manifest.get("parts", {}).get("family") == family:
+                shutil.rmtree(path, ignore_errors=True)
+
     def scratch(self, name: str) -> Path:
         self.prepared.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=self.prepared))
@@ -225,7 +264,7 @@ def prepare(
     new entry is published, so a corpus it refuses leaves nothing behind.
     """
     tokenizer = encode.tokenizer
-    settings = (encode.max_length, encode.keep_text)
+    settings = (encode.max_length, encode.keep_text, encode.sampling)
     key = digest(STORE_VERSION, key_parts, settings, tokenizer.src_proto, tokenizer.trg_proto)
     manifest = store.find(name, key)
     if manifest is not None:
@@ -260,6 +299,7 @@ def _build(
     try:
         mapped = pairs.map(
             encode,
+            with_indices=encode.sampling is not None,
             batched=True,
             batch_size=2000,
             num_proc=procs if procs > 1 else None,

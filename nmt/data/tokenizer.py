@@ -122,6 +122,21 @@ class Tokenizer:
         """Target ids without BOS/EOS (the batcher adds them)."""
         return [list(ids) for ids in self.trg.encode(list(lines))]
 
+    def sample(
+        self, side: str, lines: Sequence[str], seeds: Sequence[int], alpha: float, nbest: int
+    ) -> list[list[int]]:
+        """Sampled segmentations (subword regularisation): sentencepiece's sampling for a
+        unigram model (``alpha`` smooths, ``nbest`` -1 samples from all segmentations), and
+        BPE-dropout for a BPE model (``alpha`` drops merges). Each line's sample is a function
+        of its seed alone; source ids end in EOS like ``encode_src``'s."""
+        processor = self.src if side == "src" else self.trg
+        out = []
+        for line, seed in zip(lines, seeds, strict=True):
+            spm.set_random_generator_seed(seed)
+            ids = processor.encode(line, enable_sampling=True, alpha=alpha, nbest_size=nbest)
+            out.append(ids + [EOS_ID] if side == "src" else list(ids))
+        return out
+
     def decode_trg(self, ids: Sequence[Sequence[int]]) -> list[str]:
         return [self.trg.decode([int(i) for i in seq]) for seq in ids]
 

@@ -36,6 +36,7 @@ from nmt.config import Config
 from nmt.data.batching import Batch, bucket_batches, padding_fraction
 from nmt.data.corpus import check_files
 from nmt.data.prepare import Corpora
+from nmt.data.store import TokenizedCorpus
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import CheckpointError, NMTError
 from nmt.fast import FastPaths
@@ -60,6 +61,7 @@ from nmt.training.resume import read_checkpoint, restore, restore_rng, rng_state
 from nmt.training.rundir import (
     RunLock,
     check_run_dir,
+    epoch_corpus_in_turn,
     load_corpora_in_turn,
     prepare_run_dir,
     write_run_info,
@@ -133,6 +135,12 @@ class Run:
     place: Distributed
     started: float
     window: _Window = field(default_factory=_Window)
+    train: TokenizedCorpus | None = None  # this epoch's training pairs (Corpora.for_epoch)
+
+    @property
+    def corpus(self) -> TokenizedCorpus:
+        assert self.train is not None, "set at the start of each epoch"
+        return self.train
 
     def save(self, is_best: bool) -> None:
         """Every rank hands in its random state; rank 0 writes the checkpoints."""
@@ -335,7 +343,7 @@ def _loop(run: Run, stop: _StopFlag, bar: ProgressBar) -> None:
     run.model.train()
     reason = _stop_reason(run, None)
     while reason is None and progress.epoch < cfg.epochs:
-        corpus = run.corpora.train
+        run.train = corpus = epoch_corpus_in_turn(run.corpora, progress.epoch, run.place)
         batches = bucket_batches(
             corpus.src_lengths, corpus.trg_lengths, cfg.batch_tokens, cfg.seed, progress.epoch
         )
@@ -373,7 +381,7 @@ def _loop(run: Run, stop: _StopFlag, bar: ProgressBar) -> None:
 
 def _log_epoch(run: Run, batches: list[np.ndarray]) -> None:
     if run.progress.batch_in_epoch == 0:
-        corpus, world = run.corpora.train, run.place.world_size
+        corpus, world = run.corpus, run.place.world_size
         log.info(
             "epoch %d: %d batches, %.1f%% padding%s",
             run.progress.epoch + 1,
@@ -422,7 +430,7 @@ def _update(
     lr = run.schedule.lr(progress.step + 1, progress)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
-    corpus = run.corpora.train
+    corpus = run.corpus
     mine = shard[run.place.rank :: run.place.world_size]
     batches = [corpus.batch(indices).to(run.device) for indices in mine]
     tokens = sum(int(corpus.trg_lengths[indices].sum()) for indices in shard)  # all ranks'

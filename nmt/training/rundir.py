@@ -21,6 +21,7 @@ import torch
 from nmt import __version__
 from nmt.config import Config, to_yaml
 from nmt.data.prepare import Corpora, load_corpora
+from nmt.data.store import TokenizedCorpus
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import CheckpointError, ConfigError
 from nmt.fast import compiled
@@ -159,3 +160,17 @@ def load_corpora_in_turn(
         corpora, tokenizer = load_corpora(config, run_dir, tokenizer)
     assert tokenizer is not None
     return corpora, tokenizer
+
+
+def epoch_corpus_in_turn(corpora: Corpora, epoch: int, place: Distributed) -> TokenizedCorpus:
+    """``Corpora.for_epoch``: with subword sampling, rank 0 samples the epoch first and the
+    other ranks then read its files (or sample the same ids themselves without a shared
+    filesystem)."""
+    if corpora.sampler is None or not place.enabled:
+        return corpora.for_epoch(epoch)
+    if place.is_main:
+        corpus = corpora.for_epoch(epoch)
+    broadcast_object(None)  # the others wait for rank 0's files
+    if not place.is_main:
+        corpus = corpora.for_epoch(epoch)
+    return corpus

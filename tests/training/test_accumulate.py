@@ -173,3 +173,27 @@ def test_an_accumulating_run_resumes_exactly(corpus: Path, tmp_path: Path) -> No
     assert a["progress"]["batch_in_epoch"] == b["progress"]["batch_in_epoch"] == 12
     for name, weight in a["model"].items():
         assert torch.equal(b["model"][name], weight), name
+
+
+def test_a_run_with_accumulation_and_subword_sampling_resumes_exactly(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """accumulate 3 and sampled segmentations (re-sampled every epoch): stopped after 2
+    updates and resumed across an epoch boundary equals the run in one go."""
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    whole.mkdir()
+    parts.mkdir()
+    sampling = ("-O", "tokenizer.type=unigram", "-O", "tokenizer.sampling_alpha=0.2")
+    options = ("-O", "training.epochs=3", *sampling, "--quiet")
+    assert nmt("train", str(_config(corpus, whole, max_steps=8)), *options).code == 0
+    half = _config(corpus, parts, max_steps=2)
+    assert nmt("train", str(half), *options).code == 0
+    resumed = nmt("train", str(half), *options, "--resume", "-O", "training.max_steps=8")
+    assert resumed.code == 0
+    a, b = (checkpoint.load(root / "run" / "last.pt") for root in (whole, parts))
+    assert a["progress"]["step"] == b["progress"]["step"] == 8
+    assert a["progress"]["epoch"] == b["progress"]["epoch"] >= 1, "the resume crossed an epoch"
+    for name, weight in a["model"].items():
+        assert torch.equal(b["model"][name], weight), name
+    log = (whole / "run" / "train.log").read_text(encoding="utf-8")
+    assert log.count("subword segmentations sampled") >= 2
