@@ -43,6 +43,7 @@ import logging
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -182,6 +183,19 @@ def load_data(config: Config, work_dir: Path) -> tuple[Any, Tokenizer]:
     if not spm_path.is_file():
         files.atomic_write_bytes(spm_path, lambda f: f.write(tokenizer.src_proto))
     return corpora, tokenizer
+
+
+def sampled_epoch(corpora: Any, work_dir: Path) -> tuple[Any, float]:
+    """The first epoch's training pairs and the seconds it took to sample them: with
+    tokenizer.sampling_alpha set, sampled afresh (an earlier bench's sample is removed);
+    else the one deterministic segmentation, in no time."""
+    if corpora.sampler is None:
+        return corpora.train, 0.0
+    for old in (work_dir / "cache" / "prepared").glob("sampled*"):
+        shutil.rmtree(old, ignore_errors=True)
+    started = time.perf_counter()
+    corpus = corpora.for_epoch(0)
+    return corpus, time.perf_counter() - started
 
 
 def training_batches(corpus: Any, batch_tokens: int, count: int) -> list[np.ndarray]:
@@ -435,7 +449,7 @@ def bench_training(name: str, args: argparse.Namespace, lengths: Lengths) -> dic
     if fast.cpu_kernels and device.type == "cpu":
         tune_allocator()  # as nmt train does
     corpora, tokenizer = load_data(config, Path(args.work_dir))
-    corpus = corpora.train
+    corpus, sampling_s = sampled_epoch(corpora, Path(args.work_dir))
     seed_everything(SEED)
     model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size, fast)
     model.to(device).train()
@@ -468,6 +482,11 @@ def bench_training(name: str, args: argparse.Namespace, lengths: Lengths) -> dic
         ),
         "windows": windows,
         "padding_fraction": padding_fraction(batches, corpus.src_lengths, corpus.trg_lengths),
+        "subword_sampling": {
+            "alpha": config.tokenizer.sampling_alpha,
+            "seconds_per_epoch": sampling_s,
+            "target_tokens_per_epoch": int(corpus.trg_lengths.sum()),
+        },
         "peak_rss_gib": peak_rss_bytes() / GIB,
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
         "native_kernels": compiled.status()

@@ -189,7 +189,7 @@ def build_tokenizer(config: Config, source: Source, store: Store, stages: Stages
     if cfg.model:
         proto = load_model_file(Path(cfg.model))
         return Tokenizer(proto, proto)
-    settings = cfg.model_dump(exclude={"model"})
+    settings = cfg.model_dump(exclude={"model", "sampling_alpha", "sampling_nbest"})
     key = digest(STORE_VERSION, "tokenizer", source.identity(), settings, config.training.seed)
     found = store.find("tokenizer", key)
     if found is not None:

@@ -103,6 +103,7 @@ def test_a_parameter_of_another_shape_is_one_line(
         ({"init_from": "no/such/run"}, "training.init_from: no/such/run"),
         ({"freeze": ["encoder", "decoder", "attention", "embeddings"]}, "nothing would train"),
         ({"freeze": ["encoders"]}, "training.freeze"),
+        ({"accumulate": 0}, "training.accumulate: got 0"),
     ],
 )
 def test_bad_finetuning_settings(
