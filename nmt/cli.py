@@ -343,7 +343,7 @@ def align(
         typer.Option(
             "--extract",
             help="argmax (each target word to its most attended source word), threshold, or "
-            "next (the attention of the following step, for post-step decoders).",
+            "next (the attention of the following step, when the word has been read).",
         ),
     ] = "argmax",
     threshold: Annotated[
@@ -445,6 +445,18 @@ def eval_(
             "--align-ref", help="Reference alignments: i-j sure links, i?j possible ones."
         ),
     ] = None,
+    align_src: Annotated[
+        Path | None,
+        typer.Option(
+            "--align-src",
+            help="With --align: the source text the links index (e.g. test.es.gz), for the "
+            "content-word figures.",
+        ),
+    ] = None,
+    align_trg: Annotated[
+        Path | None,
+        typer.Option("--align-trg", help="With --align: the target text (e.g. test.en.gz)."),
+    ] = None,
     device: DeviceOption = "auto",
     precision: PrecisionOption = "auto",
 ) -> None:
@@ -455,7 +467,7 @@ def eval_(
             raise ConfigError("give --align HYP with --align-ref GOLD (and no other systems)")
         from nmt.commands.align import evaluate_alignments
 
-        alignment = evaluate_alignments(align, align_ref)
+        alignment = evaluate_alignments(align, align_ref, align_src, align_trg)
         typer.echo(alignment.to_json() if json_out else alignment.to_table())
         return
     if model:

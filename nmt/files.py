@@ -8,9 +8,11 @@ line (hypotheses, references, input) through ``read_lines``.
 from __future__ import annotations
 
 import functools
+import gzip
 import os
 import sys
 import tempfile
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -94,10 +96,11 @@ def split_lines(data: bytes, name: str) -> list[str]:
 
 
 def read_lines(path: Path | str) -> list[str]:
-    """A UTF-8 text file (``-``: standard input) as a list of lines (``split_lines``).
+    """A UTF-8 text file (``-``: standard input; ``.gz``: decompressed) as a list of lines
+    (``split_lines``).
 
     Raises:
-        DataError: The file is missing, unreadable or not valid UTF-8.
+        DataError: The file is missing, unreadable, not gzip (``.gz``) or not valid UTF-8.
     """
     if str(path) == STDIN:
         return split_lines(sys.stdin.buffer.read(), "<stdin>")
@@ -110,6 +113,11 @@ def read_lines(path: Path | str) -> list[str]:
         raise DataError(f"{path}: is a directory, expected a text file") from None
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror})") from None
+    if path.suffix == ".gz":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise DataError(f"{path}: damaged gzip file ({exc}); restore or re-create it") from None
     return split_lines(data, str(path))
 
 

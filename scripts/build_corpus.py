@@ -40,8 +40,14 @@ What the builder does, in order:
 8. Splits the rest by a hash of the reference (``split_of``) into train, dev and test, and
    writes ``{split}.es.gz``, ``{split}.en.gz`` and ``{split}.ref.gz``: one verse per line,
    line-aligned, gzip with mtime 0 so that rebuilds are byte-identical.
+9. Builds the reference word alignment of dev and test from the Strong's numbers both
+   modules tag their words with (``gold_for``; see data/README.md, "The reference
+   alignment") and writes ``{dev,test}.align.gz``: Pharaoh links over the whitespace tokens
+   of the shipped lines, ``i-j`` sure and ``i?j`` possible, an empty line for a verse left out.
 
-Only the standard library is used, so any ``python3`` (3.9 or newer) can run it.
+Only the standard library and nmt's plain-Python function-word lists
+(``nmt/function_words.py``) are used, so any ``python3`` (3.9 or newer) can run it from a
+checkout.
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from nmt.function_words import content_mask  # noqa: E402 - plain Python, no dependencies
 
 ES_MODULE = "spaRV1909eb"
 EN_MODULE = "engWEB2015eb"
@@ -180,8 +189,8 @@ def parse_ref(ref: str) -> VerseRef:
     return VerseRef(BOOK_ORDER[book], int(chapter), int(verse), book)
 
 
-def imp_verses(text: str) -> dict[VerseRef, str]:
-    """Map each verse of an imp export to its plain text (see ``osis_to_text``).
+def imp_markup(text: str) -> dict[VerseRef, str]:
+    """Map each verse of an imp export to its OSIS markup.
 
     A repeated key never extends a verse already read: the first entry wins.
     """
@@ -189,8 +198,13 @@ def imp_verses(text: str) -> dict[VerseRef, str]:
     for key, markup in parse_imp(text):
         ref = parse_key(key)
         if ref is not None and ref not in verses:
-            verses[ref] = osis_to_text(markup)
+            verses[ref] = markup
     return verses
+
+
+def imp_verses(text: str) -> dict[VerseRef, str]:
+    """Map each verse of an imp export to its plain text (see ``osis_to_text``)."""
+    return {ref: osis_to_text(markup) for ref, markup in imp_markup(text).items()}
 
 
 def export_module(module: str) -> str:
@@ -300,12 +314,13 @@ class _TextBuilder:
 
     def __init__(self) -> None:
         self.parts: list[str] = []
+        self.owners: list[int | None] = []  # per part: the <w> element it came from (0, 1, ...)
         self.boundary = False
 
     def mark_boundary(self) -> None:
         self.boundary = True
 
-    def add(self, text: str) -> None:
+    def add(self, text: str, owner: int | None = None) -> None:
         if not text:
             return
         if self.boundary and self.parts:
@@ -317,11 +332,38 @@ class _TextBuilder:
                 or first in NO_SPACE_BEFORE
             ):
                 self.parts.append(" ")
+                self.owners.append(None)
         self.boundary = False
         self.parts.append(text)
+        self.owners.append(owner)
 
     def text(self) -> str:
         return normalize_space("".join(self.parts))
+
+    def tokens(self) -> list[tuple[str, frozenset[int]]]:
+        """The whitespace tokens of ``text()``, each with the ``<w>`` elements its characters
+        came from: ``normalize_space`` replayed character by character."""
+        chars = [
+            (char, owner)
+            for part, owner in zip(self.parts, self.owners)  # noqa: B905 - Python 3.9
+            for char in part
+            if char not in "\u200b\ufeff\u00ad"
+        ]
+        tokens: list[tuple[str, frozenset[int]]] = []
+        word, owners = "", set()
+        for char, owner in [*chars, (" ", None)]:
+            if char.isspace():
+                if word:
+                    tokens.append((word, frozenset(owners)))
+                word, owners = "", set()
+                continue
+            if not word and tokens and char in ".,;:!?)]":  # "coins ?" -> "coins?"
+                word, merged = tokens.pop()
+                owners = set(merged)
+            word += char
+            if owner is not None:
+                owners.add(owner)
+        return tokens
 
 
 _SPACE_BEFORE_PUNCT_RE = re.compile(r" +(?=[.,;:!?)\]])")
@@ -338,6 +380,11 @@ def normalize_space(text: str) -> str:
 
 
 def osis_to_text(markup: str) -> str:
+    """Convert one verse's OSIS markup to plain text (see ``convert``)."""
+    return convert(markup)[0].text()
+
+
+def convert(markup: str) -> tuple[_TextBuilder, list[str]]:
     """Convert one verse's OSIS markup to plain text.
 
     * ``<note>`` (footnotes and cross-references) is removed with all its content;
@@ -354,8 +401,13 @@ def osis_to_text(markup: str) -> str:
 
     The markup of one verse need not be well-formed: an end tag with no start in this verse is
     ignored, and an element left open at the end simply ends with the verse.
+
+    Returns the text builder, whose parts know the ``<w>`` element they came from, and each
+    such element's ``lemma`` attribute (by the element's number).
     """
     out = _TextBuilder()
+    lemmas: list[str] = []  # lemma of each <w lemma=...> element met, in order
+    words: list[int] = []  # open <w lemma> elements (indices into lemmas)
     stack: list[tuple[str, bool]] = []  # open elements: (name, drops its content)
     skipped_divs: set[str] = set()  # sIDs of open non-text milestone divs
     dropping = 0  # how many open elements on the stack drop their content
@@ -363,7 +415,7 @@ def osis_to_text(markup: str) -> str:
     for kind, value in tokenize(markup):
         if kind == "text":
             if dropping == 0 and not skipped_divs:
-                out.add(str(value))
+                out.add(str(value), words[-1] if words else None)
             continue
         tag = value
         assert isinstance(tag, Tag)
@@ -378,20 +430,27 @@ def osis_to_text(markup: str) -> str:
             is_boundary = True  # a milestone never carries text, but separates words
         elif tag.closing:
             for depth in range(len(stack) - 1, -1, -1):
-                if stack[depth][0] == tag.name:
-                    dropping -= sum(1 for _, drops in stack[depth:] if drops)
+                if stack[depth][0].rstrip("*") == tag.name:
+                    closed = stack[depth:]
+                    dropping -= sum(1 for _, drops in closed if drops)
                     del stack[depth:]
+                    del words[len(words) - sum(1 for name, _ in closed if name == "w*") :]
                     break
             else:
                 is_boundary = True  # stray end tag: separate words, change nothing else
         else:
             drops = _drops_content(tag)
-            stack.append((tag.name, drops))
+            name = tag.name
+            if name == "w" and "lemma" in tag.attrs:
+                name = "w*"  # an element that carries numbers
+                words.append(len(lemmas))
+                lemmas.append(tag.attrs["lemma"])
+            stack.append((name, drops))
             dropping += drops
             is_boundary = is_boundary or drops
         if is_boundary:
             out.mark_boundary()
-    return out.text()
+    return out, lemmas
 
 
 def _ends_verse(tag: Tag) -> bool:
@@ -446,6 +505,7 @@ def strip_subscriptions(verses: dict[VerseRef, str]) -> int:
 # ---------------------------------------------------------------------------------------------
 
 Pair = tuple[VerseRef, str, str]
+Link = tuple[int, int]
 ChapterKey = tuple[str, int]
 Chapter = dict[int, str]  # verse number -> text, non-empty verses only
 
@@ -656,6 +716,163 @@ def pair_verses(es: dict[VerseRef, str], en: dict[VerseRef, str]) -> PairingResu
 
 
 # ---------------------------------------------------------------------------------------------
+# The reference alignment, from Strong's numbers
+# ---------------------------------------------------------------------------------------------
+
+# The Hebrew object marker (et) has no translation; the WEB tags "the" with it.
+UNTRANSLATED: frozenset[str] = frozenset({"H853"})
+_STRONG_RE = re.compile(r"^(?:strong:)?([HG])0*(\d+)[A-Za-z]?$")
+MIN_SHARED = 0.5  # a pair shares at least half of the numbers of its less tagged side ...
+GOLD_SPLITS: tuple[str, ...] = ("dev", "test")
+
+
+def strong_numbers(lemma: str) -> frozenset[str]:
+    """The Strong's numbers of a ``lemma`` attribute: ``"strong:H5315 H2416"`` gives
+    {H5315, H2416} (only the first carries the prefix), leading zeros go (H07225 is H7225),
+    Hebrew H and Greek G stay apart, other lemma schemes and H853 are left out."""
+    numbers = set()
+    for item in lemma.split():
+        match = _STRONG_RE.match(item)
+        if match:
+            numbers.add(f"{match[1]}{int(match[2])}")
+    return frozenset(numbers - UNTRANSLATED)
+
+
+@dataclass
+class TaggedVerse:
+    """A verse's whitespace tokens, each with the ``<w>`` elements it came from, and each
+    element's numbers; ``content`` marks the content words (``nmt.function_words``)."""
+
+    tokens: list[str]
+    elements: list[frozenset[int]]
+    numbers: dict[int, frozenset[str]]
+    content: list[bool]
+
+    @property
+    def all_numbers(self) -> frozenset[str]:
+        return frozenset().union(*self.numbers.values()) if self.numbers else frozenset()
+
+    def occurrences(self, number: str) -> list[list[int]]:
+        """The tokens of each element (in order) that carries ``number`` and holds a content
+        word; elements of function words alone do not count (they often carry a neighbour's
+        number: the WEB tags "In" of "In the beginning" as "God")."""
+        found = []
+        for element in sorted(e for e, numbers in self.numbers.items() if number in numbers):
+            tokens = [i for i, owners in enumerate(self.elements) if element in owners]
+            if any(self.content[i] for i in tokens):
+                found.append(tokens)
+        return found
+
+
+def tag_verse(markup: str, language: str) -> TaggedVerse:
+    builder, lemmas = convert(markup)
+    pairs = builder.tokens()
+    tokens = [token for token, _ in pairs]
+    numbers = {e: strong_numbers(lemma) for e, lemma in enumerate(lemmas)}
+    return TaggedVerse(
+        tokens, [owners for _, owners in pairs], numbers, content_mask(tokens, language)
+    )
+
+
+def link_verse(es: TaggedVerse, en: TaggedVerse) -> tuple[set[Link], set[Link]]:
+    """(sure, possible) links between a verse's Spanish and English tokens.
+
+    For each number both sides carry, its elements on each side (those with a content word):
+    - as many on both sides: the k-th Spanish element goes with the k-th English one (verse
+      order). A content word with a content word is sure when one of the two elements has a
+      single content word ("principio" of "EN el principio" with "beginning"); every other
+      pair of their tokens is possible ("EN", "el" with "beginning");
+    - different counts (the number repeats unevenly): every pair of their tokens is possible.
+    """
+    sure: set[Link] = set()
+    possible: set[Link] = set()
+    for number in sorted(es.all_numbers & en.all_numbers):
+        left, right = es.occurrences(number), en.occurrences(number)
+        if len(left) == len(right):
+            for a, b in zip(left, right):  # noqa: B905 - equal lengths; Python 3.9
+                single = sum(es.content[i] for i in a) == 1 or sum(en.content[j] for j in b) == 1
+                for i in a:
+                    for j in b:
+                        firm = single and es.content[i] and en.content[j]
+                        (sure if firm else possible).add((i, j))
+        else:
+            possible.update((i, j) for a in left for b in right for i in a for j in b)
+    return sure, possible - sure
+
+
+def shared(es: TaggedVerse, en: TaggedVerse) -> float:
+    """Numbers both carry, over those of the side with fewer (0 when one has none)."""
+    left, right = es.all_numbers, en.all_numbers
+    return len(left & right) / min(len(left), len(right)) if left and right else 0.0
+
+
+def format_links(sure: set[Link], possible: set[Link]) -> str:
+    links = [(i, j, "-") for i, j in sure] + [(i, j, "?") for i, j in possible]
+    return " ".join(f"{i}{mark}{j}" for i, j, mark in sorted(links))
+
+
+@dataclass
+class Gold:
+    """The reference alignment of one split: a line per verse (empty when dropped)."""
+
+    lines: list[str]
+    dropped: Counter[str]
+    sure: int = 0
+    possible: int = 0
+
+
+def _verse_tokens(tagged: TaggedVerse, text: str) -> TaggedVerse | None:
+    """The tagged tokens of a shipped line: all of them, or the first ones when the line was
+    cut (an epistle's subscription); None when they do not spell the line."""
+    count = len(text.split())
+    if " ".join(tagged.tokens[:count]) != text:
+        return None
+    return TaggedVerse(
+        tagged.tokens[:count], tagged.elements[:count], tagged.numbers, tagged.content[:count]
+    )
+
+
+def gold_for(pairs: Sequence[Pair], es: dict[VerseRef, str], en: dict[VerseRef, str]) -> Gold:
+    """The reference alignment of ``pairs`` from the modules' markup (``es``, ``en``).
+
+    A verse is dropped (an empty line) when its tokens do not spell the shipped text, when
+    a side carries no number, or when the two share too few numbers or the English verse
+    shares more with a neighbouring Spanish verse: where the WEB follows the Hebrew verse
+    division, an English verse carries another verse's words.
+    """
+    gold = Gold([], Counter())
+    for ref, src, trg in pairs:
+        left = _verse_tokens(tag_verse(es[ref], "es"), src)
+        right = _verse_tokens(tag_verse(en[ref], "en"), trg)
+        reason = None
+        if left is None or right is None:
+            reason = "tokens do not spell the shipped text"
+        elif not left.all_numbers or not right.all_numbers:
+            reason = "a side carries no Strong's number"
+        else:
+            own = shared(left, right)
+            near = [
+                shared(tag_verse(es[other], "es"), right)
+                for other in (
+                    VerseRef(ref.book_index, ref.chapter, ref.verse + step, ref.book)
+                    for step in (-1, 1)
+                )
+                if other in es
+            ]
+            if own < MIN_SHARED or any(score > own for score in near):
+                reason = "numbers of another verse (verse division differs)"
+        if reason or left is None or right is None:
+            gold.dropped[reason or ""] += 1
+            gold.lines.append("")
+            continue
+        sure, possible = link_verse(left, right)
+        gold.sure += len(sure)
+        gold.possible += len(possible)
+        gold.lines.append(format_links(sure, possible))
+    return gold
+
+
+# ---------------------------------------------------------------------------------------------
 # Splitting and writing
 # ---------------------------------------------------------------------------------------------
 
@@ -727,15 +944,34 @@ def report(
     return "\n".join(lines)
 
 
+def gold_report(golds: dict[str, Gold]) -> str:
+    lines = ["reference alignment (Strong's numbers):"]
+    for name, gold in golds.items():
+        kept = sum(1 for line in gold.lines if line)
+        lines.append(
+            f"  {name}: {kept} of {len(gold.lines)} verses, {gold.sure} sure and "
+            f"{gold.possible} possible links"
+        )
+        for reason, count in gold.dropped.most_common():
+            lines.append(f"    dropped, {reason}: {count}")
+    return "\n".join(lines)
+
+
 def build(es_text: str, en_text: str, out_dir: Path) -> str:
-    """Build the corpus from two imp exports into ``out_dir``; return the report."""
-    es, en = imp_verses(es_text), imp_verses(en_text)
+    """Build the corpus and the dev and test reference alignments from two imp exports into
+    ``out_dir``; return the report."""
+    es_markup, en_markup = imp_markup(es_text), imp_markup(en_text)
+    es = {ref: osis_to_text(markup) for ref, markup in es_markup.items()}
+    en = {ref: osis_to_text(markup) for ref, markup in en_markup.items()}
     subscriptions = strip_subscriptions(es)
     result = pair_verses(es, en)
     splits = split_pairs(result.pairs)
     write_splits(out_dir, splits)
+    golds = {name: gold_for(splits[name], es_markup, en_markup) for name in GOLD_SPLITS}
+    for name, gold in golds.items():
+        write_gzip_lines(out_dir / f"{name}.align.gz", gold.lines)
     total = sum(1 for r in set(es) | set(en) if es.get(r) or en.get(r))
-    return report(result, splits, total, subscriptions)
+    return report(result, splits, total, subscriptions) + "\n" + gold_report(golds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -755,7 +991,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         es_text, en_text = export_module(args.es_module), export_module(args.en_module)
     print(build(es_text, en_text, args.out))
-    print(f"written to {args.out}/{{{','.join(SPLITS)}}}.{{es,en,ref}}.gz")
+    print(
+        f"written to {args.out}/{{{','.join(SPLITS)}}}.{{es,en,ref}}.gz and {{dev,test}}.align.gz"
+    )
     return 0
 
 

@@ -26,6 +26,9 @@ from nmt.decoding.alignment import (
 from nmt.decoding.translator import Translator
 from nmt.errors import ConfigError, DataError
 from nmt.files import STDIN, check_output, read_lines, write_lines
+from nmt.function_words import FUNCTION_WORDS, content_mask
+
+Link = tuple[int, int]
 
 
 def check_method(method: str, threshold: float) -> None:
@@ -89,40 +92,125 @@ def align_command(
 
 @dataclass
 class AlignmentReport:
-    """`nmt eval --align`'s figures, as a table or JSON."""
+    """`nmt eval --align`'s figures (all words, and content words when the texts are
+    given), as a table or JSON."""
 
     name: str
     scores: AlignmentScores
+    content: AlignmentScores | None = None
+    skipped: int = 0  # pairs without reference links (left out of both figures)
 
     def to_table(self) -> str:
+        rows = [("all words", self.scores)]
+        if self.content is not None:
+            rows.append(("content words", self.content))
+        lines = [f"{self.name:<28} {'precision':>9} {'recall':>7} {'AER':>7}"]
+        for label, s in rows:
+            lines.append(
+                f"{label:<28} {100 * s.precision:>9.1f} {100 * s.recall:>7.1f} {100 * s.aer:>7.1f}"
+            )
         s = self.scores
-        return (
-            f"{'alignments':<28} {'precision':>9} {'recall':>7} {'AER':>7}\n"
-            f"{self.name:<28} {100 * s.precision:>9.1f} {100 * s.recall:>7.1f} "
-            f"{100 * s.aer:>7.1f}\n"
-            f"{s.sentences} sentences, {s.links} links, {s.sure} sure and {s.possible} "
-            f"possible reference links (Och & Ney 2003; percentages)"
+        skipped = f"; {self.skipped} without reference links left out" if self.skipped else ""
+        lines.append(
+            f"{s.sentences} sentences{skipped}, {s.links} links, {s.sure} sure and "
+            f"{s.possible} possible reference links (Och & Ney 2003; percentages)"
         )
+        return "\n".join(lines)
 
     def to_json(self) -> str:
-        return json.dumps({"name": self.name, **self.scores.as_dict()}, indent=2)
+        report: dict[str, object] = {"name": self.name, **self.scores.as_dict()}
+        report["skipped"] = self.skipped
+        if self.content is not None:
+            report["content_words"] = self.content.as_dict()
+        return json.dumps(report, indent=2)
 
 
-def evaluate_alignments(hypotheses: Path, reference: Path) -> AlignmentReport:
-    """Score a Pharaoh file against a reference with sure (i-j) and possible (i?j) links."""
-    hyp_lines, ref_lines = read_lines(str(hypotheses)), read_lines(str(reference))
+def _parse(path: Path, line: str, n: int) -> tuple[set[Link], set[Link]]:
+    try:
+        return parse_links(line, f"{path} line {n}")
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+
+
+def _language(path: Path, option: str) -> str:
+    """The language of a text file from its name (``test.es.gz`` -> es)."""
+    suffixes = [s.lstrip(".") for s in path.suffixes if s != ".gz"]
+    language = suffixes[-1] if suffixes else ""
+    if language not in FUNCTION_WORDS:
+        known = ", ".join(sorted(FUNCTION_WORDS))
+        raise DataError(
+            f"{option} {path}: content words need the language in the file name ({known}: "
+            f"e.g. test.es), found {language or 'none'}"
+        )
+    return language
+
+
+def _texts(source: Path, target: Path, count: int) -> list[tuple[list[bool], list[bool]]]:
+    """Each pair's content-word masks, from the texts the links index."""
+    masks = []
+    sides = []
+    for path, option in ((source, "--align-src"), (target, "--align-trg")):
+        lines = read_lines(path)
+        if len(lines) != count:
+            raise DataError(
+                f"{option} {path} has {len(lines)} lines but the alignments have {count}; "
+                f"give the texts the alignments index"
+            )
+        language = _language(path, option)
+        sides.append([content_mask(line.split(), language) for line in lines])
+    for src, trg in zip(*sides, strict=True):
+        masks.append((src, trg))
+    return masks
+
+
+def _check_range(links: set[Link], mask: tuple[list[bool], list[bool]], where: str) -> None:
+    for i, j in sorted(links):
+        if i >= len(mask[0]) or j >= len(mask[1]):
+            raise DataError(
+                f"{where}: link {i}-{j} is outside the sentence pair ({len(mask[0])} source and "
+                f"{len(mask[1])} target tokens); the alignments and texts do not match"
+            )
+
+
+def _content(links: set[Link], mask: tuple[list[bool], list[bool]]) -> set[Link]:
+    return {(i, j) for i, j in links if mask[0][i] and mask[1][j]}
+
+
+def evaluate_alignments(
+    hypotheses: Path, reference: Path, source: Path | None = None, target: Path | None = None
+) -> AlignmentReport:
+    """Score a Pharaoh file against a reference with sure (i-j) and possible (i?j) links;
+    with the source and target texts, also on content words only (``nmt.function_words``).
+
+    A pair whose reference line is empty has no reference (the demo corpus's gold leaves out
+    verses it cannot align) and is left out of every figure.
+    """
+    hyp_lines, ref_lines = read_lines(hypotheses), read_lines(reference)
     if len(hyp_lines) != len(ref_lines):
         raise DataError(
             f"--align {hypotheses} has {len(hyp_lines)} lines but --align-ref {reference} has "
             f"{len(ref_lines)}; both need one line per sentence pair"
         )
-    links, references = [], []
+    if (source is None) != (target is None):
+        raise DataError("content words need both --align-src and --align-trg")
+    masks = _texts(source, target, len(ref_lines)) if source and target else None
+    links, references, content_links, content_refs = [], [], [], []
+    skipped = 0
     for n, (hyp, ref) in enumerate(zip(hyp_lines, ref_lines, strict=True), start=1):
-        try:
-            sure, possible = parse_links(hyp, f"{hypotheses} line {n}")
-            gold_sure, gold_possible = parse_links(ref, f"{reference} line {n}")
-        except ValueError as exc:
-            raise DataError(str(exc)) from None
+        sure, possible = _parse(hypotheses, hyp, n)
+        gold_sure, gold_possible = _parse(reference, ref, n)
+        if not ref.strip():
+            skipped += 1
+            continue
         links.append(sure | possible)
         references.append(ReferenceLinks(gold_sure, gold_sure | gold_possible))
-    return AlignmentReport(hypotheses.name, score_alignments(links, references))
+        if masks is not None:
+            mask = masks[n - 1]
+            _check_range(links[-1], mask, f"--align {hypotheses} line {n}")
+            _check_range(references[-1].possible, mask, f"--align-ref {reference} line {n}")
+            content_links.append(_content(links[-1], mask))
+            content_refs.append(
+                ReferenceLinks(_content(gold_sure, mask), _content(references[-1].possible, mask))
+            )
+    content = score_alignments(content_links, content_refs) if masks is not None else None
+    return AlignmentReport(hypotheses.name, score_alignments(links, references), content, skipped)

@@ -13,8 +13,10 @@ Extraction (``extract_links``):
   attention-alignment studies; it suits any decoder.
 - ``threshold``: every pair whose mass reaches the threshold (several or no links per word).
 - ``next``: the attention of the step after the word's own, taken at the position the
-  decoder has just read the word: post-step decoders (Luong) attend with the state that has
-  read y_t when predicting y_{t+1}, and that state often looks at y_t's source.
+  decoder has just read the word (the state that has read y_t, predicting y_{t+1}). On the
+  demo corpus's reference alignment a Luong demo model aligns far better with ``argmax``
+  (content-word AER 35.0 against 65.2): its attention points at the source of the word it
+  predicts.
 
 Scores (Och & Ney 2003): with A the links given, S the sure and P the possible reference
 links (S included in P), precision |A & P| / |A|, recall |A & S| / |S| and the alignment

@@ -98,3 +98,51 @@ def test_bad_alignment_input_is_one_line(run: Path, tmp_path: Path, previous: Pa
     assert "--extract" in nmt("align", "-m", str(run), "--extract", "max", stdin=b"a\tb\n").error
     result = nmt("align", "-m", str(run), "--tsv", str(previous), "-o", str(previous))
     assert "--output" in result.error and unchanged(previous)
+
+
+def test_content_word_figures_by_hand(tmp_path: Path) -> None:
+    """Links restricted to pairs of content words (nmt.function_words), counted by hand;
+    a pair with an empty reference line is left out of both figures.
+
+    Pair 1: es "el perro come" (content: perro1 come2), en "the dog eats" (dog1 eats2).
+      hypothesis 0-0 1-1 2-1; reference 0?0 1-1 2-2.
+      all words: A=3, S=2, P=3; A&S = {1-1} = 1, A&P = {0-0, 1-1} = 2:
+        precision 2/3, recall 1/2, AER 1 - (1+2)/(3+2) = 0.4.
+      content: A = {1-1, 2-1}, S = P = {1-1, 2-2}; A&S = A&P = 1:
+        precision 1/2, recall 1/2, AER 1 - 2/4 = 0.5.
+    Pair 2: reference empty: skipped, whatever the hypothesis says.
+    """
+    hyp, gold = tmp_path / "hyp.al", tmp_path / "gold.al"
+    hyp.write_text("0-0 1-1 2-1\n0-0 5-5\n", encoding="utf-8")
+    gold.write_text("0?0 1-1 2-2\n\n", encoding="utf-8")
+    src, trg = tmp_path / "t.es", tmp_path / "t.en"
+    src.write_text("el perro come\nx\n", encoding="utf-8")
+    trg.write_text("the dog eats\ny\n", encoding="utf-8")
+    args = ["eval", "--align", str(hyp), "--align-ref", str(gold)]
+    result = nmt(*args, "--align-src", str(src), "--align-trg", str(trg), "--json")
+    figures = json.loads(result.out)
+    assert figures["sentences"] == 1 and figures["skipped"] == 1
+    assert figures["precision"] == pytest.approx(2 / 3)
+    assert figures["recall"] == pytest.approx(0.5)
+    assert figures["aer"] == pytest.approx(0.4)
+    content = figures["content_words"]
+    assert (content["precision"], content["recall"]) == (pytest.approx(0.5), pytest.approx(0.5))
+    assert content["aer"] == pytest.approx(0.5)
+    table = nmt(*args, "--align-src", str(src), "--align-trg", str(trg)).out
+    assert "content words" in table and "1 without reference links left out" in table
+
+
+def test_content_word_input_errors_name_the_file(tmp_path: Path) -> None:
+    hyp, gold = tmp_path / "hyp.al", tmp_path / "gold.al"
+    hyp.write_text("0-0 0-7\n", encoding="utf-8")
+    gold.write_text("0-0\n", encoding="utf-8")
+    src, trg, other = tmp_path / "t.es", tmp_path / "t.en", tmp_path / "t.de"
+    for path in (src, trg, other):
+        path.write_text("uno dos\n", encoding="utf-8")
+    args = ["eval", "--align", str(hyp), "--align-ref", str(gold), "--align-src", str(src)]
+    result = nmt(*args, "--align-trg", str(trg))
+    assert result.code == 2 and f"--align {hyp} line 1: link 0-7 is outside" in result.error
+    assert "found de" in nmt(*args, "--align-trg", str(other)).error
+    src.write_text("uno\ndos\n", encoding="utf-8")
+    assert f"--align-src {src} has 2 lines" in nmt(*args, "--align-trg", str(trg)).error
+    assert "need both" in nmt(*args).error
