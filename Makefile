@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # CPU build of torch first (a GPU machine may set TORCH_SPEC to its own build or to "").
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup test test-slow lint demo bench bench-data synthetic corpus clean
+.PHONY: setup test test-slow lint demo bench bench-data synthetic corpus align-baseline clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ PAIRS ?= 1000000
 SYNTHETIC ?= runs/synthetic-$(PAIRS)
 synthetic:
 	$(BIN)/python scripts/synthetic_corpus.py --pairs $(PAIRS) --out $(SYNTHETIC)
+
+# eflomal's alignment of the demo test split, scored against the shipped reference
+# (eflomal is an optional extra, installed here, never needed by nmt itself)
+align-baseline:
+	$(BIN)/python -m pip install --quiet -e '.[align]'
+	$(BIN)/python scripts/eflomal_baseline.py --split test
 
 corpus:
 	$(BIN)/python scripts/build_corpus.py --out data/bible

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""A statistical word alignment of a demo split, the baseline for attention as alignment:
+eflomal (Östling & Tiedemann 2016; IBM1 + HMM + fertility, Gibbs sampling) in both
+directions, symmetrised with grow-diag-final-and (Koehn et al. 2005), scored against the
+shipped reference alignment by ``nmt eval --align``.
+
+eflomal is an optional extra, never needed by nmt itself::
+
+    .venv/bin/pip install -e '.[align]'
+    .venv/bin/python scripts/eflomal_baseline.py --split test
+
+eflomal learns from the training split together with the split it aligns (an aligner sees
+the text it aligns; no reference links are used). Tokens are the whitespace tokens the
+reference indexes, lower-cased and stripped of punctuation at both ends for eflomal only
+(a token of punctuation alone stays as it is), so the links index the shipped lines.
+Writes ``{out}/{split}.{fwd,rev,gdfa}.align`` and prints the scores of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+Link = tuple[int, int]
+
+
+def normalise(line: str) -> str:
+    """The line's tokens as eflomal sees them: same count, lower-cased, punctuation off."""
+    out = []
+    for token in line.split():
+        bare = token.strip(".,;:!?¿¡()[]{}\"'“”‘’«»—–-").lower()
+        out.append(bare or token)
+    return " ".join(out)
+
+
+def read_links(line: str) -> set[Link]:
+    return {(int(i), int(j)) for i, _, j in (link.partition("-") for link in line.split())}
+
+
+def grow_diag_final_and(forward: set[Link], reverse: set[Link]) -> set[Link]:
+    """Koehn et al.'s symmetrisation: start from the intersection, add union links that touch
+    a link already in (diagonal neighbours included) and align a word not yet aligned, until
+    nothing changes; then add union links whose source and target words are both unaligned.
+    ``forward`` and ``reverse`` are both (source, target) links."""
+    union = forward | reverse
+    links = forward & reverse
+    neighbours = [(-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1)]
+
+    def aligned() -> tuple[set[int], set[int]]:
+        return {i for i, _ in links}, {j for _, j in links}
+
+    grew = True
+    while grew:
+        grew = False
+        for i, j in sorted(links):
+            for di, dj in neighbours:
+                candidate = (i + di, j + dj)
+                if candidate in union and candidate not in links:
+                    sources, targets = aligned()
+                    if candidate[0] not in sources or candidate[1] not in targets:
+                        links.add(candidate)
+                        grew = True
+    for direction in (forward, reverse):  # final-and
+        for i, j in sorted(direction):
+            sources, targets = aligned()
+            if i not in sources and j not in targets:
+                links.add((i, j))
+    return links
+
+
+def pharaoh(links: Iterable[Link]) -> str:
+    return " ".join(f"{i}-{j}" for i, j in sorted(links))
+
+
+def lines_of(path: Path) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        return handle.read().splitlines()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=ROOT / "data" / "bible")
+    parser.add_argument("--split", default="test", choices=("dev", "test"))
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "eflomal")
+    parser.add_argument("--seed-iterations", type=float, default=1.0, help="eflomal --length")
+    args = parser.parse_args(argv)
+    try:
+        import eflomal
+    except ImportError:
+        parser.error("eflomal is not installed: .venv/bin/pip install -e '.[align]'")
+    train = [lines_of(args.data / f"train.{side}.gz") for side in ("es", "en")]
+    split = [lines_of(args.data / f"{args.split}.{side}.gz") for side in ("es", "en")]
+    src = [normalise(line) for line in train[0] + split[0]]
+    trg = [normalise(line) for line in train[1] + split[1]]
+    args.out.mkdir(parents=True, exist_ok=True)
+    fwd, rev = args.out / "all.fwd", args.out / "all.rev"
+    aligner = eflomal.Aligner(model=3, rel_iterations=args.seed_iterations)
+    aligner.align(src, trg, links_filename_fwd=str(fwd), links_filename_rev=str(rev))
+    first = len(train[0])
+    forward = fwd.read_text(encoding="utf-8").splitlines()[first:]
+    reverse = rev.read_text(encoding="utf-8").splitlines()[first:]
+    outputs = {
+        "fwd": [pharaoh(read_links(line)) for line in forward],
+        "rev": [pharaoh(read_links(line)) for line in reverse],
+        "gdfa": [
+            pharaoh(grow_diag_final_and(read_links(f), read_links(r)))
+            for f, r in zip(forward, reverse, strict=True)
+        ],
+    }
+    for name, lines in outputs.items():
+        path = args.out / f"{args.split}.{name}.align"
+        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        print(f"eflomal {name}:", flush=True)
+        subprocess.run(
+            [sys.executable, "-m", "nmt", "eval", "--align", str(path)]
+            + ["--align-ref", str(args.data / f"{args.split}.align.gz")]
+            + ["--align-src", str(args.data / f"{args.split}.es.gz")]
+            + ["--align-trg", str(args.data / f"{args.split}.en.gz")],
+            check=True,
+            cwd=ROOT,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
