@@ -303,6 +303,14 @@ def score(
         Path | None,
         typer.Option("--attention-dir", help="Write the attention over each given target here."),
     ] = None,
+    align_ref: Annotated[
+        Path | None,
+        typer.Option(
+            "--align-ref",
+            help="With --attention-dir: outline these reference word links on each heatmap "
+            "(Pharaoh, i-j sure red, i?j possible orange; a line per pair).",
+        ),
+    ] = None,
     device: DeviceOption = "auto",
     precision: PrecisionOption = "auto",
 ) -> None:
@@ -328,6 +336,7 @@ def score(
         attention_dir,
         device,
         precision,
+        align_ref=align_ref,
     )
 
 

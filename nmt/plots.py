@@ -54,13 +54,33 @@ def _escape(token: str) -> str:
     return token.replace("$", r"\$")
 
 
+# A reference link's cell: a red square for a sure link, a smaller orange one for a possible.
+_STYLES = {True: ("#e8202a", 1.4, 0.92), False: ("#f59a23", 1.0, 0.6)}  # colour, line, size
+
+
+def _overlay(ax: object, cells: Sequence[tuple[int, int, bool]]) -> None:
+    """Outline the (row, column) cells of reference links on the heatmap."""
+    from matplotlib.patches import Rectangle
+
+    for row, column, sure in cells:
+        colour, width, size = _STYLES[sure]
+        corner = (column - size / 2, row - size / 2)
+        patch = Rectangle(corner, size, size, fill=False, edgecolor=colour, linewidth=width)
+        ax.add_patch(patch)  # type: ignore[attr-defined]
+
+
 def attention_figure(
-    src_tokens: Sequence[str], trg_tokens: Sequence[str], weights: np.ndarray
+    src_tokens: Sequence[str],
+    trg_tokens: Sequence[str],
+    weights: np.ndarray,
+    links: Sequence[tuple[int, int, bool]] = (),
 ) -> Figure:
-    """Draw the heatmap: source on the x axis (top), target on the y axis, white = 1.
+    """Draw the heatmap: source on the x axis (top), target on the y axis, white = 1;
+    ``links`` (row, column, sure) outline reference links: red sure, orange possible.
 
     Raises:
-        ValueError: ``weights`` is not (len(trg_tokens), len(src_tokens)).
+        ValueError: ``weights`` is not (len(trg_tokens), len(src_tokens)), or a link lies
+            outside it.
     """
     weights = np.asarray(weights, dtype=np.float32)
     _check_shape(src_tokens, trg_tokens, weights)
@@ -75,6 +95,10 @@ def attention_figure(
     ax.set_xticks(range(n_src), [_escape(t) for t in src_tokens], rotation=90, fontsize=font)
     ax.set_yticks(range(n_trg), [_escape(t) for t in trg_tokens], fontsize=font)
     ax.tick_params(length=0)
+    for row, column, _ in links:
+        if not (0 <= row < n_trg and 0 <= column < n_src):
+            raise ValueError(f"link cell ({row}, {column}) lies outside {weights.shape}")
+    _overlay(ax, links)
     ax.set_xlabel("source", fontsize=font + 1)
     ax.set_ylabel("target", fontsize=font + 1)
     with warnings.catch_warnings():
@@ -106,6 +130,7 @@ def save_attention(
     src_tokens: Sequence[str],
     trg_tokens: Sequence[str],
     weights: np.ndarray,
+    links: Sequence[tuple[int, int, bool]] = (),
 ) -> list[Path]:
     """Save an attention matrix as a heatmap PNG, a float32 .npy and a JSON file.
 
@@ -115,6 +140,8 @@ def save_attention(
         src_tokens: Source pieces, one per column of ``weights``.
         trg_tokens: Target pieces, one per row of ``weights``.
         weights: Attention weights of shape (len(trg_tokens), len(src_tokens)).
+        links: Reference links to outline, as (row, column, sure) cells; the JSON file
+            lists them under ``reference_links``.
 
     Returns:
         The paths written: the PNG, the .npy and the JSON file.
@@ -128,7 +155,7 @@ def save_attention(
     path_stem.parent.mkdir(parents=True, exist_ok=True)
     png, npy, js = (path_stem.with_name(path_stem.name + s) for s in (".png", ".npy", ".json"))
 
-    fig = attention_figure(src_tokens, trg_tokens, matrix)
+    fig = attention_figure(src_tokens, trg_tokens, matrix, links)
 
     def write_png(handle: IO[bytes]) -> None:
         with warnings.catch_warnings():
@@ -140,6 +167,10 @@ def save_attention(
         "target": list(trg_tokens),
         "weights": np.round(matrix.astype(np.float64), 6).tolist(),
     }
+    if links:
+        document["reference_links"] = [
+            {"target": row, "source": column, "sure": sure} for row, column, sure in links
+        ]
     text = json.dumps(document, ensure_ascii=False).encode("utf-8")
     atomic_write_bytes(png, write_png)
     atomic_write_bytes(npy, lambda handle: np.save(handle, matrix))

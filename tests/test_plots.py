@@ -91,3 +91,18 @@ def test_attention_figure_array_is_rgb_uint8() -> None:
     assert image.ndim == 3 and image.shape[2] == 3
     assert image.shape[0] > 50 and image.shape[1] > 50
     assert image.min() < 50 and image.max() > 200
+
+
+def test_reference_links_are_outlined_and_listed(tmp_path: Path) -> None:
+    weights = np.full((3, 4), 0.25, dtype=np.float32)
+    links = [(0, 1, True), (2, 3, False)]
+    plain = save_attention(tmp_path / "plain", list("abcd"), list("xyz"), weights)
+    drawn = save_attention(tmp_path / "drawn", list("abcd"), list("xyz"), weights, links)
+    assert plain[0].read_bytes() != drawn[0].read_bytes(), "the outlines change the picture"
+    document = json.loads(drawn[2].read_text(encoding="utf-8"))
+    assert document["reference_links"] == [
+        {"target": 0, "source": 1, "sure": True},
+        {"target": 2, "source": 3, "sure": False},
+    ]
+    with pytest.raises(ValueError, match=r"link cell \(3, 0\) lies outside \(3, 4\)"):
+        save_attention(tmp_path / "bad", list("abcd"), list("xyz"), weights, [(3, 0, True)])

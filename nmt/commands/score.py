@@ -11,6 +11,7 @@ from typing import Any
 from nmt import checkpoint
 from nmt.commands.progress import progress_bar
 from nmt.commands.translate import decoding_options, write_attention
+from nmt.decoding.alignment import link_cells, parse_links, piece_words
 from nmt.decoding.scoring import Scored
 from nmt.decoding.translator import Translator
 from nmt.errors import ConfigError, DataError
@@ -112,6 +113,40 @@ def format_scored(translator: Translator, target: str, result: Scored | None, to
     return line
 
 
+def _reference_links(
+    path: Path | None, attention_dir: Path | None, sources: list[str], targets: list[str]
+) -> list[tuple[set[tuple[int, int]], set[tuple[int, int]]]] | None:
+    """The --align-ref file's (sure, possible) links per pair, checked against the pairs'
+    words before anything is scored or written."""
+    if path is None:
+        return None
+    if attention_dir is None:
+        raise ConfigError("--align-ref outlines links on heatmaps: give --attention-dir too")
+    lines = read_lines(path)
+    if len(lines) != len(sources):
+        raise DataError(
+            f"--align-ref {path} has {len(lines)} lines but there are {len(sources)} pairs; "
+            f"give the reference alignment of these pairs"
+        )
+    links = []
+    rows = zip(lines, sources, targets, strict=True)
+    for number, (line, source, target) in enumerate(rows, start=1):
+        where = f"--align-ref {path} line {number}"
+        try:
+            sure, possible = parse_links(line, where)
+        except ValueError as exc:
+            raise DataError(str(exc)) from None
+        words = (len(source.split()), len(target.split()))
+        for i, j in sorted(sure | possible):
+            if i >= words[0] or j >= words[1]:
+                raise DataError(
+                    f"{where}: link {i}-{j} is outside the pair's {words[0]} source and "
+                    f"{words[1]} target words; the reference is of other text"
+                )
+        links.append((sure, possible))
+    return links
+
+
 def score_command(
     models: Sequence[Path],
     input_path: str | None,
@@ -125,9 +160,10 @@ def score_command(
     device: str = "auto",
     precision: str = "auto",
     show_progress: bool = True,
+    align_ref: Path | None = None,
 ) -> int:
     """`nmt score`: one line per pair (or the n-best rows with a score column), written only
-    when every pair is scored."""
+    when every pair is scored; with ``align_ref``, the heatmaps outline its links."""
     if tokens and n_best is not None:
         raise ConfigError(
             "--tokens does not apply to --n-best rescoring, which adds one score column"
@@ -140,6 +176,7 @@ def score_command(
     if attention_dir is not None and attention_dir.exists() and not attention_dir.is_dir():
         raise DataError(f"--attention-dir {attention_dir}: is a file; give a directory")
     pairs = read_pairs_given(input_path, target_path, tsv, n_best)
+    references = _reference_links(align_ref, attention_dir, pairs.sources, pairs.targets)
     translator = Translator.from_checkpoints(models, device, precision)
     decoding = decoding_options(translator, decoding_overrides)
     reading_file = STDIN not in (input_path, target_path, tsv, n_best) and pairs.sources
@@ -155,8 +192,17 @@ def score_command(
         else:
             out.append(format_scored(translator, target, result, tokens))
         if attention_dir is not None and result is not None and result.alphas is not None:
-            (src_ids,) = translator.tokenizer.encode_src([pairs.sources[index]])
-            (trg_ids,) = translator.tokenizer.encode_trg([target])
-            write_attention(translator, attention_dir, index, src_ids, trg_ids, result.alphas)
+            tokenizer = translator.tokenizer
+            (src_ids,) = tokenizer.encode_src([pairs.sources[index]])
+            (trg_ids,) = tokenizer.encode_trg([target])
+            cells: list[tuple[int, int, bool]] = []
+            if references is not None:
+                sure, possible = references[index]
+                src_words = piece_words(tokenizer.src, pairs.sources[index])
+                trg_words = piece_words(tokenizer.trg, target)
+                cells = link_cells(sure, possible, src_words, trg_words)
+            write_attention(
+                translator, attention_dir, index, src_ids, trg_ids, result.alphas, cells
+            )
     write_lines(output_path, out)
     return len(out)

@@ -151,12 +151,14 @@ def write_attention(
     src_ids: list[int],
     trg_ids: list[int],
     alphas: Any,
+    links: Sequence[tuple[int, int, bool]] = (),
 ) -> None:
-    """Heatmap and raw matrix of one sentence's attention: alphas (|y|+1, |x|)."""
+    """Heatmap and raw matrix of one sentence's attention: alphas (|y|+1, |x|); ``links``
+    (target piece, source piece, sure) outline reference links."""
     tokenizer = translator.tokenizer
     src = tokenizer.src_pieces(src_ids)
     trg = [*tokenizer.trg_pieces(trg_ids), "</s>"]
-    save_attention(directory / f"{index:06d}", src, trg, alphas.float().numpy())
+    save_attention(directory / f"{index:06d}", src, trg, alphas.float().numpy(), links)
 
 
 def _write_best_attention(

@@ -65,6 +65,26 @@ def piece_words(processor: Any, text: str) -> list[int]:
     return out + [last] * pending
 
 
+def link_cells(
+    sure: set[tuple[int, int]],
+    possible: set[tuple[int, int]],
+    src_words: Sequence[int],
+    trg_words: Sequence[int],
+) -> list[tuple[int, int, bool]]:
+    """Word links (source word, target word) -> the attention cells (target piece, source
+    piece, sure) of every piece pair of the two words, for a heatmap overlay; a cell that
+    two links share is sure if either is."""
+    cells: dict[tuple[int, int], bool] = {}
+    for links, is_sure in ((possible, False), (sure, True)):
+        for i, j in links:
+            rows = [t for t, word in enumerate(trg_words) if word == j]
+            columns = [c for c, word in enumerate(src_words) if word == i]
+            for row in rows:
+                for column in columns:
+                    cells[(row, column)] = cells.get((row, column), False) or is_sure
+    return [(row, column, is_sure) for (row, column), is_sure in sorted(cells.items())]
+
+
 def word_attention(alphas: Tensor, src_words: Sequence[int], trg_words: Sequence[int]) -> Tensor:
     """alphas (T+1, S+1): target pieces and EOS x source pieces and EOS -> (W_trg, W_src)
     word attention, float64."""

@@ -507,3 +507,53 @@ def test_attention_dir_that_is_a_file(run: Path, tmp_path: Path, previous: Path)
     )  # fmt: skip
     assert f"--attention-dir {previous}" in result.error
     assert unchanged(previous) and not (tmp_path / "out.tsv").exists()
+
+
+def test_reference_links_are_outlined_on_the_heatmaps(
+    run: Path, files: tuple[Path, Path, Path], reference: Translator, tmp_path: Path
+) -> None:
+    """--align-ref: each word link becomes the cells of its words' pieces (sure wins where
+    links share a cell), listed in the JSON beside the matrix, drawn on the PNG."""
+    from nmt.decoding.alignment import piece_words
+
+    gold = tmp_path / "gold.align"
+    lines = ["0-1 1?0", "0-2 2-0 1?1", "", "3-0", "", "0-0 0?1"]
+    gold.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    plain, outlined = tmp_path / "plain", tmp_path / "outlined"
+    _score(run, "--attention-dir", str(plain), files=files)
+    _score(run, "--attention-dir", str(outlined), "--align-ref", str(gold), files=files)
+    tokenizer = reference.tokenizer
+    for i in (0, 1, 3, 5):
+        src_words = piece_words(tokenizer.src, SOURCES[i])
+        trg_words = piece_words(tokenizer.trg, TARGETS[i])
+        expected: dict[tuple[int, int], bool] = {}
+        for link in lines[i].split():
+            mark = "?" if "?" in link else "-"
+            word_src, word_trg = map(int, link.split(mark))
+            for row, trg_word in enumerate(trg_words):
+                for column, src_word in enumerate(src_words):
+                    if (src_word, trg_word) == (word_src, word_trg):
+                        cell = (row, column)
+                        expected[cell] = expected.get(cell, False) or mark == "-"
+        document = json.loads((outlined / f"{i:06d}.json").read_text(encoding="utf-8"))
+        found = {(c["target"], c["source"]): c["sure"] for c in document["reference_links"]}
+        assert found == expected and expected
+        assert (outlined / f"{i:06d}.png").read_bytes() != (plain / f"{i:06d}.png").read_bytes()
+    assert "reference_links" not in json.loads((outlined / "000002.json").read_text())
+
+
+def test_bad_reference_links_stop_before_anything_is_written(
+    run: Path, files: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    src, trg, _ = files
+    gold, folder = tmp_path / "gold.align", tmp_path / "attention"
+    base = ["score", "-m", str(run), "-i", str(src), "-t", str(trg)]
+    gold.write_text("0-0\n" * len(SOURCES), encoding="utf-8")
+    assert "give --attention-dir too" in nmt(*base, "--align-ref", str(gold)).error
+    gold.write_text("0-0\n", encoding="utf-8")
+    result = nmt(*base, "--attention-dir", str(folder), "--align-ref", str(gold))
+    assert result.code == 2 and "has 1 lines but there are 6 pairs" in result.error
+    gold.write_text("0-0\n0-7\n" + "\n" * (len(SOURCES) - 2), encoding="utf-8")
+    result = nmt(*base, "--attention-dir", str(folder), "--align-ref", str(gold))
+    assert f"--align-ref {gold} line 2: link 0-7 is outside" in result.error
+    assert not folder.exists() and result.out == ""
