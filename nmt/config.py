@@ -245,6 +245,15 @@ class TrainingConfig(_Section):
         description="max padded tokens per batch (sentences x longest side); pairs are "
         "bucketed by their longer side, then source length",
     )
+    guided_alignment: str | None = Field(
+        None,
+        description="a Pharaoh word alignment of the training pairs (a line per pair of "
+        "data.train, e.g. eflomal's): a cross-entropy pulls the attention towards its links "
+        "(Chen et al. 2016)",
+    )
+    guided_alignment_weight: float = Field(
+        0.5, ge=0, description="weight of the guided-alignment cross-entropy in the loss"
+    )
     accumulate: int = Field(
         1,
         ge=1,
@@ -382,6 +391,12 @@ class Config(_Section):
             problems.append(
                 "training.freeze: every part is frozen and nothing would train; leave at least "
                 "one of embeddings, encoder, decoder, attention out"
+            )
+        if self.training.guided_alignment and self.tokenizer.sampling_alpha is not None:
+            problems.append(
+                "training.guided_alignment: its links are mapped onto the one deterministic "
+                "segmentation, which tokenizer.sampling_alpha replaces every epoch; use one "
+                "of the two"
             )
         if self.training.init_from and self.tokenizer.model:
             problems.append(

@@ -22,6 +22,7 @@ class Batch:
     trg_in: torch.Tensor
     trg_out: torch.Tensor
     indices: np.ndarray
+    guide: torch.Tensor | None = None  # (B, T, S) attention targets (nmt.data.guidance)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(src, src_lengths, trg_in, trg_out): what ``Seq2Seq.loss`` takes."""
@@ -38,6 +39,7 @@ class Batch:
             self.trg_in.to(device, non_blocking=True),
             self.trg_out.to(device, non_blocking=True),
             self.indices,
+            None if self.guide is None else self.guide.to(device, non_blocking=True),
         )
 
 

@@ -194,5 +194,11 @@ def check_files(config: Config) -> None:
     start = config.training.init_from
     if start and not Path(start).exists():
         problems.append(f"training.init_from: {start}: no such run directory or checkpoint")
+    guide = config.training.guided_alignment
+    if guide:
+        try:
+            existing(Path(guide), "training.guided_alignment")
+        except DataError as exc:
+            problems.append(str(exc).removesuffix("; fix training.guided_alignment in the config"))
     if problems:
         raise DataError("; ".join(problems) + "; fix the paths in the config or --override them")

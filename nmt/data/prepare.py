@@ -32,6 +32,7 @@ from nmt.data.store import (
     file_identity,
 )
 from nmt.data.store import prepare as prepare_split
+from nmt.data.textfiles import existing, quiet_datasets, read_file
 from nmt.data.tokenizer import Tokenizer, load_model_file, train_sentencepiece
 from nmt.errors import DataError
 from nmt.files import atomic_write_bytes, atomic_write_text
@@ -215,6 +216,23 @@ def build_tokenizer(config: Config, source: Source, store: Store, stages: Stages
     return tokenizer
 
 
+def with_links(source: Source, path: Path, cache: Path) -> Any:
+    """The training pairs with a ``links`` column: the guided-alignment file, a line per
+    pair (read like a corpus file: UTF-8, lines end at newline, a .gz beside it counts)."""
+    rows = source.rows()
+    lines = read_file(
+        existing(path, "training.guided_alignment"), "text", ("", ""), "strict", cache
+    )
+    if len(lines) != len(rows):
+        raise DataError(
+            f"training.guided_alignment: {path} has {len(lines):,} lines but data.train "
+            f"{source.split} has {len(rows):,} pairs; give the alignment of the training pairs, "
+            f"a line per pair in their order"
+        )
+    datasets = quiet_datasets()
+    return datasets.concatenate_datasets([rows, lines.rename_column("text", "links")], axis=1)
+
+
 def _write(data: bytes, handle: BinaryIO) -> None:
     handle.write(data)
 
@@ -259,20 +277,25 @@ def load_corpora(
     tokenizer = tokenizer or build_tokenizer(config, train_source, store, stages)
     built = []
     prepared = {}
+    guide = config.training.guided_alignment
     for name, source, max_length, check in (
         ("train", train_source, data.max_length, _check_train(config)),
         ("dev", Source(data, data.dev, store_dir, stages), None, _check_dev(config)),
     ):
+        parts: dict[str, Any] = {"source": source.identity()}
+        rows = source.rows
+        if name == "train" and guide:
+            parts["guide"] = file_identity([Path(guide)])
+            rows = functools.partial(with_links, source, Path(guide), store_dir)
+        encode = Encode(
+            tokenizer,
+            max_length,
+            keep_text=name == "dev",
+            guide=guide if name == "train" else None,
+        )
         with stages.stage("tokenise"):
             prepared[name], new = prepare_split(
-                store,
-                name,
-                {"source": source.identity()},
-                source.rows,
-                Encode(tokenizer, max_length, keep_text=name == "dev"),
-                data.num_proc,
-                stages.show,
-                check,
+                store, name, parts, rows, encode, data.num_proc, stages.show, check
             )
         if new:
             built.append(name)

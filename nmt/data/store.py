@@ -40,8 +40,9 @@ from typing import Any
 import numpy as np
 
 from nmt.data.batching import Batch, make_batch
+from nmt.data.guidance import guide_matrix, parse_pharaoh, word_link_cells
 from nmt.data.textfiles import quiet_datasets
-from nmt.data.tokenizer import Tokenizer
+from nmt.data.tokenizer import Tokenizer, piece_words
 from nmt.errors import DataError
 from nmt.files import atomic_write_text
 
@@ -104,6 +105,11 @@ class Encode:
     max_length: int | None  # None: drop only pairs with an empty side
     keep_text: bool
     sampling: Sampling | None = None
+    guide: str | None = None  # the file of the "links" column: guided alignment's cells
+
+    @property
+    def indexed(self) -> bool:
+        return self.sampling is not None or self.guide is not None
 
     def ids(self, batch: dict[str, list[str]], indices: list[int] | None) -> tuple[list, list]:
         tok, sampling = self.tokenizer, self.sampling
@@ -134,10 +140,36 @@ class Encode:
         out |= {"src_len": src_len, "trg_len": trg_len}
         if self.keep_text:
             out["src"], out["trg"] = batch["src"], batch["trg"]
+        if self.guide is not None:
+            assert indices is not None
+            out["guide"] = [
+                self.guide_cells(src, trg, links, index)
+                for src, trg, links, index in zip(
+                    batch["src"], batch["trg"], batch["links"], indices, strict=True
+                )
+            ]
         return out
 
+    def guide_cells(self, src: str, trg: str, line: str, index: int) -> list[int]:
+        """One pair's guided-alignment cells, flat (t0, s0, t1, s1, ...)."""
+        where = f"training.guided_alignment {self.guide} line {index + 1}"
+        try:
+            links = parse_pharaoh(line, where)
+        except ValueError as exc:
+            raise DataError(str(exc)) from None
+        words = (len(src.split()), len(trg.split()))
+        for i, j in links:
+            if i >= words[0] or j >= words[1]:
+                raise DataError(
+                    f"{where}: link {i}-{j} is outside the pair's {words[0]} source and "
+                    f"{words[1]} target words; the alignment is of other text"
+                )
+        src_words = piece_words(self.tokenizer.src, src)
+        trg_words = piece_words(self.tokenizer.trg, trg)
+        return [x for cell in word_link_cells(links, src_words, trg_words) for x in cell]
 
-def _features(keep_text: bool) -> Any:
+
+def _features(keep_text: bool, guide: bool) -> Any:
     datasets = quiet_datasets()
     ids = datasets.Sequence(datasets.Value("int32"))
     columns = {
@@ -149,6 +181,8 @@ def _features(keep_text: bool) -> Any:
     }
     if keep_text:
         columns |= {"src": datasets.Value("string"), "trg": datasets.Value("string")}
+    if guide:
+        columns["guide"] = ids
     return datasets.Features(columns)
 
 
@@ -264,7 +298,7 @@ def prepare(
     new entry is published, so a corpus it refuses leaves nothing behind.
     """
     tokenizer = encode.tokenizer
-    settings = (encode.max_length, encode.keep_text, encode.sampling)
+    settings = (encode.max_length, encode.keep_text, encode.sampling, encode.guide)
     key = digest(STORE_VERSION, key_parts, settings, tokenizer.src_proto, tokenizer.trg_proto)
     manifest = store.find(name, key)
     if manifest is not None:
@@ -293,13 +327,13 @@ def _build(
     """Tokenise ``pairs`` into shards in ``tmp``; the manifest's counts and files."""
     datasets = quiet_datasets()
     procs = min(num_proc or default_num_proc(len(pairs)), max(1, len(pairs)))
-    features = _features(encode.keep_text)
+    features = _features(encode.keep_text, encode.guide is not None)
     if progress:
         datasets.enable_progress_bars()
     try:
         mapped = pairs.map(
             encode,
-            with_indices=encode.sampling is not None,
+            with_indices=encode.indexed,
             batched=True,
             batch_size=2000,
             num_proc=procs if procs > 1 else None,
@@ -333,10 +367,13 @@ def _build(
 
 
 class TokenizedCorpus:
-    """Random access to a prepared split's kept pairs; ids stay in the memory-mapped shards."""
+    """Random access to a prepared split's kept pairs; ids stay in the memory-mapped shards.
+    A split prepared with guided alignment gives each batch its attention targets."""
 
     def __init__(self, prepared: Prepared):
-        self.rows = prepared.rows.select_columns(["src_ids", "trg_ids"])
+        self.guided = "guide" in prepared.rows.column_names
+        columns = ["src_ids", "trg_ids", *(["guide"] if self.guided else [])]
+        self.rows = prepared.rows.select_columns(columns)
         self.row_ids = prepared.row_ids
         self.src_lengths = prepared.src_lengths
         self.trg_lengths = prepared.trg_lengths
@@ -346,4 +383,7 @@ class TokenizedCorpus:
 
     def batch(self, indices: np.ndarray) -> Batch:
         picked = self.rows[self.row_ids[indices].tolist()]
-        return make_batch(picked["src_ids"], picked["trg_ids"], indices)
+        batch = make_batch(picked["src_ids"], picked["trg_ids"], indices)
+        if self.guided:
+            batch.guide = guide_matrix(picked["guide"], batch.trg_out.size(1), batch.src.size(1))
+        return batch

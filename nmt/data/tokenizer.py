@@ -188,3 +188,33 @@ def load_model_file(path: Path) -> bytes:
     except (RuntimeError, OSError) as exc:
         raise DataError(f"{path}: not a sentencepiece model ({exc})") from None
     return proto
+
+
+def piece_words(processor: Any, text: str) -> list[int]:
+    """The word index (whitespace token) of each sentencepiece piece of ``text``; a piece of
+    whitespace alone (a lone ``▁``) belongs to the next piece's word. sentencepiece gives
+    each piece's place in the text as UTF-8 byte offsets."""
+    word_of_char = []  # per UTF-8 byte of the text
+    word = -1
+    previous_space = True
+    for char in text:
+        space = char.isspace()
+        if not space and previous_space:
+            word += 1
+        word_of_char.extend([-1 if space else word] * len(char.encode("utf-8")))
+        previous_space = space
+    pieces = processor.encode(text, return_type="proto").pieces
+    out: list[int] = []
+    pending = 0
+    for piece in pieces:
+        owner = next(
+            (word_of_char[i] for i in range(piece.begin, piece.end) if word_of_char[i] >= 0),
+            -1,
+        )
+        if owner < 0:
+            pending += 1
+            continue
+        out.extend([owner] * (pending + 1))
+        pending = 0
+    last = out[-1] if out else 0
+    return out + [last] * pending

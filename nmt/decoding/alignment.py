@@ -32,37 +32,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt.data.guidance import word_link_cells
+from nmt.data.tokenizer import piece_words
+
 EXTRACTIONS = ("argmax", "threshold", "next")
-
-
-def piece_words(processor: Any, text: str) -> list[int]:
-    """The word index (whitespace token) of each sentencepiece piece of ``text``; a piece of
-    whitespace alone (a lone ``▁``) belongs to the next piece's word. sentencepiece gives
-    each piece's place in the text as UTF-8 byte offsets."""
-    word_of_char = []  # per UTF-8 byte of the text
-    word = -1
-    previous_space = True
-    for char in text:
-        space = char.isspace()
-        if not space and previous_space:
-            word += 1
-        word_of_char.extend([-1 if space else word] * len(char.encode("utf-8")))
-        previous_space = space
-    pieces = processor.encode(text, return_type="proto").pieces
-    out: list[int] = []
-    pending = 0
-    for piece in pieces:
-        owner = next(
-            (word_of_char[i] for i in range(piece.begin, piece.end) if word_of_char[i] >= 0),
-            -1,
-        )
-        if owner < 0:
-            pending += 1
-            continue
-        out.extend([owner] * (pending + 1))
-        pending = 0
-    last = out[-1] if out else 0
-    return out + [last] * pending
 
 
 def link_cells(
@@ -74,14 +47,8 @@ def link_cells(
     """Word links (source word, target word) -> the attention cells (target piece, source
     piece, sure) of every piece pair of the two words, for a heatmap overlay; a cell that
     two links share is sure if either is."""
-    cells: dict[tuple[int, int], bool] = {}
-    for links, is_sure in ((possible, False), (sure, True)):
-        for i, j in links:
-            rows = [t for t, word in enumerate(trg_words) if word == j]
-            columns = [c for c, word in enumerate(src_words) if word == i]
-            for row in rows:
-                for column in columns:
-                    cells[(row, column)] = cells.get((row, column), False) or is_sure
+    cells = dict.fromkeys(word_link_cells(sorted(possible), src_words, trg_words), False)
+    cells.update(dict.fromkeys(word_link_cells(sorted(sure), src_words, trg_words), True))
     return [(row, column, is_sure) for (row, column), is_sure in sorted(cells.items())]
 
 

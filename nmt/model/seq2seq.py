@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -69,19 +70,38 @@ class Seq2Seq(nn.Module):
         trg_in: Tensor,
         trg_out: Tensor,
         label_smoothing: float = 0.0,
+        guide: Tensor | None = None,
+        guide_weight: float = 0.0,
     ) -> tuple[Tensor, Tensor]:
         """Summed label-smoothed cross-entropy and summed plain NLL over the target tokens.
 
         src (B, S), src_lengths (B,), trg_in (B, T) = BOS y, trg_out (B, T) = y EOS, padded
-        with PAD_ID. Divide by the number of target tokens for per-token means.
+        with PAD_ID. Divide by the number of target tokens for per-token means. With
+        ``guide`` (B, T, S) attention targets, the loss adds ``guide_weight`` times their
+        cross-entropy with the attention (``guided_alignment_loss``); the NLL does not.
         """
-        features, _ = self(src, src_lengths, trg_in)
+        features, alphas = self(src, src_lengths, trg_in)
         flat = features.reshape(-1, features.size(-1))  # (B*T, O)
         gold = trg_out.reshape(-1)  # (B*T,)
         keep = gold != PAD_ID
         flat, gold = flat[keep], gold[keep]  # padding never reaches the output layer
         weight = self.generator.weight  # (V, O)
-        return self.fast.output_loss(flat, weight, gold, label_smoothing, self.training)
+        loss, nll = self.fast.output_loss(flat, weight, gold, label_smoothing, self.training)
+        if guide is not None and guide_weight > 0:
+            loss = loss + guide_weight * guided_alignment_loss(alphas, guide)
+        return loss, nll
+
+
+def guided_alignment_loss(alphas: Tensor, guide: Tensor) -> Tensor:
+    """Guided alignment (Chen et al. 2016; Garg et al. 2019): the cross-entropy
+    -sum_{b,t} sum_s G[b,t,s] log alpha[b,t,s] between the attention alphas (B, T, S) and the
+    targets G (B, T, S), each row of G a distribution over source pieces or zero (a target
+    piece without links, EOS, padding: no term). Multi-head attention contributes the mean
+    of its heads' weights, the alphas every decoder returns. A weight of exactly 0 where G
+    is not (a local window's outside) counts as the smallest float32, not as -inf."""
+    tiny = torch.finfo(torch.float32).tiny
+    log_alphas = alphas.float().clamp_min(tiny).log()
+    return -(guide.to(log_alphas.dtype) * log_alphas).sum()
 
 
 def build_model(

@@ -32,20 +32,27 @@ class TrainingLoss(nn.Module):
     DistributedDataParallel (which hooks ``forward``) can wrap it; the weights stay those of
     ``model``."""
 
-    def __init__(self, model: Seq2Seq, label_smoothing: float):
+    def __init__(self, model: Seq2Seq, label_smoothing: float, guide_weight: float = 0.0):
         super().__init__()
         self.model = model
         self.label_smoothing = label_smoothing
+        self.guide_weight = guide_weight  # training.guided_alignment_weight
 
     def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """-> (loss_sum, nll_sum), scalars summed over the batch's target tokens."""
-        return self.model.loss(*batch.tensors(), self.label_smoothing)
+        """-> (loss_sum, nll_sum), scalars summed over the batch's target tokens; with
+        attention targets, the loss adds their weighted cross-entropy (summed over rows)."""
+        guide = batch.guide if self.guide_weight > 0 else None
+        return self.model.loss(
+            *batch.tensors(), self.label_smoothing, guide=guide, guide_weight=self.guide_weight
+        )
 
 
-def loss_for_training(model: Seq2Seq, label_smoothing: float, place: Distributed) -> nn.Module:
+def loss_for_training(
+    model: Seq2Seq, label_smoothing: float, place: Distributed, guide_weight: float = 0.0
+) -> nn.Module:
     """The module whose forward gives the loss sums; DDP-wrapped when there are several ranks
     (its construction broadcasts rank 0's weights; every parameter is used in every step)."""
-    loss_module = TrainingLoss(model, label_smoothing)
+    loss_module = TrainingLoss(model, label_smoothing, guide_weight)
     if not place.enabled:
         return loss_module
     return DistributedDataParallel(loss_module, broadcast_buffers=False)
@@ -157,6 +164,7 @@ def _split_batch(batch: Batch, pieces: int) -> list[Batch]:
                 batch.trg_in[index, :trg_len],
                 trg_out[:, :trg_len],
                 batch.indices[rows],
+                None if batch.guide is None else batch.guide[index, :trg_len, :src_len],
             )
         )
     return out
