@@ -13,7 +13,8 @@ eflomal learns from the training split together with the split it aligns (an ali
 the text it aligns; no reference links are used). Tokens are the whitespace tokens the
 reference indexes, lower-cased and stripped of punctuation at both ends for eflomal only
 (a token of punctuation alone stays as it is), so the links index the shipped lines.
-Writes ``{out}/{split}.{fwd,rev,gdfa}.align`` and prints the scores of each.
+Writes ``{out}/{split}.{fwd,rev,gdfa}.align`` and prints the scores of each, and
+``{out}/train.gdfa.align``, the training split's alignment, for ``training.guided_alignment``.
 """
 
 from __future__ import annotations
@@ -102,8 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     aligner = eflomal.Aligner(model=3, rel_iterations=args.seed_iterations)
     aligner.align(src, trg, links_filename_fwd=str(fwd), links_filename_rev=str(rev))
     first = len(train[0])
-    forward = fwd.read_text(encoding="utf-8").splitlines()[first:]
-    reverse = rev.read_text(encoding="utf-8").splitlines()[first:]
+    all_forward = fwd.read_text(encoding="utf-8").splitlines()
+    all_reverse = rev.read_text(encoding="utf-8").splitlines()
+    training = [
+        pharaoh(grow_diag_final_and(read_links(f), read_links(r)))
+        for f, r in zip(all_forward[:first], all_reverse[:first], strict=True)
+    ]
+    guide = args.out / "train.gdfa.align"
+    guide.write_text("".join(line + "\n" for line in training), encoding="utf-8")
+    print(f"training split's alignment (for training.guided_alignment): {guide}", flush=True)
+    forward, reverse = all_forward[first:], all_reverse[first:]
     outputs = {
         "fwd": [pharaoh(read_links(line)) for line in forward],
         "rev": [pharaoh(read_links(line)) for line in reverse],

@@ -41,9 +41,13 @@ class TrainingLoss(nn.Module):
     def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """-> (loss_sum, nll_sum), scalars summed over the batch's target tokens; with
         attention targets, the loss adds their weighted cross-entropy (summed over rows)."""
-        guide = batch.guide if self.guide_weight > 0 else None
+        if batch.guide is None or self.guide_weight == 0:
+            return self.model.loss(*batch.tensors(), self.label_smoothing)
         return self.model.loss(
-            *batch.tensors(), self.label_smoothing, guide=guide, guide_weight=self.guide_weight
+            *batch.tensors(),
+            self.label_smoothing,
+            guide=batch.guide,
+            guide_weight=self.guide_weight,
         )
 
 
