@@ -411,7 +411,13 @@ def eval_(
             help="Translate a split of this run's data instead (repeat: an ensemble).",
         ),
     ] = None,
-    split: Annotated[str, typer.Option("--split", help="With --model: dev or test.")] = "test",
+    split: Annotated[
+        str,
+        typer.Option(
+            "--split",
+            help="With --model: dev, test, train or a data.eval_splits name (the demo: books).",
+        ),
+    ] = "test",
     beam: Annotated[
         int | None, typer.Option("--beam", "-b", min=1, help="With --model: beam size.")
     ] = None,

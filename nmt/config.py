@@ -56,6 +56,11 @@ class DataConfig(_Section):
     )
     dev: str = Field("data/bible/dev", description="development set, same form as train")
     test: str | None = Field("data/bible/test", description="test set, same form as train")
+    eval_splits: dict[str, str] = Field(
+        {},
+        description="more test sets, name: same form as train, each scored by nmt eval "
+        "--split NAME (the demo's books: whole books held out of every other split)",
+    )
     hub_name: str | None = Field(None, description="hub dataset name, e.g. iwslt2017")
     hub_config: str | None = Field(None, description="hub dataset config, e.g. iwslt2017-de-en")
     hub_revision: str | None = Field(
@@ -90,6 +95,20 @@ class DataConfig(_Section):
         description="invalid UTF-8 in local files: strict: an error naming the line; "
         "replace: U+FFFD, with a warning counting the lines",
     )
+
+    @model_validator(mode="after")
+    def _eval_split_names(self) -> DataConfig:
+        problems = []
+        for name in self.eval_splits:
+            if name in ("train", "dev", "test"):
+                problems.append(f"eval_splits.{name}: {name} is data.{name}; rename the split")
+            elif not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                problems.append(
+                    f"eval_splits.{name}: a split name is letters, digits, _ and -; rename it"
+                )
+        if problems:  # the caller prefixes the first with "data."
+            raise ValueError("; data.".join(problems))
+        return self
 
 
 class TokenizerConfig(_Section):
@@ -200,6 +219,18 @@ class AttentionConfig(_Section):
         "general",
         description=f"local-m/local-p: score inside the window: {', '.join(CONTENT_SCORES)}",
     )
+    coverage: Literal["none", "sum", "linguistic", "neural"] = Field(
+        "none",
+        description="additive: a coverage vector C fed into the score, v^T tanh(W q + U h + "
+        "V C) (Tu et al. 2016): sum: C += alpha; linguistic: C += alpha / fertility; neural: "
+        "a GRU of alpha, h and the query",
+    )
+    coverage_size: int = Field(
+        10, ge=1, le=MAX_WIDTH, description="coverage neural: units d_c of the coverage GRU"
+    )
+    fertility_max: float = Field(
+        2.0, gt=0, description="coverage linguistic: N in the fertility N sigmoid(U_f h_j)"
+    )
 
     @model_validator(mode="after")
     def _known_names(self) -> AttentionConfig:
@@ -270,9 +301,10 @@ class TrainingConfig(_Section):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto: bf16 autocast on a GPU that supports it, else fp32"
     )
-    schedule: Literal["constant", "warmup", "inverse_sqrt", "plateau"] = Field(
+    schedule: Literal["constant", "warmup", "inverse_sqrt", "plateau", "linear", "cosine"] = Field(
         "constant",
-        description="constant; linear warmup then constant; inverse square root after warmup; halve on dev plateau",
+        description="constant; linear warmup then constant; inverse square root after "
+        "warmup; halve on dev plateau; linear or cosine decay to 0 at training.max_steps",
     )
     warmup_steps: int = Field(
         0, ge=0, description="updates of linear warmup from 0 (before any schedule)"
@@ -398,6 +430,14 @@ class Config(_Section):
                 "segmentation, which tokenizer.sampling_alpha replaces every epoch; use one "
                 "of the two"
             )
+        train = self.training
+        if train.schedule in ("linear", "cosine") and (
+            train.max_steps is None or train.max_steps <= train.warmup_steps
+        ):
+            problems.append(
+                f"training.schedule: {train.schedule} decays to 0 at training.max_steps; set "
+                f"max_steps above warmup_steps ({train.warmup_steps})"
+            )
         if self.training.init_from and self.tokenizer.model:
             problems.append(
                 "tokenizer.model: training.init_from brings its own tokenizer; remove one"
@@ -455,6 +495,12 @@ def _attention_problems(model: ModelConfig) -> list[str]:
         problems.append(
             f"model.attention.scale: {att.scale!r} scales dot and general energies, not "
             f"{score!r}; set scale: none" + (" (cosine has beta)" if score == "cosine" else "")
+        )
+    if att.coverage != "none" and not outer.covers:
+        covering = ", ".join(name for name, cls in SCORE_CLASSES.items() if cls.covers)
+        problems.append(
+            f"model.attention.coverage: {att.coverage!r} feeds the additive score, not "
+            f"{att.score!r}; use score: one of {covering}, or coverage: none"
         )
     if att.scale == "learned" and inner.prescaled:
         problems.append(

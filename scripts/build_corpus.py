@@ -37,12 +37,15 @@ What the builder does, in order:
 6. Drops pairs whose length ratio, in characters, is above 3.
 7. Holds out the blind-test books (Ruth, Jonah, Philemon, Jude, 2 John, 3 John): they are in
    no shipped split.
-8. Splits the rest by a hash of the reference (``split_of``) into train, dev and test, and
-   writes ``{split}.es.gz``, ``{split}.en.gz`` and ``{split}.ref.gz``: one verse per line,
-   line-aligned, gzip with mtime 0 so that rebuilds are byte-identical.
-9. Builds the reference word alignment of dev and test from the Strong's numbers both
+8. Puts the verses of twelve whole books (``BOOK_SPLIT_BOOKS``: Esther, Lamentations, Joel,
+   Nahum, Habakkuk, Zephaniah, Haggai, 1 and 2 Thessalonians, Titus, James, 1 Peter) into
+   the book split, ``books``, and splits the rest by a hash of the reference (``split_of``)
+   into train, dev and test; writes ``{split}.es.gz``, ``{split}.en.gz`` and
+   ``{split}.ref.gz``: one verse per line, line-aligned, gzip with mtime 0 so that rebuilds
+   are byte-identical.
+9. Builds the reference word alignment of dev, test and books from the Strong's numbers both
    modules tag their words with (``gold_for``; see data/README.md, "The reference
-   alignment") and writes ``{dev,test}.align.gz``: Pharaoh links over the whitespace tokens
+   alignment") and writes ``{dev,test,books}.align.gz``: Pharaoh links over the whitespace tokens
    of the shipped lines, ``i-j`` sure and ``i?j`` possible, an empty line for a verse left out.
 
 Only the standard library and nmt's plain-Python function-word lists
@@ -100,11 +103,18 @@ BOOK_ORDER: dict[str, int] = {osis: i for i, osis in enumerate(BOOKS.values())}
 # Short books kept out of every shipped split, for a blind test set built by the user.
 BLIND_TEST_BOOKS: tuple[str, ...] = ("Ruth", "Jonah", "Phlm", "Jude", "2John", "3John")
 
+# Whole books shipped as their own split, "books", none of their verses in train, dev or test:
+# a test of text the model has never seen any part of (narrative, poetry, prophecy, letters).
+BOOK_SPLIT_BOOKS: tuple[str, ...] = (
+    "Esth", "Lam", "Joel", "Nah", "Hab", "Zeph", "Hag",
+    "1Thess", "2Thess", "Titus", "Jas", "1Pet",
+)  # fmt: skip
+
 MAX_LENGTH_RATIO = 3.0
 SPLIT_BUCKETS = 1000  # sha256(ref) mod 1000 ...
 DEV_BUCKETS = 17  # ... below 17 -> dev (about 500 verses)
 TEST_BUCKETS = 34  # ... 17 to 50 -> test (about 1,000 verses); the rest -> train
-SPLITS: tuple[str, ...] = ("train", "dev", "test")
+SPLITS: tuple[str, ...] = ("train", "dev", "test", "books")
 
 # Chapter alignment check (see find_misaligned_chapters).
 MAX_SHIFT = 2  # offsets tried: -2..+2 verses
@@ -723,7 +733,7 @@ def pair_verses(es: dict[VerseRef, str], en: dict[VerseRef, str]) -> PairingResu
 UNTRANSLATED: frozenset[str] = frozenset({"H853"})
 _STRONG_RE = re.compile(r"^(?:strong:)?([HG])0*(\d+)[A-Za-z]?$")
 MIN_SHARED = 0.5  # a pair shares at least half of the numbers of its less tagged side ...
-GOLD_SPLITS: tuple[str, ...] = ("dev", "test")
+GOLD_SPLITS: tuple[str, ...] = ("dev", "test", "books")
 
 
 def strong_numbers(lemma: str) -> frozenset[str]:
@@ -878,10 +888,13 @@ def gold_for(pairs: Sequence[Pair], es: dict[VerseRef, str], en: dict[VerseRef, 
 
 
 def split_of(ref: str) -> str:
-    """Assign a reference (``"Gen 1:1"``) to train, dev or test by sha256(ref) mod 1000.
+    """Assign a reference (``"Gen 1:1"``) to a split: a verse of a BOOK_SPLIT_BOOKS book to
+    books, any other to train, dev or test by sha256(ref) mod 1000.
 
     Depends on nothing but the reference, so a verse stays in its split whatever else changes.
     """
+    if ref.rpartition(" ")[0] in BOOK_SPLIT_BOOKS:
+        return "books"
     bucket = int(hashlib.sha256(ref.encode("utf-8")).hexdigest(), 16) % SPLIT_BUCKETS
     if bucket < DEV_BUCKETS:
         return "dev"
@@ -958,7 +971,7 @@ def gold_report(golds: dict[str, Gold]) -> str:
 
 
 def build(es_text: str, en_text: str, out_dir: Path) -> str:
-    """Build the corpus and the dev and test reference alignments from two imp exports into
+    """Build the corpus and the dev, test and books reference alignments from two imp exports into
     ``out_dir``; return the report."""
     es_markup, en_markup = imp_markup(es_text), imp_markup(en_text)
     es = {ref: osis_to_text(markup) for ref, markup in es_markup.items()}
@@ -992,7 +1005,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         es_text, en_text = export_module(args.es_module), export_module(args.en_module)
     print(build(es_text, en_text, args.out))
     print(
-        f"written to {args.out}/{{{','.join(SPLITS)}}}.{{es,en,ref}}.gz and {{dev,test}}.align.gz"
+        f"written to {args.out}/{{{','.join(SPLITS)}}}.{{es,en,ref}}.gz and "
+        f"{{{','.join(GOLD_SPLITS)}}}.align.gz"
     )
     return 0
 

@@ -31,7 +31,7 @@ def nmt(
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("e2e")
-    write_corpus(root, {"train": 1500, "dev": 60, "test": 40})
+    write_corpus(root, {"train": 1500, "dev": 60, "test": 40, "held": 25})
     config = {
         "data": {
             "src_lang": "src",
@@ -39,6 +39,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "train": str(root / "train"),
             "dev": str(root / "dev"),
             "test": str(root / "test"),
+            "eval_splits": {"held": str(root / "held")},
         },
         "tokenizer": {"vocab_size": 60, "type": "bpe"},
         "model": {
@@ -113,6 +114,36 @@ def test_eval_split_of_the_run(trained: Path) -> None:
     result = nmt("eval", "--model", str(trained / "run"), "--split", "test", "--beam", "3")
     assert result.returncode == 0, result.stderr
     assert "BLEU" in result.stdout and "signature" in result.stdout
+
+
+def test_eval_split_named_in_eval_splits_scores_its_files(trained: Path) -> None:
+    result = nmt("eval", "--model", str(trained / "run"), "--split", "held", "--json")
+    assert result.returncode == 0, result.stderr
+    by_name = json.loads(result.stdout)["systems"][0]
+    hyp = trained / "held.hyp"
+    translated = nmt(
+        "translate",
+        "--model",
+        str(trained / "run"),
+        "-i",
+        str(trained / "held.src"),
+        "-o",
+        str(hyp),
+    )
+    assert translated.returncode == 0, translated.stderr
+    by_files = nmt("eval", str(hyp), "--ref", str(trained / "held.trg"), "--json")
+    assert by_files.returncode == 0, by_files.stderr
+    assert json.loads(by_files.stdout)["systems"][0]["bleu"] == by_name["bleu"]
+    assert ":held (beam" in by_name["name"]
+
+
+def test_eval_unknown_split_names_the_splits_there_are(trained: Path) -> None:
+    result = nmt("eval", "--model", str(trained / "run"), "--split", "books")
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith(
+        "error: --split 'books': the run's config has dev, test, held and train"
+    )
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_existing_run_dir_is_refused_without_resume(trained: Path) -> None:

@@ -252,3 +252,15 @@ def test_changed_keys() -> None:
     new = from_dict({"training": {"epochs": 4}, "model": {"decoder": {"style": "luong"}}})
     assert sorted(changed_keys(old, new)) == ["model.decoder.style", "training.epochs"]
     assert changed_keys(old, Config()) == []
+
+
+def test_eval_splits_names_are_checked() -> None:
+    cfg = from_dict({"data": {"eval_splits": {"books": "data/bible/books", "wmt-15": "x"}}})
+    assert cfg.data.eval_splits == {"books": "data/bible/books", "wmt-15": "x"}
+    assert from_dict({}).data.eval_splits == {}
+    assert _error({"data": {"eval_splits": {"test": "x", "a b": "y"}}}) == (
+        "config: data.eval_splits.test: test is data.test; rename the split; "
+        "data.eval_splits.a b: a split name is letters, digits, _ and -; rename it"
+    )
+    assert "data.eval_splits.books" in _error({"data": {"eval_splits": {"books": 3}}})
+    assert "data.eval_splits" in _error({"data": {"eval_splits": ["books"]}})

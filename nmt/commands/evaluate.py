@@ -24,30 +24,36 @@ def evaluate_split(
     show_progress: bool = True,
     precision: str = "auto",
 ) -> Any:
-    """Translate a split (dev or test) of the first run's own data with the model (several:
+    """Translate a split (dev, test, train or a data.eval_splits name) of the first run's own data with the model (several:
     their ensemble) and score it, decoding as `nmt translate` does (``precision`` auto: bf16
     on a GPU that supports it)."""
     models = [models] if isinstance(models, Path) else list(models)
-    if split not in ("dev", "test", "train"):
-        raise ConfigError(f"--split {split!r}: expected dev, test or train")
     if hypotheses_out is not None:
         resolved = [checkpoint.resolve(m) for m in models]
         check_output(hypotheses_out, "--save-hypotheses", {"--model": resolved})
     translator = Translator.from_checkpoints(models, device, precision)
     data = translator.config.data
-    where = {"dev": data.dev, "test": data.test, "train": data.train}[split]
+    named = {"dev": data.dev, "test": data.test, "train": data.train, **data.eval_splits}
+    if split not in named:
+        more = "".join(f", {name}" for name in data.eval_splits)
+        raise ConfigError(
+            f"--split {split!r}: the run's config has dev, test{more} and train (more test "
+            f"sets go under data.eval_splits), or score your own files: nmt eval HYP --ref REF"
+        )
+    where = named[split]
+    key = f"data.eval_splits.{split}" if split in data.eval_splits else f"data.{split}"
     if where is None:
         raise ConfigError(
             f"--split {split}: the run's config has no data.{split}; use --split dev, or "
             f"score your own files: nmt eval HYP --ref REF"
         )
     if hypotheses_out is not None and data.format != "hub":
-        inputs = {f"data.{split} file": path for path in local_files(data, where)}
+        inputs = {f"{key} file": path for path in local_files(data, where)}
         check_output(hypotheses_out, "--save-hypotheses", inputs)
     try:
         rows = read_pairs(data, where)
     except DataError as exc:
-        advice = f"; fix data.{split} in the config"
+        advice = f"; fix {key} in the config"
         if not str(exc).endswith(advice):
             raise
         raise DataError(

@@ -25,10 +25,14 @@ log = logging.getLogger("nmt")
 
 
 def _key(cfg: DataConfig, split: str) -> str:
-    """The config key that names ``split`` (data.train, data.dev or data.test), for messages."""
+    """The config key that names ``split`` (data.train, data.dev, data.test or
+    data.eval_splits.NAME), for messages."""
     for name, value in (("train", cfg.train), ("dev", cfg.dev), ("test", cfg.test)):
         if split == value:
             return f"data.{name}"
+    for name, value in cfg.eval_splits.items():
+        if split == value:
+            return f"data.eval_splits.{name}"
     return "data"
 
 

@@ -39,14 +39,16 @@ class Memory:
 
     values: (B, S, Hk) encoder outputs; keys: (B, S, A) projected keys ((B, h, S, Hk/h) for
     multihead); mask: (B, S) True at real positions; projected_values: multihead's per-head
-    values (B, h, S, Hk/h), else None; products: how ``with_keys`` and ``with_values``
-    multiply (``FastPaths.step_products``).
+    values (B, h, S, Hk/h), else None; coverage_terms: the coverage update's terms of h_j
+    alone (``nmt.model.coverage``), else None; products: how ``with_keys`` and
+    ``with_values`` multiply (``FastPaths.step_products``).
     """
 
     values: Tensor
     keys: Tensor
     mask: Tensor
     projected_values: Tensor | None = None
+    coverage_terms: Tensor | None = None
     products: Products = PLAIN_PRODUCTS
 
     def with_keys(self, query: Tensor) -> Tensor:
@@ -63,12 +65,13 @@ class Memory:
 
     def index_select(self, index: Tensor) -> Memory:
         """The memory of the sentences ``index`` (B',): beams in search."""
-        projected = self.projected_values
+        projected, terms = self.projected_values, self.coverage_terms
         return Memory(
             self.values[index],
             self.keys[index],
             self.mask[index],
             projected[index] if projected is not None else None,
+            terms[index] if terms is not None else None,
         )
 
 
@@ -107,6 +110,7 @@ class Attention(nn.Module):
     prescaled: ClassVar[bool] = False  # already scaled by a fixed 1/sqrt(d)
     windowed: ClassVar[bool] = False  # Luong's local window around an inner content score
     splits_keys: ClassVar[bool] = False  # model.attention.heads must divide the key size
+    covers: ClassVar[bool] = False  # model.attention.coverage feeds its energies
 
     def __init__(self, query_size: int, key_size: int):
         super().__init__()
@@ -142,3 +146,13 @@ class Attention(nn.Module):
         -> context (B, T, Hk), alphas (B, T, S) float32."""
         alphas = self.alphas(query, memory, positions)  # (B, T, S)
         return memory.with_values(alphas), alphas  # (B, T, Hk)
+
+    def attend(
+        self, query: Tensor, memory: Memory, positions: Tensor, coverage: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """What a decoder calls: ``forward``, and the coverage vector (``nmt.model.coverage``)
+        carried across the T queries, one after another: query (B, T, Hq), coverage before
+        the first query (B, S, d_c) or None (zeros) -> context (B, T, Hk), alphas (B, T, S),
+        the coverage after the last query. A score without coverage returns None for it."""
+        context, alphas = self(query, memory, positions)
+        return context, alphas, None

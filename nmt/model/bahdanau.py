@@ -56,11 +56,13 @@ class BahdanauDecoder(Decoder):
     ) -> tuple[Tensor, Tensor, Tensor, DecoderState]:
         """embedded: (B, 1, E) -> s_i (B, 1, H), c_i (B, 1, Hk), alphas (B, 1, S), state."""
         query = state.hidden[-1].unsqueeze(1)  # (B, 1, H): s_{i-1}, top layer
-        context, alphas = self.attention(query, memory, state.position(query))  # c_i, alpha_i
+        context, alphas, coverage = self.attention.attend(
+            query, memory, state.position(query), state.coverage
+        )  # c_i, alpha_i, C_i
         rnn_input = torch.cat([embedded, context], dim=-1)  # (B, 1, E+Hk)
         output, rnn_state = plain_rnn(self.rnn, rnn_input, None, state.rnn_state())  # (B, 1, H)
         hidden, cell = split_rnn_state(rnn_state)
-        return output, context, alphas, DecoderState(hidden, cell, state.step + 1)
+        return output, context, alphas, DecoderState(hidden, cell, state.step + 1, coverage)
 
     def _readout(self, states: Tensor, contexts: Tensor, embedded: Tensor) -> Tensor:
         """(B, T, H), (B, T, Hk), (B, T, E) -> t (B, T, O)."""

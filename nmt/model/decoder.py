@@ -25,11 +25,14 @@ if TYPE_CHECKING:
 @dataclass
 class DecoderState:
     """hidden/cell: (L, B, H) the RNN's state (cell only for an LSTM); step: the 0-based index
-    of the next target position (attention's ``positions``). A decoder may extend it."""
+    of the next target position (attention's ``positions``); coverage: (B, S, d_c) the
+    attention's coverage vector (``nmt.model.coverage``), None before the first step or
+    without coverage. A decoder may extend it."""
 
     hidden: Tensor
     cell: Tensor | None = None
     step: int = 0
+    coverage: Tensor | None = None
 
     def rnn_state(self) -> Tensor | tuple[Tensor, Tensor]:
         return (self.hidden, self.cell) if self.cell is not None else self.hidden
@@ -40,6 +43,7 @@ class DecoderState:
             self.hidden[:, index],
             self.cell[:, index] if self.cell is not None else None,
             self.step,
+            self.coverage[index] if self.coverage is not None else None,
         )
 
     def position(self, like: Tensor) -> Tensor:

@@ -29,7 +29,7 @@ class LuongState(DecoderState):
     def index_select(self, index: Tensor) -> LuongState:
         base = super().index_select(index)
         feed = self.feed[index] if self.feed is not None else None
-        return LuongState(base.hidden, base.cell, base.step, feed)
+        return LuongState(base.hidden, base.cell, base.step, base.coverage, feed=feed)
 
 
 class LuongDecoder(Decoder):
@@ -70,7 +70,7 @@ class LuongDecoder(Decoder):
     def initial_state(self, hidden: Tensor, cell: Tensor | None) -> LuongState:
         """h~_0 = 0 with input feeding."""
         feed = hidden.new_zeros(hidden.size(1), self.hidden_size) if self.input_feeding else None
-        return LuongState(hidden, cell, 0, feed)
+        return LuongState(hidden, cell, 0, feed=feed)
 
     def _attend(
         self,
@@ -78,11 +78,13 @@ class LuongDecoder(Decoder):
         memory: Memory,
         positions: Tensor,
         combine: Callable[[Tensor], Tensor],
-    ) -> tuple[Tensor, Tensor]:
-        """h_t: (B, T, H), positions t: (T,) -> h~_t (B, T, H), alphas (B, T, S)."""
-        context, alphas = self.attention(outputs, memory, positions)  # (B, T, Hk), (B, T, S)
+        coverage: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """h_t: (B, T, H), positions t: (T,), coverage -> h~_t (B, T, H), alphas (B, T, S),
+        coverage."""
+        context, alphas, coverage = self.attention.attend(outputs, memory, positions, coverage)
         attentional = torch.tanh(combine(torch.cat([context, outputs], dim=-1)))  # (B, T, H)
-        return self.dropout(attentional), alphas
+        return self.dropout(attentional), alphas, coverage
 
     def _recur(
         self,
@@ -98,10 +100,12 @@ class LuongDecoder(Decoder):
             feed = state.feed.to(embedded.dtype).unsqueeze(1)  # (B, 1, H)
             rnn_input = torch.cat([embedded, feed], dim=-1)
         output, rnn_state = plain_rnn(self.rnn, rnn_input, None, state.rnn_state())  # (B, 1, H)
-        attentional, alphas = self._attend(output, memory, state.position(output), combine)
+        attentional, alphas, coverage = self._attend(
+            output, memory, state.position(output), combine, state.coverage
+        )
         hidden, cell = split_rnn_state(rnn_state)
         next_feed = attentional.squeeze(1) if self.input_feeding else None
-        return attentional, alphas, LuongState(hidden, cell, state.step + 1, next_feed)
+        return attentional, alphas, LuongState(hidden, cell, state.step + 1, coverage, next_feed)
 
     def forward(self, trg_in: Tensor, memory: Memory, state: DecoderState) -> tuple[Tensor, Tensor]:
         """trg_in: (B, T) -> features (B, T, H), alphas (B, T, S)."""
@@ -112,7 +116,10 @@ class LuongDecoder(Decoder):
                 self.rnn, embedded, None, state.rnn_state(), self.training
             )  # (B, T, H)
             positions = torch.arange(state.step, state.step + trg_in.size(1), device=outputs.device)
-            return self._attend(outputs, memory, positions, self.combine)
+            attentional, alphas, _ = self._attend(
+                outputs, memory, positions, self.combine, state.coverage
+            )
+            return attentional, alphas
         memory = memory.for_steps(self.fast.step_products(self.training))
         combine = self.fast.step_linear(self.combine, self.training)
         features, alphas = [], []

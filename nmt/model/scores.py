@@ -6,13 +6,15 @@ Each reads as its paper's equation; ``registry`` gives them their config names.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths
-from nmt.model.attention import Attention, Memory, wide
+from nmt.model.attention import Attention, Memory, masked_softmax, wide
+from nmt.model.coverage import Coverage
 
 if TYPE_CHECKING:
     from nmt.config import AttentionConfig
@@ -20,30 +22,75 @@ if TYPE_CHECKING:
 
 class AdditiveAttention(Attention):
     """Bahdanau et al. (2015), eq. 6 / appendix A.1.2: e = v^T tanh(W_q q + W_k k + b); Luong
-    et al. (2015), eq. 8 'concat'."""
+    et al. (2015), eq. 8 'concat'. With ``coverage`` (Tu et al. 2016, eq. 5), the term
+    W_c C_{t-1,j} joins the sum inside tanh and the queries are attended one after another
+    (``nmt.model.coverage``)."""
 
-    content = True
+    content = covers = True
 
-    def __init__(self, query_size: int, key_size: int, hidden_size: int, fast: FastPaths):
+    def __init__(
+        self,
+        query_size: int,
+        key_size: int,
+        hidden_size: int,
+        fast: FastPaths,
+        coverage: Coverage | None = None,
+    ):
         super().__init__(query_size, key_size)
         self.query_proj = nn.Linear(query_size, hidden_size, bias=False)  # W_q
         self.key_proj = nn.Linear(key_size, hidden_size, bias=True)  # W_k, b
         self.v = nn.Linear(hidden_size, 1, bias=False)
         self.fast = fast
+        self.coverage = coverage
 
     @classmethod
     def from_config(
         cls, cfg: AttentionConfig, query_size: int, key_size: int, fast: FastPaths
     ) -> Attention:
-        return cls(query_size, key_size, cfg.hidden_size or query_size, fast)
+        hidden_size = cfg.hidden_size or query_size
+        coverage = None
+        if cfg.coverage != "none":
+            coverage = Coverage(
+                cfg.coverage,
+                query_size,
+                key_size,
+                hidden_size,
+                cfg.coverage_size,
+                cfg.fertility_max,
+            )
+        return cls(query_size, key_size, hidden_size, fast, coverage)
 
     def project_keys(self, values: Tensor) -> Tensor:
         return self.key_proj(values)  # (B, S, A)
 
-    def energies(self, query: Tensor, memory: Memory) -> Tensor:
+    def prepare(self, values: Tensor, mask: Tensor) -> Memory:
+        memory = super().prepare(values, mask)
+        if self.coverage is None:
+            return memory
+        return replace(memory, coverage_terms=self.coverage.terms(values))
+
+    def energies(self, query: Tensor, memory: Memory, keys: Tensor | None = None) -> Tensor:
         q = self.query_proj(query)  # (B, T, A)
+        keys = memory.keys if keys is None else keys
         # v^T tanh(q_t + k_s) for every pair: (B, T, S)
-        return self.fast.additive_energies(q, memory.keys, self.v.weight, self.training)
+        return self.fast.additive_energies(q, keys, self.v.weight, self.training)
+
+    def attend(
+        self, query: Tensor, memory: Memory, positions: Tensor, coverage: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        if self.coverage is None:
+            return super().attend(query, memory, positions, coverage)
+        if coverage is None:
+            coverage = self.coverage.initial(memory)  # C_0 = 0
+        steps = []
+        for t in range(query.size(1)):
+            q = query[:, t : t + 1]  # (B, 1, Hq)
+            keys = self.coverage.keys(memory, coverage)  # W_k h_j + b + W_c C_{t-1,j}
+            alphas = masked_softmax(self.energies(q, memory, keys), memory.mask)  # (B, 1, S)
+            coverage = self.coverage.update(coverage, alphas.squeeze(1), q.squeeze(1), memory)
+            steps.append(alphas)
+        alphas = torch.cat(steps, dim=1)  # (B, T, S)
+        return memory.with_values(alphas), alphas, coverage
 
 
 def _scale(kind: str, size: int) -> tuple[float, nn.Parameter | None]:

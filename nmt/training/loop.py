@@ -264,7 +264,9 @@ def _build_run(
     )
     guide_weight = cfg.guided_alignment_weight if cfg.guided_alignment else 0.0
     loss_module = loss_for_training(model, cfg.label_smoothing, place, guide_weight)
-    schedule = Schedule(cfg.schedule, cfg.learning_rate, cfg.warmup_steps, cfg.plateau_patience)
+    schedule = Schedule(
+        cfg.schedule, cfg.learning_rate, cfg.warmup_steps, cfg.plateau_patience, cfg.max_steps
+    )
     # a resumed run's logs forget what the killed run logged after its checkpoint
     tracker = Tracker(run_dir, place.is_main, progress.step if saved is not None else None)
     loss, nll, tokens = progress.window

@@ -35,11 +35,20 @@ class Schedule:
     Every schedule first ramps up linearly over ``warmup`` updates (lr * step / warmup); then
     ``constant`` and ``warmup`` stay at lr, ``inverse_sqrt`` decays as lr * sqrt(warmup / step)
     (Vaswani et al. 2017, eq. 3), and ``plateau`` halves lr after every ``patience``
-    validations without improvement (``Progress.lr_scale``).
+    validations without improvement (``Progress.lr_scale``). ``linear`` and ``cosine`` decay
+    from lr towards 0 over the updates after the warmup up to ``total`` (training.max_steps):
+    with p = (step - warmup - 1) / (total - warmup), the fraction of those updates already
+    made, lr (1 - p) or lr (1 + cos(pi p)) / 2 (Loshchilov & Hutter 2017, without restarts);
+    the last update still has a small positive rate.
     """
 
-    def __init__(self, kind: str, base_lr: float, warmup: int, patience: int):
+    def __init__(
+        self, kind: str, base_lr: float, warmup: int, patience: int, total: int | None = None
+    ):
+        if kind in ("linear", "cosine") and (total is None or total <= warmup):
+            raise ValueError(f"{kind} decay needs a total number of updates above the warmup")
         self.kind, self.base_lr, self.warmup, self.patience = kind, base_lr, warmup, patience
+        self.total = total
 
     def lr(self, step: int, progress: Progress) -> float:
         step = max(step, 1)
@@ -48,6 +57,10 @@ class Schedule:
             scale = step / self.warmup
         elif self.kind == "inverse_sqrt":
             scale = math.sqrt(max(self.warmup, 1) / step)
+        elif self.kind in ("linear", "cosine"):
+            assert self.total is not None
+            done = min(max(step - self.warmup - 1, 0) / (self.total - self.warmup), 1.0)
+            scale = 1 - done if self.kind == "linear" else (1 + math.cos(math.pi * done)) / 2
         return self.base_lr * scale * progress.lr_scale
 
 

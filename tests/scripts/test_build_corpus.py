@@ -426,6 +426,19 @@ def test_blind_test_books_are_the_six_short_books() -> None:
     assert set(bc.BLIND_TEST_BOOKS) <= set(bc.BOOKS.values())
 
 
+def test_book_split_takes_whole_books_apart_from_the_blind_test_books() -> None:
+    assert set(bc.BOOK_SPLIT_BOOKS) <= set(bc.BOOKS.values())
+    assert not set(bc.BOOK_SPLIT_BOOKS) & set(bc.BLIND_TEST_BOOKS)
+    assert len(bc.BOOK_SPLIT_BOOKS) == len(set(bc.BOOK_SPLIT_BOOKS)) >= 4
+    for book in bc.BOOK_SPLIT_BOOKS:  # every verse of the book, whatever its hash bucket
+        assert {bc.split_of(f"{book} {c}:{v}") for c in range(1, 6) for v in range(1, 40)} == {
+            "books"
+        }
+    assert bc.split_of("Est 1:1") != "books"  # the book itself, not a prefix of its name
+    hashed = {bc.split_of(f"Gen {c}:{v}") for c in range(1, 50) for v in range(1, 30)}
+    assert hashed == {"train", "dev", "test"}
+
+
 # --- splits and files --------------------------------------------------------------------------
 
 
@@ -440,6 +453,7 @@ def test_split_is_deterministic_with_the_expected_proportions() -> None:
     assert splits == [bc.split_of(r) for r in refs]
     assert bc.split_of("Gen 1:1") == bc.split_of("Gen 1:1")
     share = {name: splits.count(name) / len(refs) for name in bc.SPLITS}
+    assert share["books"] == 0  # Gen, Ps and Matt are split by hash
     assert share["dev"] == pytest.approx(0.017, abs=0.003)
     assert share["test"] == pytest.approx(0.034, abs=0.004)
 
@@ -511,6 +525,18 @@ def test_shipped_refs_are_unique_split_by_hash_and_exclude_blind_test_books(
     assert 400 <= len(shipped["dev"]["ref"]) <= 650
     assert 850 <= len(shipped["test"]["ref"]) <= 1200
     assert len(shipped["train"]["ref"]) > 25_000
+
+
+def test_shipped_book_split_holds_its_books_whole_and_alone(
+    shipped: dict[str, dict[str, list[str]]],
+) -> None:
+    books = {bc.parse_ref(r).book for r in shipped["books"]["ref"]}
+    assert books == set(bc.BOOK_SPLIT_BOOKS)
+    for split in ("train", "dev", "test"):
+        assert not {bc.parse_ref(r).book for r in shipped[split]["ref"]} & books, split
+    chapters = {(bc.parse_ref(r).book, bc.parse_ref(r).chapter) for r in shipped["books"]["ref"]}
+    assert ("Lam", 5) in chapters and ("1Pet", 5) in chapters and ("Esth", 10) in chapters
+    assert 800 <= len(shipped["books"]["ref"]) <= 1200
 
 
 def test_shipped_corpus_keeps_known_verses(shipped: dict[str, dict[str, list[str]]]) -> None:

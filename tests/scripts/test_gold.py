@@ -122,7 +122,7 @@ def _lines(path: object) -> list[str]:
         return handle.read().splitlines()
 
 
-@pytest.mark.parametrize("split", ["dev", "test"])
+@pytest.mark.parametrize("split", ["dev", "test", "books"])
 def test_the_shipped_gold_indexes_the_shipped_tokens(split: str) -> None:
     gold = _lines(DATA / f"{split}.align.gz")
     es, en = _lines(DATA / f"{split}.es.gz"), _lines(DATA / f"{split}.en.gz")

@@ -25,7 +25,7 @@ from nmt import __version__, checkpoint
 from nmt.config import from_dict, to_yaml
 from nmt.data.batching import bucket_batches, make_batch
 from nmt.data.prepare import load_corpora
-from nmt.errors import NMTError
+from nmt.errors import ConfigError, NMTError
 from nmt.model import Seq2Seq, build_model
 from nmt.training import train
 from nmt.training.loop import MAX_BAD_STEPS
@@ -390,6 +390,36 @@ def test_warmup_and_inverse_sqrt_follow_their_formulas() -> None:
     assert Schedule("constant", 2e-3, 0, 2).lr(1, progress) == 2e-3
     progress.lr_scale = 0.5
     assert Schedule("plateau", 2e-3, 10, 2).lr(5, progress) == pytest.approx(0.5e-3)
+
+
+def test_linear_and_cosine_decay_to_zero_at_max_steps() -> None:
+    progress = Progress()
+    linear = Schedule("linear", 2e-3, 10, 2, total=110)
+    cosine = Schedule("cosine", 2e-3, 10, 2, total=110)
+    for schedule in (linear, cosine):
+        assert schedule.lr(5, progress) == pytest.approx(2e-3 * 5 / 10)  # the warmup
+        assert schedule.lr(11, progress) == pytest.approx(2e-3)  # the first decaying update
+    for step in (11, 35, 60, 85, 110):
+        done = (step - 11) / 100
+        assert linear.lr(step, progress) == pytest.approx(2e-3 * (1 - done))
+        assert cosine.lr(step, progress) == pytest.approx(2e-3 * (1 + math.cos(math.pi * done)) / 2)
+    assert 0 < linear.lr(110, progress) < linear.lr(109, progress)  # the last update still moves
+    assert linear.lr(111, progress) == cosine.lr(500, progress) == 0.0
+    assert cosine.lr(61, progress) == pytest.approx(1e-3)  # half-way: half the rate
+    with pytest.raises(ValueError):
+        Schedule("cosine", 1e-3, 10, 2, total=10)
+
+
+def test_decay_schedules_need_max_steps() -> None:
+    with pytest.raises(ConfigError) as info:
+        from_dict({"training": {"schedule": "cosine", "warmup_steps": 100}})
+    assert str(info.value) == (
+        "config: training.schedule: cosine decays to 0 at training.max_steps; set max_steps "
+        "above warmup_steps (100)"
+    )
+    with pytest.raises(ConfigError):
+        from_dict({"training": {"schedule": "linear", "max_steps": 50, "warmup_steps": 50}})
+    assert from_dict({"training": {"schedule": "linear", "max_steps": 51}}).training.max_steps
 
 
 def test_plateau_halves_after_patience_validations_without_improvement() -> None:
