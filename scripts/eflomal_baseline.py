@@ -86,7 +86,7 @@ def lines_of(path: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "bible")
-    parser.add_argument("--split", default="test", choices=("dev", "test"))
+    parser.add_argument("--split", default="test", choices=("dev", "test", "books"))
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "eflomal")
     parser.add_argument("--seed-iterations", type=float, default=1.0, help="eflomal --length")
     args = parser.parse_args(argv)

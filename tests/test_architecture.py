@@ -39,3 +39,13 @@ def test_a_model_module_importing_training_breaks_them(tmp_path: Path) -> None:
     done = _lint(tmp_path)
     assert done.returncode != 0
     assert "nmt.model.scores -> nmt.training.step" in done.stdout
+
+
+def test_test_modules_have_unique_names() -> None:
+    """pytest imports test modules by basename (the tests folders are not packages): two files
+    of one name in different folders stop the whole run at collection."""
+    names: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    clashes = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert not clashes, clashes
