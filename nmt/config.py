@@ -295,7 +295,12 @@ class TrainingConfig(_Section):
     )
     epochs: int = Field(10, ge=1, description="passes over the training data")
     max_steps: int | None = Field(None, ge=1, description="stop after this many updates")
-    max_minutes: float | None = Field(None, gt=0, description="stop after this wall-clock time")
+    max_minutes: float | None = Field(
+        None,
+        gt=0,
+        description="stop after this wall-clock time, data preparation included, summed over "
+        "every --resume of the run",
+    )
     validate_every: int = Field(500, ge=1, description="updates between validations")
     log_every: int = Field(50, ge=1, description="updates between log lines")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
@@ -304,7 +309,8 @@ class TrainingConfig(_Section):
     schedule: Literal["constant", "warmup", "inverse_sqrt", "plateau", "linear", "cosine"] = Field(
         "constant",
         description="constant; linear warmup then constant; inverse square root after "
-        "warmup; halve on dev plateau; linear or cosine decay to 0 at training.max_steps",
+        "warmup; halve on dev plateau; linear or cosine decay to 0 at training.max_steps or "
+        "training.max_minutes, whichever comes first",
     )
     warmup_steps: int = Field(
         0, ge=0, description="updates of linear warmup from 0 (before any schedule)"
@@ -431,12 +437,15 @@ class Config(_Section):
                 "of the two"
             )
         train = self.training
-        if train.schedule in ("linear", "cosine") and (
-            train.max_steps is None or train.max_steps <= train.warmup_steps
+        if (
+            train.schedule in ("linear", "cosine")
+            and train.max_minutes is None
+            and (train.max_steps is None or train.max_steps <= train.warmup_steps)
         ):
             problems.append(
-                f"training.schedule: {train.schedule} decays to 0 at training.max_steps; set "
-                f"max_steps above warmup_steps ({train.warmup_steps})"
+                f"training.schedule: {train.schedule} decays to 0 at training.max_steps or "
+                f"training.max_minutes; set max_steps above warmup_steps "
+                f"({train.warmup_steps}) or max_minutes"
             )
         if self.training.init_from and self.tokenizer.model:
             problems.append(

@@ -122,12 +122,13 @@ class LuongDecoder(Decoder):
             return attentional, alphas
         memory = memory.for_steps(self.fast.step_products(self.training))
         combine = self.fast.step_linear(self.combine, self.training)
-        features, alphas = [], []
+        features: list[Tensor] = []
+        weights: list[Tensor] = []
         for t in range(trg_in.size(1)):
             attentional, alpha, state = self._recur(embedded[:, t : t + 1], memory, state, combine)
             features.append(attentional)
-            alphas.append(alpha)
-        return torch.cat(features, dim=1), torch.cat(alphas, dim=1)
+            weights.append(alpha)
+        return torch.cat(features, dim=1), torch.cat(weights, dim=1)
 
     def step(
         self, prev: Tensor, memory: Memory, state: DecoderState

@@ -216,7 +216,8 @@ def _train_locked(
     run = _build_run(
         config, run_dir, tokenizer, corpora, saved, place, device, precision, fast, initial
     )
-    run.started = started  # training.max_minutes counts data preparation too
+    # training.max_minutes counts data preparation too, and the minutes of earlier invocations
+    run.started = started - 60 * run.progress.minutes
     try:
         with _StopFlag() as stop, ProgressBar(enabled=not quiet and place.is_main) as bar:
             _loop(run, stop, bar)
@@ -265,7 +266,12 @@ def _build_run(
     guide_weight = cfg.guided_alignment_weight if cfg.guided_alignment else 0.0
     loss_module = loss_for_training(model, cfg.label_smoothing, place, guide_weight)
     schedule = Schedule(
-        cfg.schedule, cfg.learning_rate, cfg.warmup_steps, cfg.plateau_patience, cfg.max_steps
+        cfg.schedule,
+        cfg.learning_rate,
+        cfg.warmup_steps,
+        cfg.plateau_patience,
+        cfg.max_steps,
+        cfg.max_minutes,
     )
     # a resumed run's logs forget what the killed run logged after its checkpoint
     tracker = Tracker(run_dir, place.is_main, progress.step if saved is not None else None)
@@ -337,6 +343,7 @@ class StepResult:
     status: str  # "applied", "overflow" (fp16 scaler skipped it) or "nonfinite"
     signal: bool  # some rank was sent SIGINT/SIGTERM
     out_of_time: bool  # some rank reached training.max_minutes
+    minutes: float  # the run's wall clock so far (Progress.minutes), the mean over ranks
 
 
 def _loop(run: Run, stop: _StopFlag, bar: ProgressBar) -> None:
@@ -438,6 +445,7 @@ def _update(
     batches = [corpus.batch(indices).to(run.device) for indices in mine]
     tokens = sum(int(corpus.trg_lengths[indices].sum()) for indices in shard)  # all ranks'
     result = _train_step(run, batches, tokens, stop)
+    progress.minutes = result.minutes  # agreed by every rank: the clock's share of the lr
     if result.status != "applied":
         _skipped(run, result)
         return result
@@ -489,20 +497,27 @@ def _train_step(run: Run, batches: list[Batch], global_tokens: int, stop: _StopF
         cfg.batch_tokens,
     )
     flags = [loss, nll, not math.isfinite(loss), stop.signal is not None, _out_of_time(run)]
+    flags.append(_minutes(run))
     if run.place.enabled:  # one small all-reduce: totals, and flags every rank must act on
         flags = all_reduce([float(f) for f in flags], run.device)
-    loss, nll = flags[0], flags[1]
-    nonfinite, signalled, late = (bool(f) for f in flags[2:])
+    loss, nll, minutes = flags[0], flags[1], flags[5] / run.place.world_size
+    nonfinite, signalled, late = (bool(f) for f in flags[2:5])
     if nonfinite:
-        return StepResult(loss, nll, math.nan, "nonfinite", signalled, late)
+        return StepResult(loss, nll, math.nan, "nonfinite", signalled, late, minutes)
     grad_norm, applied = apply_update(run.model, run.optimizer, run.scaler, cfg.clip_grad_norm)
     status = "applied" if applied else "overflow" if run.scaler is not None else "nonfinite"
-    return StepResult(loss, nll, grad_norm, status, signalled, late)
+    return StepResult(loss, nll, grad_norm, status, signalled, late, minutes)
+
+
+def _minutes(run: Run) -> float:
+    """The run's wall clock so far: this invocation's, data preparation included, and the
+    minutes of the invocations it resumes."""
+    return (time.time() - run.started) / 60
 
 
 def _out_of_time(run: Run) -> bool:
     limit = run.config.training.max_minutes
-    return limit is not None and (time.time() - run.started) / 60 >= limit
+    return limit is not None and _minutes(run) >= limit
 
 
 def _log_window(run: Run, window: _Window, lr: float, grad_norm: float) -> None:

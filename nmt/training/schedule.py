@@ -24,6 +24,8 @@ class Progress:
     skipped_steps: int = 0  # updates skipped for any reason
     overflow_steps: int = 0  # of which the fp16 grad scaler skipped (normal, a few)
     bad_steps_in_a_row: int = 0  # non-finite losses or gradients in a row
+    minutes: float = 0.0  # wall clock used (data preparation included, over every --resume)
+    # as of the last update, the same on every rank: training.max_minutes counts it
     history: list[dict[str, float]] = field(default_factory=list)
     window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # loss, nll, tokens
     # summed since the last log line, so that a resumed run logs the same windows
@@ -36,19 +38,31 @@ class Schedule:
     ``constant`` and ``warmup`` stay at lr, ``inverse_sqrt`` decays as lr * sqrt(warmup / step)
     (Vaswani et al. 2017, eq. 3), and ``plateau`` halves lr after every ``patience``
     validations without improvement (``Progress.lr_scale``). ``linear`` and ``cosine`` decay
-    from lr towards 0 over the updates after the warmup up to ``total`` (training.max_steps):
-    with p = (step - warmup - 1) / (total - warmup), the fraction of those updates already
-    made, lr (1 - p) or lr (1 + cos(pi p)) / 2 (Loshchilov & Hutter 2017, without restarts);
+    from lr towards 0 over a budget: the updates after the warmup up to ``total``
+    (training.max_steps), the wall clock up to ``minutes`` (training.max_minutes), or both,
+    whichever runs out first. With p the fraction of the budget used, (step - warmup - 1) /
+    (total - warmup) for updates and ``Progress.minutes`` / minutes for the clock (the larger
+    when both are set), the rate is lr (1 - p) or lr (1 + cos(pi p)) / 2 (Loshchilov & Hutter
+    2017, without restarts; over a time budget as in Li et al. 2020, "Budgeted Training");
     the last update still has a small positive rate.
     """
 
     def __init__(
-        self, kind: str, base_lr: float, warmup: int, patience: int, total: int | None = None
+        self,
+        kind: str,
+        base_lr: float,
+        warmup: int,
+        patience: int,
+        total: int | None = None,
+        minutes: float | None = None,
     ):
-        if kind in ("linear", "cosine") and (total is None or total <= warmup):
-            raise ValueError(f"{kind} decay needs a total number of updates above the warmup")
+        if kind in ("linear", "cosine") and (total is None or total <= warmup) and not minutes:
+            raise ValueError(
+                f"{kind} decay needs a total number of updates above the warmup or minutes"
+            )
         self.kind, self.base_lr, self.warmup, self.patience = kind, base_lr, warmup, patience
-        self.total = total
+        self.total = total if total is not None and total > warmup else None
+        self.minutes = minutes
 
     def lr(self, step: int, progress: Progress) -> float:
         step = max(step, 1)
@@ -58,8 +72,12 @@ class Schedule:
         elif self.kind == "inverse_sqrt":
             scale = math.sqrt(max(self.warmup, 1) / step)
         elif self.kind in ("linear", "cosine"):
-            assert self.total is not None
-            done = min(max(step - self.warmup - 1, 0) / (self.total - self.warmup), 1.0)
+            done = 0.0
+            if self.total is not None:
+                done = max(step - self.warmup - 1, 0) / (self.total - self.warmup)
+            if self.minutes:
+                done = max(done, progress.minutes / self.minutes)
+            done = min(done, 1.0)
             scale = 1 - done if self.kind == "linear" else (1 + math.cos(math.pi * done)) / 2
         return self.base_lr * scale * progress.lr_scale
 

@@ -410,16 +410,63 @@ def test_linear_and_cosine_decay_to_zero_at_max_steps() -> None:
         Schedule("cosine", 1e-3, 10, 2, total=10)
 
 
-def test_decay_schedules_need_max_steps() -> None:
+def test_decay_over_minutes_follows_the_clock_and_the_nearer_budget() -> None:
+    progress = Progress()
+    cosine = Schedule("cosine", 2e-3, 0, 2, minutes=10.0)
+    linear = Schedule("linear", 2e-3, 0, 2, minutes=10.0)
+    for minutes in (0.0, 2.5, 5.0, 9.0):
+        progress.minutes = minutes
+        for step in (1, 100, 10_000):  # the step does not count without max_steps
+            assert cosine.lr(step, progress) == pytest.approx(
+                2e-3 * (1 + math.cos(math.pi * minutes / 10)) / 2
+            )
+            assert linear.lr(step, progress) == pytest.approx(2e-3 * (1 - minutes / 10))
+    progress.minutes = 12.0
+    assert cosine.lr(5, progress) == linear.lr(5, progress) == 0.0
+    both = Schedule("linear", 2e-3, 0, 2, total=100, minutes=10.0)
+    progress.minutes = 2.0  # 20% of the clock, 50% of the updates at step 51
+    assert both.lr(51, progress) == pytest.approx(1e-3)
+    progress.minutes = 8.0  # 80% of the clock
+    assert both.lr(51, progress) == pytest.approx(2e-3 * 0.2)
+    progress.minutes = 0.0
+    warm = Schedule("linear", 2e-3, 10, 2, minutes=10.0)  # the warmup is still in updates
+    assert warm.lr(5, progress) == pytest.approx(1e-3)
+
+
+def test_decay_schedules_need_max_steps_or_max_minutes() -> None:
     with pytest.raises(ConfigError) as info:
         from_dict({"training": {"schedule": "cosine", "warmup_steps": 100}})
     assert str(info.value) == (
-        "config: training.schedule: cosine decays to 0 at training.max_steps; set max_steps "
-        "above warmup_steps (100)"
+        "config: training.schedule: cosine decays to 0 at training.max_steps or "
+        "training.max_minutes; set max_steps above warmup_steps (100) or max_minutes"
     )
     with pytest.raises(ConfigError):
         from_dict({"training": {"schedule": "linear", "max_steps": 50, "warmup_steps": 50}})
     assert from_dict({"training": {"schedule": "linear", "max_steps": 51}}).training.max_steps
+    timed = from_dict({"training": {"schedule": "cosine", "max_minutes": 0.5}})
+    assert timed.training.max_minutes == 0.5
+
+
+def test_a_time_budget_decays_the_rate_and_counts_over_resume(corpus: Path, tmp_path: Path) -> None:
+    """With schedule cosine and max_minutes only, the logged rate falls with the clock, the
+    checkpoint records the minutes used, and --resume counts them against the budget."""
+    run_dir = tmp_path / "run"
+    budget = 30.0
+    run_training(corpus, run_dir, schedule="cosine", max_minutes=budget, log_every=1, epochs=1)
+    rates = [r["lr"] for r in train_records(run_dir)]
+    assert len(rates) > 10
+    assert rates[0] == 1e-3  # no update made yet: no time counted
+    assert all(0 < later < earlier for earlier, later in zip(rates, rates[1:], strict=False))
+    used = saved(run_dir / "last.pt")["progress"]["minutes"]
+    assert 0 < used < budget
+    expected = 1e-3 * (1 + math.cos(math.pi * used / budget)) / 2
+    assert rates[-1] == pytest.approx(expected, rel=1e-3)  # the last update's clock
+    # a budget the run has already used up: the resumed run stops after its first update
+    before = saved(run_dir / "last.pt")["progress"]["step"]
+    run_training(corpus, run_dir, resume=True, schedule="cosine", max_minutes=used, log_every=1)
+    assert saved(run_dir / "last.pt")["progress"]["step"] == before + 1
+    log_text = (run_dir / "train.log").read_text(encoding="utf-8")
+    assert "training.max_minutes reached" in log_text.split("resuming from")[-1]
 
 
 def test_plateau_halves_after_patience_validations_without_improvement() -> None:
