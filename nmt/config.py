@@ -312,6 +312,13 @@ class TrainingConfig(_Section):
         "warmup; halve on dev plateau; linear or cosine decay to 0 at training.max_steps or "
         "training.max_minutes, whichever comes first",
     )
+    decay_hold: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="linear and cosine: the fraction of the budget (max_steps or max_minutes) "
+        "at the full rate before the decay begins (0: decay all the way; 0.8: the last 20%)",
+    )
     warmup_steps: int = Field(
         0, ge=0, description="updates of linear warmup from 0 (before any schedule)"
     )
@@ -446,6 +453,11 @@ class Config(_Section):
                 f"training.schedule: {train.schedule} decays to 0 at training.max_steps or "
                 f"training.max_minutes; set max_steps above warmup_steps "
                 f"({train.warmup_steps}) or max_minutes"
+            )
+        if train.decay_hold and train.schedule not in ("linear", "cosine"):
+            problems.append(
+                f"training.decay_hold: only the linear and cosine schedules decay; "
+                f"schedule is {train.schedule}"
             )
         if self.training.init_from and self.tokenizer.model:
             problems.append(

@@ -272,6 +272,7 @@ def _build_run(
         cfg.plateau_patience,
         cfg.max_steps,
         cfg.max_minutes,
+        cfg.decay_hold,
     )
     # a resumed run's logs forget what the killed run logged after its checkpoint
     tracker = Tracker(run_dir, place.is_main, progress.step if saved is not None else None)

@@ -44,7 +44,9 @@ class Schedule:
     (total - warmup) for updates and ``Progress.minutes`` / minutes for the clock (the larger
     when both are set), the rate is lr (1 - p) or lr (1 + cos(pi p)) / 2 (Loshchilov & Hutter
     2017, without restarts; over a time budget as in Li et al. 2020, "Budgeted Training");
-    the last update still has a small positive rate.
+    the last update still has a small positive rate. With ``hold`` h > 0 the rate stays at lr
+    for the first h of the budget and decays over the rest, p being (p - h) / (1 - h) from
+    there (warmup-stable-decay: Hu et al. 2024, MiniCPM; Hägele et al. 2024).
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class Schedule:
         patience: int,
         total: int | None = None,
         minutes: float | None = None,
+        hold: float = 0.0,
     ):
         if kind in ("linear", "cosine") and (total is None or total <= warmup) and not minutes:
             raise ValueError(
@@ -63,6 +66,7 @@ class Schedule:
         self.kind, self.base_lr, self.warmup, self.patience = kind, base_lr, warmup, patience
         self.total = total if total is not None and total > warmup else None
         self.minutes = minutes
+        self.hold = hold
 
     def lr(self, step: int, progress: Progress) -> float:
         step = max(step, 1)
@@ -77,7 +81,7 @@ class Schedule:
                 done = max(step - self.warmup - 1, 0) / (self.total - self.warmup)
             if self.minutes:
                 done = max(done, progress.minutes / self.minutes)
-            done = min(done, 1.0)
+            done = min(max(done - self.hold, 0.0) / (1.0 - self.hold), 1.0)
             scale = 1 - done if self.kind == "linear" else (1 + math.cos(math.pi * done)) / 2
         return self.base_lr * scale * progress.lr_scale
 

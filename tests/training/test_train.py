@@ -433,6 +433,36 @@ def test_decay_over_minutes_follows_the_clock_and_the_nearer_budget() -> None:
     assert warm.lr(5, progress) == pytest.approx(1e-3)
 
 
+def test_a_held_decay_keeps_the_full_rate_then_decays_over_the_rest() -> None:
+    progress = Progress()
+    held = Schedule("linear", 2e-3, 0, 2, total=100, hold=0.8)
+    for step in (1, 41, 81):  # p = 0, 0.4, 0.8: held
+        assert held.lr(step, progress) == 2e-3
+    for step in (86, 91, 96):  # p = 0.85, 0.9, 0.95: a quarter, half, three quarters decayed
+        done = ((step - 1) / 100 - 0.8) / 0.2
+        assert held.lr(step, progress) == pytest.approx(2e-3 * (1 - done))
+    timed = Schedule("cosine", 2e-3, 0, 2, minutes=10.0, hold=0.5)
+    progress.minutes = 4.0
+    assert timed.lr(1, progress) == 2e-3
+    progress.minutes = 7.5  # half-way through the decay: half the rate
+    assert timed.lr(1, progress) == pytest.approx(1e-3)
+    progress.minutes = 10.0
+    assert timed.lr(1, progress) == 0.0
+
+
+def test_decay_hold_needs_a_decaying_schedule() -> None:
+    with pytest.raises(ConfigError) as info:
+        from_dict({"training": {"schedule": "plateau", "decay_hold": 0.8}})
+    assert str(info.value) == (
+        "config: training.decay_hold: only the linear and cosine schedules decay; schedule is "
+        "plateau"
+    )
+    with pytest.raises(ConfigError):
+        from_dict({"training": {"schedule": "cosine", "max_steps": 10, "decay_hold": 1.0}})
+    held = from_dict({"training": {"schedule": "cosine", "max_minutes": 5, "decay_hold": 0.8}})
+    assert held.training.decay_hold == 0.8
+
+
 def test_decay_schedules_need_max_steps_or_max_minutes() -> None:
     with pytest.raises(ConfigError) as info:
         from_dict({"training": {"schedule": "cosine", "warmup_steps": 100}})
