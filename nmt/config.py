@@ -90,6 +90,12 @@ class DataConfig(_Section):
     dev_max_sentences: int | None = Field(
         None, ge=1, description="use only the first N dev pairs for validation BLEU"
     )
+    dev_alignment: str | None = Field(
+        None,
+        description="reference word alignment of data.dev (Pharaoh, a line per dev pair; "
+        "i-j sure, i?j possible; empty: not aligned): each validation logs the attention's "
+        "dev AER, and tensorboard outlines its links on a dev heatmap",
+    )
     utf8_errors: Literal["strict", "replace"] = Field(
         "strict",
         description="invalid UTF-8 in local files: strict: an error naming the line; "

@@ -108,14 +108,19 @@ def attention_figure(
 
 
 def attention_figure_array(
-    src_tokens: Sequence[str], trg_tokens: Sequence[str], weights: np.ndarray
+    src_tokens: Sequence[str],
+    trg_tokens: Sequence[str],
+    weights: np.ndarray,
+    links: Sequence[tuple[int, int, bool]] = (),
 ) -> np.ndarray:
-    """Render the heatmap of ``save_attention`` to an RGB array (H, W, 3) of uint8.
+    """Render the heatmap of ``save_attention`` (``links`` outlined) to an RGB array
+    (H, W, 3) of uint8.
 
     Raises:
-        ValueError: ``weights`` is not (len(trg_tokens), len(src_tokens)).
+        ValueError: ``weights`` is not (len(trg_tokens), len(src_tokens)), or a link lies
+            outside it.
     """
-    fig = attention_figure(src_tokens, trg_tokens, weights)
+    fig = attention_figure(src_tokens, trg_tokens, weights, links)
     canvas = fig.canvas
     assert isinstance(canvas, FigureCanvasAgg)
     with warnings.catch_warnings():

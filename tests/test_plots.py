@@ -106,3 +106,20 @@ def test_reference_links_are_outlined_and_listed(tmp_path: Path) -> None:
     ]
     with pytest.raises(ValueError, match=r"link cell \(3, 0\) lies outside \(3, 4\)"):
         save_attention(tmp_path / "bad", list("abcd"), list("xyz"), weights, [(3, 0, True)])
+
+
+def test_the_tensorboard_image_outlines_reference_links() -> None:
+    """attention_figure_array draws the links in red (sure) and orange (possible), on a grey
+    matrix that has neither colour."""
+    weights = np.full((3, 4), 0.25, dtype=np.float32)
+
+    def coloured(image: np.ndarray, rgb: tuple[int, int, int]) -> int:
+        return int((np.abs(image.astype(int) - rgb).sum(axis=2) < 60).sum())
+
+    plain = attention_figure_array(list("abcd"), list("xyz"), weights)
+    sure = attention_figure_array(list("abcd"), list("xyz"), weights, [(0, 1, True)])
+    possible = attention_figure_array(list("abcd"), list("xyz"), weights, [(2, 3, False)])
+    red, orange = (0xE8, 0x20, 0x2A), (0xF5, 0x9A, 0x23)
+    assert coloured(plain, red) == coloured(plain, orange) == 0
+    assert coloured(sure, red) > 20 and coloured(sure, orange) == 0
+    assert coloured(possible, orange) > 20 and coloured(possible, red) == 0

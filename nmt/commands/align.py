@@ -17,10 +17,11 @@ from nmt.decoding.alignment import (
     EXTRACTIONS,
     AlignmentScores,
     ReferenceLinks,
-    extract_links,
+    attention_links,
+    content_links,
+    content_reference,
     format_links,
     parse_links,
-    piece_words,
     score_alignments,
 )
 from nmt.decoding.translator import Translator
@@ -49,16 +50,8 @@ def align_pairs(
     """Each pair's word links from the attention while the model reads the target (none
     where either side is empty)."""
     decoding = decoding_options(translator, {})
-    results = translator.score(sources, targets, decoding, True, progress)
-    out: list[list[tuple[int, int]]] = []
-    for source, target, result in zip(sources, targets, results, strict=True):
-        if result is None or result.alphas is None or not target.strip():
-            out.append([])
-            continue
-        src_words = piece_words(translator.tokenizer.src, source)
-        trg_words = piece_words(translator.tokenizer.trg, target)
-        out.append(extract_links(result.alphas, src_words, trg_words, method, threshold))
-    return out
+    links, _ = attention_links(translator, sources, targets, decoding, method, threshold, progress)
+    return links
 
 
 def align_command(
@@ -172,10 +165,6 @@ def _check_range(links: set[Link], mask: tuple[list[bool], list[bool]], where: s
             )
 
 
-def _content(links: set[Link], mask: tuple[list[bool], list[bool]]) -> set[Link]:
-    return {(i, j) for i, j in links if mask[0][i] and mask[1][j]}
-
-
 def evaluate_alignments(
     hypotheses: Path, reference: Path, source: Path | None = None, target: Path | None = None
 ) -> AlignmentReport:
@@ -194,7 +183,7 @@ def evaluate_alignments(
     if (source is None) != (target is None):
         raise DataError("content words need both --align-src and --align-trg")
     masks = _texts(source, target, len(ref_lines)) if source and target else None
-    links, references, content_links, content_refs = [], [], [], []
+    links, references, content_hyps, content_refs = [], [], [], []
     skipped = 0
     for n, (hyp, ref) in enumerate(zip(hyp_lines, ref_lines, strict=True), start=1):
         sure, possible = _parse(hypotheses, hyp, n)
@@ -208,9 +197,7 @@ def evaluate_alignments(
             mask = masks[n - 1]
             _check_range(links[-1], mask, f"--align {hypotheses} line {n}")
             _check_range(references[-1].possible, mask, f"--align-ref {reference} line {n}")
-            content_links.append(_content(links[-1], mask))
-            content_refs.append(
-                ReferenceLinks(_content(gold_sure, mask), _content(references[-1].possible, mask))
-            )
-    content = score_alignments(content_links, content_refs) if masks is not None else None
+            content_hyps.append(content_links(links[-1], mask))
+            content_refs.append(content_reference(references[-1], mask))
+    content = score_alignments(content_hyps, content_refs) if masks is not None else None
     return AlignmentReport(hypotheses.name, score_alignments(links, references), content, skipped)

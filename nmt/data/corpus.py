@@ -178,7 +178,8 @@ def check_files(config: Config) -> None:
     """Before training: every local file the run reads exists; all missing ones in one error.
 
     Checks data.train and data.dev (a text pair's two files, or the TSV/JSONL file; a ``.gz``
-    beside a name counts) and tokenizer.model when it is set.
+    beside a name counts), and when they are set tokenizer.model, training.init_from,
+    training.guided_alignment and data.dev_alignment.
     """
     data = config.data
     problems = []
@@ -198,11 +199,14 @@ def check_files(config: Config) -> None:
     start = config.training.init_from
     if start and not Path(start).exists():
         problems.append(f"training.init_from: {start}: no such run directory or checkpoint")
-    guide = config.training.guided_alignment
-    if guide:
-        try:
-            existing(Path(guide), "training.guided_alignment")
-        except DataError as exc:
-            problems.append(str(exc).removesuffix("; fix training.guided_alignment in the config"))
+    for key, link_file in (
+        ("training.guided_alignment", config.training.guided_alignment),
+        ("data.dev_alignment", data.dev_alignment),
+    ):
+        if link_file:
+            try:
+                existing(Path(link_file), key)
+            except DataError as exc:
+                problems.append(str(exc).removesuffix(f"; fix {key} in the config"))
     if problems:
         raise DataError("; ".join(problems) + "; fix the paths in the config or --override them")

@@ -50,6 +50,7 @@ class Corpora:
     dev_src: list[str]
     dev_trg: list[str]
     dev_src_ids: list[list[int]]
+    dev_pairs: int = 0  # data.dev's pairs before empty ones are dropped (its lines)
     built: list[str] = field(default_factory=list)  # what this process prepared itself
     stages: dict[str, float] = field(default_factory=dict)  # seconds per stage
     sampler: EpochSampler | None = None  # subword regularisation (tokenizer.sampling_alpha)
@@ -311,6 +312,7 @@ def load_corpora(
         dev_src=dev_src,
         dev_trg=dev_trg,
         dev_src_ids=dev.src_ids(limit),
+        dev_pairs=dev.counts["pairs"],
         built=built,
         stages=dict(stages.seconds),
     )

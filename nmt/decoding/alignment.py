@@ -25,9 +25,9 @@ error rate AER = 1 - (|A & S| + |A & P|) / (|A| + |S|), summed over the corpus.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -35,6 +35,12 @@ from torch import Tensor
 from nmt.data.guidance import word_link_cells
 from nmt.data.tokenizer import piece_words
 
+if TYPE_CHECKING:
+    from nmt.config import DecodingConfig
+    from nmt.decoding.scoring import Scored
+    from nmt.decoding.translator import Translator
+
+Link = tuple[int, int]
 EXTRACTIONS = ("argmax", "threshold", "next")
 
 
@@ -104,6 +110,43 @@ def hypothesis_links(
         word += 1 if piece.startswith("▁") or word < 0 else 0
         trg_words.append(word)
     return extract_links(alphas, src_words, trg_words, method, threshold)
+
+
+def attention_links(
+    translator: Translator,
+    sources: Sequence[str],
+    targets: Sequence[str],
+    decoding: DecodingConfig,
+    method: str = "argmax",
+    threshold: float = 0.5,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[list[list[Link]], list[Scored | None]]:
+    """Each pair's word links from the attention while the model reads the target (none
+    where either side is empty), and the forced results they come from."""
+    results = translator.score(sources, targets, decoding, True, progress)
+    out: list[list[Link]] = []
+    for source, target, result in zip(sources, targets, results, strict=True):
+        if result is None or result.alphas is None or not target.strip():
+            out.append([])
+            continue
+        src_words = piece_words(translator.tokenizer.src, source)
+        trg_words = piece_words(translator.tokenizer.trg, target)
+        out.append(extract_links(result.alphas, src_words, trg_words, method, threshold))
+    return out, results
+
+
+def content_links(links: set[Link], mask: tuple[Sequence[bool], Sequence[bool]]) -> set[Link]:
+    """The links between two content words (``mask``: source and target words' flags)."""
+    return {(i, j) for i, j in links if mask[0][i] and mask[1][j]}
+
+
+def content_reference(
+    reference: ReferenceLinks, mask: tuple[Sequence[bool], Sequence[bool]]
+) -> ReferenceLinks:
+    """A reference's links between two content words."""
+    return ReferenceLinks(
+        content_links(reference.sure, mask), content_links(reference.possible, mask)
+    )
 
 
 def format_links(links: Sequence[tuple[int, int]]) -> str:

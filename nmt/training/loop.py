@@ -75,7 +75,7 @@ from nmt.training.step import (
     loss_for_training,
 )
 from nmt.training.tracking import ProgressBar, Tracker, setup_logging
-from nmt.training.validation import agree, validate
+from nmt.training.validation import DevAlignment, agree, load_dev_alignment, validate
 
 log = logging.getLogger("nmt")
 
@@ -136,6 +136,7 @@ class Run:
     started: float
     window: _Window = field(default_factory=_Window)
     train: TokenizedCorpus | None = None  # this epoch's training pairs (Corpora.for_epoch)
+    dev_alignment: DevAlignment | None = None  # data.dev_alignment, checked before training
 
     @property
     def corpus(self) -> TokenizedCorpus:
@@ -211,11 +212,13 @@ def _train_locked(
         tokenizer = initial.tokenizer
     seed_everything(config.training.seed)
     corpora, tokenizer = load_corpora_in_turn(config, run_dir, tokenizer, place)
+    dev_alignment = load_dev_alignment(config, corpora)
     if place.is_main:
         write_run_info(run_dir, config, device, precision, place.world_size)
     run = _build_run(
         config, run_dir, tokenizer, corpora, saved, place, device, precision, fast, initial
     )
+    run.dev_alignment = dev_alignment
     # training.max_minutes counts data preparation too, and the minutes of earlier invocations
     run.started = started - 60 * run.progress.minutes
     try:
@@ -565,6 +568,7 @@ def _validate_and_save(run: Run) -> None:
         run.precision,
         run.tracker,
         run.progress.step,
+        run.dev_alignment,
     )
     metrics = agree(metrics, run.place, run.device)
     improved = record_validation(
