@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # CPU build of torch first (a GPU machine may set TORCH_SPEC to its own build or to "").
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup test test-slow lint demo bench bench-data synthetic corpus align-baseline clean
+.PHONY: setup test test-slow lint demo bench bench-data synthetic corpus align-baseline attention-table clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,12 @@ synthetic:
 align-baseline:
 	$(BIN)/python -m pip install --quiet -e '.[align]'
 	$(BIN)/python scripts/eflomal_baseline.py --split test
+
+# Every score function with both decoders on the demo budget: test BLEU and AER (docs/alignment.md);
+# rows already run are skipped, so it can be run a few rows at a time: make attention-table ROWS="luong:dot"
+ROWS ?=
+attention-table:
+	$(BIN)/python scripts/attention_table.py $(if $(ROWS),--rows $(ROWS))
 
 corpus:
 	$(BIN)/python scripts/build_corpus.py --out data/bible

@@ -5,65 +5,20 @@ draws the reference links on a tensorboard heatmap; bad files are one-line error
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 from clirun import nmt, write_config
-
-WORDS = "sol luna mar rio casa perro gato libro agua fuego tierra aire el y".split()
+from synthetic import aligned_config, write_aligned_corpus
 
 
 def _corpus(root: Path) -> Path:
-    """The reversal task with es/en file names, so that content words count: the Spanish
-    function words "el" and "y" are on the source side. The dev reference links source word
-    k to target word n-1-k, sure, but possible where the source word is "el"; dev pair 3 has
-    no reference line (left out of the figures)."""
-    rng = random.Random(5)
-    for split, size in (("train", 300), ("dev", 14)):
-        src, trg, gold = [], [], []
-        for index in range(size):
-            words = [rng.choice(WORDS) for _ in range(rng.randint(2, 6))]
-            src.append(" ".join(words))
-            trg.append(" ".join(w.upper() for w in reversed(words)))
-            n = len(words)
-            links = [f"{k}{'?' if w == 'el' else '-'}{n - 1 - k}" for k, w in enumerate(words)]
-            gold.append("" if index == 3 else " ".join(links))
-        (root / f"{split}.es").write_text("".join(s + "\n" for s in src), encoding="utf-8")
-        (root / f"{split}.en").write_text("".join(t + "\n" for t in trg), encoding="utf-8")
-        if split == "dev":
-            (root / "dev.align").write_text("".join(g + "\n" for g in gold), encoding="utf-8")
-    return root
+    return write_aligned_corpus(root, {"train": 300, "dev": 14})
 
 
 def _config(root: Path, **data: object) -> Path:
-    config = {
-        "data": {
-            "src_lang": "es",
-            "trg_lang": "en",
-            "train": str(root / "train"),
-            "dev": str(root / "dev"),
-            "test": None,
-            "dev_alignment": str(root / "dev.align"),
-            **data,
-        },
-        "tokenizer": {"vocab_size": 44, "type": "bpe"},
-        "model": {
-            "embedding_size": 16,
-            "encoder": {"hidden_size": 16},
-            "decoder": {"style": "luong", "hidden_size": 16},
-            "attention": {"score": "general"},
-        },
-        "training": {
-            "epochs": 5,
-            "max_steps": 20,
-            "batch_tokens": 400,
-            "validate_every": 10,
-            "precision": "fp32",
-        },
-        "decoding": {"max_len_ratio": 1.5, "max_len_offset": 5},
-        "run": {"dir": str(root / "run"), "device": "cpu"},
-    }
+    config = aligned_config(root)
+    config["data"].update({"test": None, "dev_alignment": str(root / "dev.align"), **data})
     return write_config(root / "config.yaml", config)
 
 

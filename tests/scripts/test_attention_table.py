@@ -1,0 +1,75 @@
+"""scripts/attention_table.py on a tiny aligned corpus: a row trains the base config with its
+decoder and score, scores translation and alignment, is skipped once done, and joins the
+table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+from clirun import write_config
+from synthetic import aligned_config, write_aligned_corpus
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "attention_table", ROOT / "scripts/attention_table.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_decoder_meets_every_score() -> None:
+    table = _script()
+    assert len(table.ROWS) == len(table.DECODERS) * len(table.SCORES) == 18
+    assert table.row_overrides("luong:general", 256) == [
+        "model.decoder.style=luong",
+        "model.attention.score=general",
+    ]
+    assert table.row_overrides("bahdanau:dot", 256)[-1] == "model.encoder.hidden_size=128"
+
+
+def test_a_row_is_trained_scored_skipped_and_tabled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bahdanau:dot: the run has the row's decoder, score and a 8-unit encoder (its keys as
+    wide as the 16-unit decoder state); its figures are those of its own files."""
+    table = _script()
+    root = write_aligned_corpus(tmp_path, {"train": 300, "dev": 10, "test": 12})
+    config = write_config(tmp_path / "base.yaml", aligned_config(root))
+    out = tmp_path / "table"
+    args = ["--config", str(config), "--out", str(out), "--rows", "bahdanau:dot"]
+    assert table.main([*args, "-O", "training.max_steps=10"]) == 0
+    row = out / "bahdanau-dot"
+    saved = yaml.safe_load((row / "run" / "config.yaml").read_text())
+    assert saved["model"]["decoder"]["style"] == "bahdanau"
+    assert saved["model"]["attention"]["score"] == "dot"
+    assert saved["model"]["encoder"]["hidden_size"] == 8
+    result = json.loads((row / "result.json").read_text())
+    assert result["updates"] == 10
+    assert 0 <= result["test_bleu"] <= 100 and 0 <= result["content_aer"] <= 100
+    links = (row / "test.align").read_text().splitlines()
+    assert len(links) == 12 and all(links)  # argmax links every target word
+    printed = capsys.readouterr().out
+    assert "| bahdanau | dot (encoder 2x8) | 10 |" in printed
+
+    before = (row / "result.json").stat().st_mtime_ns
+    assert table.main(args) == 0
+    assert (row / "result.json").stat().st_mtime_ns == before
+    assert "bahdanau:dot: done earlier" in capsys.readouterr().err
+
+
+def test_an_unknown_row_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        _script().main(["--rows", "luong:nope", "--out", str(tmp_path)])
+    assert stopped.value.code == 2
+    assert "--rows: unknown luong:nope" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
