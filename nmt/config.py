@@ -315,15 +315,16 @@ class TrainingConfig(_Section):
     schedule: Literal["constant", "warmup", "inverse_sqrt", "plateau", "linear", "cosine"] = Field(
         "constant",
         description="constant; linear warmup then constant; inverse square root after "
-        "warmup; halve on dev plateau; linear or cosine decay to 0 at training.max_steps or "
-        "training.max_minutes, whichever comes first",
+        "warmup; halve on dev plateau; linear or cosine decay to 0 at the end of training: "
+        "training.epochs, max_steps or max_minutes, whichever comes first",
     )
     decay_hold: float = Field(
         0.0,
         ge=0,
         lt=1,
-        description="linear and cosine: the fraction of the budget (max_steps or max_minutes) "
-        "at the full rate before the decay begins (0: decay all the way; 0.8: the last 20%)",
+        description="linear and cosine: the fraction of the budget (epochs, max_steps or "
+        "max_minutes) at the full rate before the decay begins (0: decay all the way; 0.8: "
+        "the last 20%)",
     )
     warmup_steps: int = Field(
         0, ge=0, description="updates of linear warmup from 0 (before any schedule)"
@@ -450,16 +451,6 @@ class Config(_Section):
                 "of the two"
             )
         train = self.training
-        if (
-            train.schedule in ("linear", "cosine")
-            and train.max_minutes is None
-            and (train.max_steps is None or train.max_steps <= train.warmup_steps)
-        ):
-            problems.append(
-                f"training.schedule: {train.schedule} decays to 0 at training.max_steps or "
-                f"training.max_minutes; set max_steps above warmup_steps "
-                f"({train.warmup_steps}) or max_minutes"
-            )
         if train.decay_hold and train.schedule not in ("linear", "cosine"):
             problems.append(
                 f"training.decay_hold: only the linear and cosine schedules decay; "

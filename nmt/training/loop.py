@@ -276,6 +276,7 @@ def _build_run(
         cfg.max_steps,
         cfg.max_minutes,
         cfg.decay_hold,
+        cfg.epochs,
     )
     # a resumed run's logs forget what the killed run logged after its checkpoint
     tracker = Tracker(run_dir, place.is_main, progress.step if saved is not None else None)
@@ -363,9 +364,10 @@ def _loop(run: Run, stop: _StopFlag, bar: ProgressBar) -> None:
         )
         _log_epoch(run, batches)
         per_update = world * cfg.accumulate
+        run.schedule.epoch_updates = -(-(len(batches) // world) // cfg.accumulate)
         bar.start_epoch(
             progress.epoch + 1,
-            -(-(len(batches) // world) // cfg.accumulate),
+            run.schedule.epoch_updates,
             -(-(progress.batch_in_epoch // world) // cfg.accumulate),
         )
         while reason is None and progress.batch_in_epoch + world <= len(batches):

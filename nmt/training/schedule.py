@@ -39,10 +39,12 @@ class Schedule:
     (Vaswani et al. 2017, eq. 3), and ``plateau`` halves lr after every ``patience``
     validations without improvement (``Progress.lr_scale``). ``linear`` and ``cosine`` decay
     from lr towards 0 over a budget: the updates after the warmup up to ``total``
-    (training.max_steps), the wall clock up to ``minutes`` (training.max_minutes), or both,
-    whichever runs out first. With p the fraction of the budget used, (step - warmup - 1) /
-    (total - warmup) for updates and ``Progress.minutes`` / minutes for the clock (the larger
-    when both are set), the rate is lr (1 - p) or lr (1 + cos(pi p)) / 2 (Loshchilov & Hutter
+    (training.max_steps) or to the end of the last epoch (``epochs`` times the updates of
+    the epoch under way, ``epoch_updates``, which the loop sets at each epoch's start), the
+    wall clock up to ``minutes`` (training.max_minutes), whichever runs out first. With p
+    the fraction of the budget used, (step - warmup - 1) / (updates - warmup) for updates
+    (the nearer of the two ends) and ``Progress.minutes`` / minutes for the clock (the larger
+    of the two p), the rate is lr (1 - p) or lr (1 + cos(pi p)) / 2 (Loshchilov & Hutter
     2017, without restarts; over a time budget as in Li et al. 2020, "Budgeted Training");
     the last update still has a small positive rate. With ``hold`` h > 0 the rate stays at lr
     for the first h of the budget and decays over the rest, p being (p - h) / (1 - h) from
@@ -58,15 +60,25 @@ class Schedule:
         total: int | None = None,
         minutes: float | None = None,
         hold: float = 0.0,
+        epochs: int | None = None,
     ):
-        if kind in ("linear", "cosine") and (total is None or total <= warmup) and not minutes:
-            raise ValueError(
-                f"{kind} decay needs a total number of updates above the warmup or minutes"
-            )
+        budget = (total is not None and total > warmup) or minutes or epochs
+        if kind in ("linear", "cosine") and not budget:
+            raise ValueError(f"{kind} decay needs updates above the warmup, epochs or minutes")
         self.kind, self.base_lr, self.warmup, self.patience = kind, base_lr, warmup, patience
         self.total = total if total is not None and total > warmup else None
         self.minutes = minutes
         self.hold = hold
+        self.epochs = epochs
+        self.epoch_updates = 0  # updates in the epoch under way: set by the loop
+
+    def updates(self) -> int | None:
+        """The update the decay ends at: max_steps or the end of the last epoch, the nearer
+        one above the warmup (None: neither)."""
+        ends = [self.total] if self.total is not None else []
+        if self.epochs and self.epochs * self.epoch_updates > self.warmup:
+            ends.append(self.epochs * self.epoch_updates)
+        return min(ends) if ends else None
 
     def lr(self, step: int, progress: Progress) -> float:
         step = max(step, 1)
@@ -76,9 +88,9 @@ class Schedule:
         elif self.kind == "inverse_sqrt":
             scale = math.sqrt(max(self.warmup, 1) / step)
         elif self.kind in ("linear", "cosine"):
-            done = 0.0
-            if self.total is not None:
-                done = max(step - self.warmup - 1, 0) / (self.total - self.warmup)
+            done, total = 0.0, self.updates()
+            if total is not None:
+                done = max(step - self.warmup - 1, 0) / (total - self.warmup)
             if self.minutes:
                 done = max(done, progress.minutes / self.minutes)
             done = min(max(done - self.hold, 0.0) / (1.0 - self.hold), 1.0)

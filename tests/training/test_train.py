@@ -463,23 +463,56 @@ def test_decay_hold_needs_a_decaying_schedule() -> None:
     assert held.training.decay_hold == 0.8
 
 
-def test_decay_schedules_need_max_steps_or_max_minutes() -> None:
-    with pytest.raises(ConfigError) as info:
-        from_dict({"training": {"schedule": "cosine", "warmup_steps": 100}})
-    assert str(info.value) == (
-        "config: training.schedule: cosine decays to 0 at training.max_steps or "
-        "training.max_minutes; set max_steps above warmup_steps (100) or max_minutes"
-    )
-    with pytest.raises(ConfigError):
-        from_dict({"training": {"schedule": "linear", "max_steps": 50, "warmup_steps": 50}})
+def test_decay_over_epochs_ends_with_the_last_epoch_or_max_steps() -> None:
+    """Without max_steps the updates' budget is epochs times the epoch's updates; with both,
+    the nearer end; the clock still counts when it runs out first."""
+    progress = Progress()
+    epochs = Schedule("linear", 2e-3, 10, 2, epochs=4)
+    assert epochs.lr(50, progress) == 2e-3  # no epoch under way yet: nothing to decay over
+    epochs.epoch_updates = 25  # 100 updates in all
+    for step in (11, 35, 60, 100):
+        assert epochs.lr(step, progress) == pytest.approx(2e-3 * (1 - (step - 11) / 90))
+    both = Schedule("cosine", 2e-3, 0, 2, total=60, epochs=4)
+    both.epoch_updates = 25
+    assert both.updates() == 60
+    both.epoch_updates = 10  # a shorter epoch (another segmentation, say): 40 updates
+    assert both.updates() == 40
+    assert both.lr(21, progress) == pytest.approx(1e-3)  # half-way through 40
+    timed = Schedule("linear", 2e-3, 0, 2, minutes=10.0, epochs=4)
+    timed.epoch_updates = 100
+    progress.minutes = 5.0  # half the clock, a tenth of the updates
+    assert timed.lr(41, progress) == pytest.approx(1e-3)
+    with pytest.raises(ValueError):
+        Schedule("cosine", 1e-3, 10, 2, total=10)
+
+
+def test_decay_schedules_take_any_budget() -> None:
+    """linear and cosine decay over epochs when neither max_steps nor max_minutes is set."""
+    plain = from_dict({"training": {"schedule": "cosine", "warmup_steps": 100, "epochs": 3}})
+    assert plain.training.max_steps is None and plain.training.max_minutes is None
     assert from_dict({"training": {"schedule": "linear", "max_steps": 51}}).training.max_steps
     timed = from_dict({"training": {"schedule": "cosine", "max_minutes": 0.5}})
     assert timed.training.max_minutes == 0.5
 
 
+def test_a_decay_over_epochs_reaches_zero_at_the_last_epoch(corpus: Path, tmp_path: Path) -> None:
+    """schedule linear with only epochs: the logged rate falls by the same step every update
+    and the last update of the last epoch has the smallest positive rate."""
+    run_dir = tmp_path / "run"
+    run_training(corpus, run_dir, schedule="linear", epochs=2, log_every=1, max_steps=None)
+    records = train_records(run_dir)
+    steps, rates = [r["step"] for r in records], [r["lr"] for r in records]
+    total = steps[-1]
+    assert total > 10
+    for step, rate in zip(steps, rates, strict=True):
+        assert rate == pytest.approx(1e-3 * (1 - (step - 1) / total))
+    assert 0 < rates[-1] < rates[-2]
+
+
 def test_a_time_budget_decays_the_rate_and_counts_over_resume(corpus: Path, tmp_path: Path) -> None:
-    """With schedule cosine and max_minutes only, the logged rate falls with the clock, the
-    checkpoint records the minutes used, and --resume counts them against the budget."""
+    """With schedule cosine and max_minutes, the logged rate falls with the clock or the
+    epoch, whichever is further on, the checkpoint records the minutes used, and --resume
+    counts them against the budget."""
     run_dir = tmp_path / "run"
     budget = 30.0
     run_training(corpus, run_dir, schedule="cosine", max_minutes=budget, log_every=1, epochs=1)
@@ -489,8 +522,10 @@ def test_a_time_budget_decays_the_rate_and_counts_over_resume(corpus: Path, tmp_
     assert all(0 < later < earlier for earlier, later in zip(rates, rates[1:], strict=False))
     used = saved(run_dir / "last.pt")["progress"]["minutes"]
     assert 0 < used < budget
-    expected = 1e-3 * (1 + math.cos(math.pi * used / budget)) / 2
-    assert rates[-1] == pytest.approx(expected, rel=1e-3)  # the last update's clock
+    steps = [r["step"] for r in train_records(run_dir)]  # one epoch: steps[-1] updates
+    done = max(used / budget, (steps[-1] - 1) / steps[-1])
+    expected = 1e-3 * (1 + math.cos(math.pi * done)) / 2
+    assert rates[-1] == pytest.approx(expected, rel=1e-3)  # the last update's
     # a budget the run has already used up: the resumed run stops after its first update
     before = saved(run_dir / "last.pt")["progress"]["step"]
     run_training(corpus, run_dir, resume=True, schedule="cosine", max_minutes=used, log_every=1)
