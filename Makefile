@@ -47,7 +47,7 @@ align-baseline:
 	$(BIN)/python -m pip install --quiet -e '.[align]'
 	$(BIN)/python scripts/eflomal_baseline.py --split test
 
-# Every score function with both decoders on the demo budget: test BLEU and AER (docs/alignment.md);
+# Every score function with both decoders, 2,000 updates each: test BLEU and AER (docs/alignment.md);
 # rows already run are skipped, so it can be run a few rows at a time: make attention-table ROWS="luong:dot"
 ROWS ?=
 attention-table:

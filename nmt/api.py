@@ -131,13 +131,14 @@ class Model:
         targets: str | Sequence[str],
         extract: str = "argmax",
         threshold: float = 0.5,
+        attention: bool = False,
     ) -> Any:
-        """Word alignments of given translations from the attention (as `nmt align`): per
-        pair a sorted list of (source word, target word) indices, whitespace words from 0;
-        a single list for two strings."""
+        """Word alignments of given translations (as `nmt align`): per pair a sorted list of
+        (source word, target word) indices, whitespace words from 0; a single list for two
+        strings. From the alignment head where the model has one, unless ``attention``."""
         check_method(extract, threshold)
         single, src, trg = _pairs("align", sources, targets)
-        out = align_pairs(self.translator, src, trg, extract, threshold)
+        out = align_pairs(self.translator, src, trg, extract, threshold, None, attention)
         return out[0] if single else out
 
     def _steered(

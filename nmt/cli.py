@@ -358,14 +358,33 @@ def align(
     threshold: Annotated[
         float, typer.Option("--threshold", help="With --extract threshold: the least mass.")
     ] = 0.5,
+    attention: Annotated[
+        bool,
+        typer.Option(
+            "--attention",
+            help="Align with the attention even when the model has an alignment head "
+            "(model.alignment_head), which is read by default.",
+        ),
+    ] = False,
     device: DeviceOption = "auto",
     precision: PrecisionOption = "auto",
 ) -> None:
     """Word alignments (Pharaoh: source-target word indices, 0-based) from the model's
-    attention while it reads the given translations."""
+    attention (or its alignment head) while it reads the given translations."""
     from nmt.commands.align import align_command
 
-    align_command(model, input, target, tsv, output, extract, threshold, device, precision)
+    align_command(
+        model,
+        input,
+        target,
+        tsv,
+        output,
+        extract,
+        threshold,
+        device,
+        precision,
+        use_attention=attention,
+    )
 
 
 @app.command()

@@ -266,6 +266,13 @@ class ModelConfig(_Section):
     encoder: EncoderConfig = EncoderConfig()
     decoder: DecoderConfig = DecoderConfig()
     attention: AttentionConfig = AttentionConfig()
+    alignment_head: bool = Field(
+        False,
+        description="a second attention that reads each target word once it is known (its "
+        "decoder features and embedding) and learns training.guided_alignment's links; nmt "
+        "align, translate --alignments and the dev AER read it instead of the attention. "
+        "Translations never use it and its gradients stop at its inputs",
+    )
 
 
 class TrainingConfig(_Section):
@@ -439,10 +446,15 @@ class Config(_Section):
                 )
         if self.data.format == "hub" and not self.data.hub_name:
             problems.append("data.hub_name: required when data.format is 'hub'")
-        if len(set(self.training.freeze)) == 4:
+        if len(set(self.training.freeze)) == 4 and not model.alignment_head:
             problems.append(
                 "training.freeze: every part is frozen and nothing would train; leave at least "
                 "one of embeddings, encoder, decoder, attention out"
+            )
+        if model.alignment_head and not self.training.guided_alignment:
+            problems.append(
+                "model.alignment_head: the head learns only from training.guided_alignment; "
+                "give that file (a Pharaoh alignment of data.train) or set alignment_head: false"
             )
         if self.training.guided_alignment and self.tokenizer.sampling_alpha is not None:
             problems.append(

@@ -39,6 +39,16 @@ def check_method(method: str, threshold: float) -> None:
         raise ConfigError(f"--threshold {threshold}: expected a value in (0, 1]")
 
 
+def check_head(translator: Translator, method: str, use_attention: bool) -> None:
+    """``--extract next`` reads the attention's following step; a head aligns each word at
+    its own step."""
+    if method == "next" and translator.has_alignment_head and not use_attention:
+        raise ConfigError(
+            "--extract next: the model's alignment head aligns each word at its own step; "
+            "use argmax or threshold, or --attention to align with the attention"
+        )
+
+
 def align_pairs(
     translator: Translator,
     sources: Sequence[str],
@@ -46,11 +56,16 @@ def align_pairs(
     method: str = "argmax",
     threshold: float = 0.5,
     progress: Callable[[int], None] | None = None,
+    use_attention: bool = False,
 ) -> list[list[tuple[int, int]]]:
-    """Each pair's word links from the attention while the model reads the target (none
-    where either side is empty)."""
+    """Each pair's word links while the model reads the target (none where either side is
+    empty): from its alignment head if it has one and not ``use_attention``, else from its
+    attention."""
+    check_head(translator, method, use_attention)
     decoding = decoding_options(translator, {})
-    links, _ = attention_links(translator, sources, targets, decoding, method, threshold, progress)
+    links, _ = attention_links(
+        translator, sources, targets, decoding, method, threshold, progress, use_attention
+    )
     return links
 
 
@@ -65,6 +80,7 @@ def align_command(
     device: str = "auto",
     precision: str = "auto",
     show_progress: bool = True,
+    use_attention: bool = False,
 ) -> int:
     """`nmt align`: one Pharaoh line per (source, target) pair (empty for an empty side)."""
     check_method(method, threshold)
@@ -75,9 +91,12 @@ def align_command(
         check_output(Path(output_path), "--output", inputs)
     pairs = read_pairs_given(input_path, target_path, tsv, None)
     translator = Translator.from_checkpoints(models, device, precision)
+    check_head(translator, method, use_attention)
     from_files = STDIN not in (input_path, target_path, tsv) and bool(pairs.sources)
     with progress_bar(len(pairs.sources), show_progress and from_files) as advance:
-        links = align_pairs(translator, pairs.sources, pairs.targets, method, threshold, advance)
+        links = align_pairs(
+            translator, pairs.sources, pairs.targets, method, threshold, advance, use_attention
+        )
     lines = [format_links(row) for row in links]
     write_lines(output_path, lines)
     return len(lines)

@@ -240,7 +240,7 @@ def translate_command(
         if attention_dir is not None:
             _write_best_attention(translator, attention_dir, index, item)
         if alignments is not None:
-            link_lines.append(_links(translator, lines[index], item))
+            link_lines.append(_links(translator, lines[index], item, decoding))
         _warn_unmet(lines[index], item, index, steered, warn)
     write_lines(output_path, out_lines)
     if alignments is not None:
@@ -248,12 +248,17 @@ def translate_command(
     return len(lines)
 
 
-def _links(translator: Translator, line: str, item: Translation) -> str:
-    """The Pharaoh line of the best output's word alignment (empty without an output)."""
+def _links(translator: Translator, line: str, item: Translation, decoding: DecodingConfig) -> str:
+    """The Pharaoh line of the best output's word alignment (empty without an output): from
+    the alignment heads, re-reading the output, where the models have them, else from the
+    search's attention."""
     if not item.hypotheses:
         return ""
     best = item.hypotheses[0]
-    return format_links(hypothesis_links(translator.tokenizer, line, best.tokens, best.alphas))
+    weights = best.alphas
+    if translator.has_alignment_head:
+        weights = translator.head_alignment(item.src_ids, best.tokens, decoding)
+    return format_links(hypothesis_links(translator.tokenizer, line, best.tokens, weights))
 
 
 def _warn_unmet(
@@ -296,7 +301,7 @@ def _stream(
         if attention_dir is not None:
             _write_best_attention(translator, attention_dir, index, item)
         _warn_unmet(line, item, index, this, warn)
-        links.append(_links(translator, line, item))
+        links.append(_links(translator, line, item, decoding))
         index += 1
 
 

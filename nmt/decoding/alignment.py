@@ -18,6 +18,9 @@ Extraction (``extract_links``):
   (content-word AER 35.0 against 65.2): its attention points at the source of the word it
   predicts.
 
+A model with an alignment head (nmt.model.aligner) aligns with the head's weights instead
+(row t: target piece t, read once it is known), unless the attention is asked for.
+
 Scores (Och & Ney 2003): with A the links given, S the sure and P the possible reference
 links (S included in P), precision |A & P| / |A|, recall |A & S| / |S| and the alignment
 error rate AER = 1 - (|A & S| + |A & P|) / (|A| + |S|), summed over the corpus.
@@ -120,19 +123,30 @@ def attention_links(
     method: str = "argmax",
     threshold: float = 0.5,
     progress: Callable[[int], None] | None = None,
+    use_attention: bool = False,
 ) -> tuple[list[list[Link]], list[Scored | None]]:
-    """Each pair's word links from the attention while the model reads the target (none
-    where either side is empty), and the forced results they come from."""
+    """Each pair's word links while the model reads the target (none where either side is
+    empty), and the forced results they come from: from the alignment head's weights when
+    the model has one (nmt.model.aligner), unless ``use_attention``, else the attention."""
     results = translator.score(sources, targets, decoding, True, progress)
     out: list[list[Link]] = []
     for source, target, result in zip(sources, targets, results, strict=True):
-        if result is None or result.alphas is None or not target.strip():
+        weights = None if result is None else aligning_weights(result, use_attention)
+        if weights is None or not target.strip():
             out.append([])
             continue
         src_words = piece_words(translator.tokenizer.src, source)
         trg_words = piece_words(translator.tokenizer.trg, target)
-        out.append(extract_links(result.alphas, src_words, trg_words, method, threshold))
+        out.append(extract_links(weights, src_words, trg_words, method, threshold))
     return out, results
+
+
+def aligning_weights(result: Scored, use_attention: bool = False) -> Tensor | None:
+    """The weights a forced result aligns with: the alignment head's, where there are any
+    and ``use_attention`` is off, else the attention's."""
+    if result.alignment is not None and not use_attention:
+        return result.alignment
+    return result.alphas
 
 
 def content_links(links: set[Link], mask: tuple[Sequence[bool], Sequence[bool]]) -> set[Link]:

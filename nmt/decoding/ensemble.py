@@ -95,16 +95,23 @@ class Ensemble:
         return EnsembleState(state.memories, states)
 
     def teacher_forced(
-        self, src: Tensor, src_lengths: Tensor, trg_in: Tensor
-    ) -> tuple[Tensor, Tensor]:
+        self, src: Tensor, src_lengths: Tensor, trg_in: Tensor, trg_out: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Forced decoding of trg_in (B, T) = BOS y: log-probabilities (B, T, V) float32 of
-        each next token and the attention (B, T, S)."""
-        log_probs, alphas = [], []
+        each next token, the attention (B, T, S) and, given trg_out = y EOS and when every
+        member has an alignment head, the mean of the heads' weights (B, T, S), else None."""
+        log_probs, alphas, heads = [], [], []  # heads: list[Tensor]
         for model in self.models:
-            features, alphas_m = model(src, src_lengths, trg_in)
+            if trg_out is not None and model.aligner is not None:
+                features, alphas_m, head = model.read(src, src_lengths, trg_in, trg_out)
+                assert head is not None  # the model has an aligner
+                heads.append(head)
+            else:
+                features, alphas_m = model(src, src_lengths, trg_in)
             log_probs.append(model.log_probs(features))
             alphas.append(alphas_m)
-        return self.combine(log_probs), self.mean_attention(alphas)
+        aligned = self.mean_attention(heads) if len(heads) == len(self.models) else None
+        return self.combine(log_probs), self.mean_attention(alphas), aligned
 
     def combine(self, log_probs: list[Tensor]) -> Tensor:
         """The members' log-probabilities (each (..., V)) -> the ensemble's (..., V)."""

@@ -28,12 +28,15 @@ from nmt.vocab import BOS_ID, EOS_ID, PAD_ID
 class Scored:
     """One pair's scores: log_prob = log P(y | x); score, length-normalised (and with the
     coverage penalty when set); token_log_probs, one per target piece and EOS; alphas
-    (n+1, S) the attention while reading y, or None."""
+    (n+1, S) the attention while reading y, or None; alignment (n+1, S) the alignment
+    heads' weights (nmt.model.aligner) when asked for the attention and every model has
+    one, else None."""
 
     log_prob: float
     score: float
     token_log_probs: list[float]
     alphas: Tensor | None = None
+    alignment: Tensor | None = None
 
 
 @torch.no_grad()
@@ -50,7 +53,8 @@ def score_batch(
     device = src.device
     trg_in = pad([[BOS_ID, *y] for y in trg_ids]).to(device)  # (B, T)
     trg_out = pad([[*y, EOS_ID] for y in trg_ids]).to(device)  # (B, T)
-    log_probs, alphas = scorer.teacher_forced(src, src_lengths, trg_in)  # (B,T,V), (B,T,S)
+    heads = trg_out if return_attention else None
+    log_probs, alphas, aligned = scorer.teacher_forced(src, src_lengths, trg_in, heads)
     picked = log_probs.float().gather(2, trg_out.unsqueeze(2)).squeeze(2)  # (B, T)
     real = trg_out != PAD_ID  # (B, T)
     penalties = None
@@ -66,10 +70,12 @@ def score_batch(
         score = log_prob / length_penalty(length, decoding.length_penalty)
         if penalties is not None:
             score += penalties[b]
-        attention = None
+        attention = alignment = None
         if return_attention:
             attention = alphas[b, :length, : int(src_lengths[b])].float().cpu()
-        out.append(Scored(log_prob, score, tokens, attention))
+        if aligned is not None:
+            alignment = aligned[b, :length, : int(src_lengths[b])].float().cpu()
+        out.append(Scored(log_prob, score, tokens, attention, alignment))
     return out
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from nmt import checkpoint
 from nmt.config import Config, DecodingConfig, from_dict
@@ -106,6 +107,25 @@ class Translator:
 
     def scorer(self, decoding: DecodingConfig) -> Ensemble:
         return Ensemble(self.models, decoding.ensemble_average)
+
+    @property
+    def has_alignment_head(self) -> bool:
+        """Every model has an alignment head (model.alignment_head): alignments read it."""
+        return all(model.aligner is not None for model in self.models)
+
+    def head_alignment(
+        self, src_ids: Sequence[int], tokens: Sequence[int], decoding: DecodingConfig
+    ) -> Tensor | None:
+        """The alignment heads' weights (|y|+1, |x|) for an output the search produced
+        (``tokens``): one forced pass over it, as the heads read each word once it is
+        chosen; None without heads."""
+        if not self.has_alignment_head or not src_ids:
+            return None
+        with eval_modes(self.models), autocast(self.device, self.precision):
+            scored = score_ids(
+                self.scorer(decoding), [list(src_ids)], [list(tokens)], decoding, self.device, True
+            )
+        return scored[0].alignment
 
     def decode_ids(
         self,

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths
+from nmt.model.aligner import AlignmentHead
 from nmt.model.attention import Memory
 from nmt.model.decoder import Decoder, DecoderState
 from nmt.model.encoder import Bridge, Encoder
@@ -44,6 +45,10 @@ class Seq2Seq(nn.Module):
         self.generator = nn.Linear(self.decoder.output_size, trg_vocab_size, bias=False)  # W_o
         if cfg.tie_embeddings:
             self.generator.weight = self.decoder.embed.weight
+        self.aligner: AlignmentHead | None = None  # model.alignment_head
+        if cfg.alignment_head:  # drawn aside: the rest of the run's random numbers stay
+            with torch.random.fork_rng(devices=[]):
+                self.aligner = AlignmentHead(self.decoder.output_size, cfg.embedding_size, key_size)
         self.trg_vocab_size = trg_vocab_size
         self.fast = fast
 
@@ -58,6 +63,22 @@ class Seq2Seq(nn.Module):
         """Teacher forcing: -> features (B, T, O), alphas (B, T, S)."""
         memory, state = self.encode(src, src_lengths)
         return self.decoder(trg_in, memory, state)
+
+    def read(
+        self, src: Tensor, src_lengths: Tensor, trg_in: Tensor, trg_out: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Teacher forcing that also aligns: -> features (B, T, O), the attention alphas
+        (B, T, S) and the alignment head's weights beta (B, T, S), None without a head.
+        trg_out (B, T) = y EOS: row t of beta aligns trg_out[:, t]."""
+        memory, state = self.encode(src, src_lengths)
+        features, alphas = self.decoder(trg_in, memory, state)
+        return features, alphas, self._head(features, trg_out, memory)
+
+    def _head(self, features: Tensor, trg_out: Tensor, memory: Memory) -> Tensor | None:
+        if self.aligner is None:
+            return None
+        embedded = F.embedding(trg_out, self.decoder.embed.weight)  # e(y_t), (B, T, E)
+        return self.aligner(features, embedded, memory.values, memory.mask)
 
     def log_probs(self, features: Tensor) -> Tensor:
         """(..., O) -> (..., V) float32 log-probabilities."""
@@ -78,9 +99,11 @@ class Seq2Seq(nn.Module):
         src (B, S), src_lengths (B,), trg_in (B, T) = BOS y, trg_out (B, T) = y EOS, padded
         with PAD_ID. Divide by the number of target tokens for per-token means. With
         ``guide`` (B, T, S) attention targets, the loss adds ``guide_weight`` times their
-        cross-entropy with the attention (``guided_alignment_loss``); the NLL does not.
+        cross-entropy with the attention (``guided_alignment_loss``), or with the alignment
+        head's weights when the model has one; the NLL does not.
         """
-        features, alphas = self(src, src_lengths, trg_in)
+        memory, state = self.encode(src, src_lengths)
+        features, alphas = self.decoder(trg_in, memory, state)
         flat = features.reshape(-1, features.size(-1))  # (B*T, O)
         gold = trg_out.reshape(-1)  # (B*T,)
         keep = gold != PAD_ID
@@ -88,7 +111,9 @@ class Seq2Seq(nn.Module):
         weight = self.generator.weight  # (V, O)
         loss, nll = self.fast.output_loss(flat, weight, gold, label_smoothing, self.training)
         if guide is not None and guide_weight > 0:
-            loss = loss + guide_weight * guided_alignment_loss(alphas, guide)
+            head = self._head(features, trg_out, memory)
+            guided = alphas if head is None else head
+            loss = loss + guide_weight * guided_alignment_loss(guided, guide)
         return loss, nll
 
 

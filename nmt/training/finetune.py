@@ -34,7 +34,9 @@ PARTS = (
     ("attention", ("decoder.attention.",)),
     ("encoder", ("encoder.", "bridge.")),
     ("decoder", ("decoder.", "generator.")),
+    ("alignment_head", ("aligner.",)),  # never frozen: it learns from the guidance alone
 )
+HEAD = "aligner."  # model.alignment_head's parameters: may be added or dropped by fine-tuning
 
 
 @dataclass
@@ -72,13 +74,21 @@ def load_initial_weights(model: nn.Module, initial: Initial) -> None:
     """Copy every weight of the checkpoint into ``model``; a name or shape that differs is a
     one-line error naming the parameter."""
     _check_fits(model, initial)
-    model.load_state_dict(initial.weights)
+    expected = model.state_dict()
+    weights = {name: value for name, value in initial.weights.items() if name in expected}
+    model.load_state_dict(weights, strict=False)
     log.info("fine-tuning from %s (step %d)", initial.path, initial.step)
+    if any(name.startswith(HEAD) for name in expected) and not any(
+        name.startswith(HEAD) for name in initial.weights
+    ):
+        log.info("model.alignment_head: new, learnt from training.guided_alignment")
 
 
 def _check_fits(model: nn.Module, initial: Initial) -> None:
     expected = model.state_dict()
     for name in sorted(set(expected) | set(initial.weights)):
+        if name.startswith(HEAD) and (name not in initial.weights or name not in expected):
+            continue  # a head added to a model without one starts fresh; one left out is dropped
         if name not in initial.weights or name not in expected:
             where = "the config's model" if name in expected else "the checkpoint"
             raise ConfigError(

@@ -197,12 +197,21 @@ def apply_update(
     """Unscale, clip and step; returns (gradient norm, applied).
 
     With fp16 the GradScaler skips the step when the gradients overflowed and halves its
-    scale; without a scaler a non-finite gradient skips the step.
+    scale; without a scaler a non-finite gradient skips the step. An alignment head's
+    gradients are clipped by their own norm, so that they never scale the translation
+    model's; the norm returned is the translation model's.
     """
     if scaler is not None:
         scaler.unscale_(optimizer)
     max_norm = clip_grad_norm if clip_grad_norm is not None else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    translation: list[nn.Parameter] = []
+    head: list[nn.Parameter] = []
+    for name, parameter in model.named_parameters():
+        (head if name.startswith("aligner.") else translation).append(parameter)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(translation, max_norm))
+    if head:
+        head_norm = float(torch.nn.utils.clip_grad_norm_(head, max_norm))
+        grad_norm = grad_norm if math.isfinite(head_norm) else head_norm
     if scaler is None:
         applied = math.isfinite(grad_norm)
         if applied:

@@ -219,7 +219,7 @@ def test_teacher_forced_equals_stepwise(average: str) -> None:
     trg_in[:, 0] = BOS_ID
     ensemble = Ensemble(members, average)
     with torch.no_grad():
-        forced_lp, forced_alphas = ensemble.teacher_forced(src, src_lengths, trg_in)
+        forced_lp, forced_alphas, _ = ensemble.teacher_forced(src, src_lengths, trg_in)
         state = ensemble.encode(src, src_lengths)
         steps, step_alphas = [], []
         for t in range(trg_in.size(1)):

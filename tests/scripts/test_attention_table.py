@@ -40,21 +40,23 @@ def test_every_decoder_meets_every_score() -> None:
 def test_a_row_is_trained_scored_skipped_and_tabled(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """bahdanau:dot: the run has the row's decoder, score and a 8-unit encoder (its keys as
-    wide as the 16-unit decoder state); its figures are those of its own files."""
+    """bahdanau:dot: the run has the row's decoder, score, a 8-unit encoder (its keys as
+    wide as the 16-unit decoder state) and the budget of --steps; its figures are those of
+    its own files."""
     table = _script()
     root = write_aligned_corpus(tmp_path, {"train": 300, "dev": 10, "test": 12})
     config = write_config(tmp_path / "base.yaml", aligned_config(root))
     out = tmp_path / "table"
     args = ["--config", str(config), "--out", str(out), "--rows", "bahdanau:dot"]
-    assert table.main([*args, "-O", "training.max_steps=10"]) == 0
+    assert table.main([*args, "--steps", "10"]) == 0
     row = out / "bahdanau-dot"
     saved = yaml.safe_load((row / "run" / "config.yaml").read_text())
     assert saved["model"]["decoder"]["style"] == "bahdanau"
     assert saved["model"]["attention"]["score"] == "dot"
     assert saved["model"]["encoder"]["hidden_size"] == 8
+    assert saved["training"]["max_steps"] == 10 and saved["training"]["max_minutes"] is None
     result = json.loads((row / "result.json").read_text())
-    assert result["updates"] == 10
+    assert result["updates"] == 10 and result["machine"]
     assert 0 <= result["test_bleu"] <= 100 and 0 <= result["content_aer"] <= 100
     links = (row / "test.align").read_text().splitlines()
     assert len(links) == 12 and all(links)  # argmax links every target word
@@ -73,3 +75,9 @@ def test_an_unknown_row_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture
     assert stopped.value.code == 2
     assert "--rows: unknown luong:nope" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_the_budget_is_updates_or_the_configs_clock() -> None:
+    table = _script()
+    assert table.budget_overrides(2000) == ["training.max_steps=2000", "training.max_minutes=null"]
+    assert table.budget_overrides(0) == []

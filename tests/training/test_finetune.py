@@ -59,14 +59,21 @@ def test_frozen_parts_stay_and_the_rest_trains(corpus: Path, source: Path, tmp_p
 
 
 def test_every_parameter_has_a_part() -> None:
-    """Every parameter name of the shipped decoders maps to one freezable part."""
+    """Every parameter name of the shipped decoders, with and without an alignment head,
+    maps to one part (the head's is never frozen: it is not a training.freeze choice)."""
     from nmt.config import from_dict
     from nmt.model import build_model
 
     for style in ("bahdanau", "luong"):
-        model = build_model(from_dict({"model": {"decoder": {"style": style}}}).model, 9, 9)
-        parts = {part_of(name) for name, _ in model.named_parameters()}
-        assert parts == {name for name, _ in PARTS}
+        for head in (False, True):
+            raw = {
+                "model": {"decoder": {"style": style}, "alignment_head": head},
+                "training": {"guided_alignment": "train.align" if head else None},
+            }
+            model = build_model(from_dict(raw).model, 9, 9)
+            parts = {part_of(name) for name, _ in model.named_parameters()}
+            expected = {name for name, _ in PARTS}
+            assert parts == (expected if head else expected - {"alignment_head"})
 
 
 def test_resuming_a_finetuning_run_is_exact(corpus: Path, source: Path, tmp_path: Path) -> None:

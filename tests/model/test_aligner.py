@@ -1,0 +1,178 @@
+"""The alignment head (model.alignment_head): its weights against the equation in float64,
+its loss leaving the translation model untouched, and a head that learns to align where the
+attention cannot."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_learning import VOCAB
+
+from nmt.config import from_dict
+from nmt.data.batching import Batch, make_batch
+from nmt.data.guidance import guide_matrix
+from nmt.errors import ConfigError
+from nmt.model import build_model
+from nmt.model.aligner import AlignmentHead
+from nmt.model.seq2seq import guided_alignment_loss
+from nmt.vocab import EOS_ID
+
+
+def reference_weights(
+    features: np.ndarray,
+    embedded: np.ndarray,
+    values: np.ndarray,
+    lengths: list[int],
+    weight: np.ndarray,
+    bias: np.ndarray,
+) -> np.ndarray:
+    """beta[b, t, s] = softmax_s over the real positions of (W [f_t; e_t] + b) . h_s, loop by
+    loop in float64; padding positions get 0."""
+    batch, steps, _ = features.shape
+    out = np.zeros((batch, steps, values.shape[1]))
+    for b in range(batch):
+        for t in range(steps):
+            x = np.concatenate([features[b, t], embedded[b, t]])
+            query = weight @ x + bias
+            scores = [float(query @ values[b, s]) for s in range(lengths[b])]
+            top = max(scores)
+            exps = [np.exp(v - top) for v in scores]
+            for s in range(lengths[b]):
+                out[b, t, s] = exps[s] / sum(exps)
+    return out
+
+
+def test_head_weights_are_the_equation() -> None:
+    """Random inputs, 3 sentences with source lengths 5, 3 and 1 (padding present)."""
+    torch.manual_seed(0)
+    head = AlignmentHead(6, 4, 8).double()
+    features = torch.randn(3, 4, 6, dtype=torch.float64)
+    embedded = torch.randn(3, 4, 4, dtype=torch.float64)
+    values = torch.randn(3, 5, 8, dtype=torch.float64)
+    lengths = [5, 3, 1]
+    mask = torch.arange(5).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+    got = head(features, embedded, values, mask)
+    expected = reference_weights(
+        features.numpy(),
+        embedded.numpy(),
+        values.numpy(),
+        lengths,
+        head.query.weight.detach().numpy(),
+        head.query.bias.detach().numpy(),
+    )
+    assert got.dtype == torch.float64
+    np.testing.assert_allclose(got.detach().numpy(), expected, rtol=1e-10, atol=1e-12)
+
+
+def _config(head: bool, style: str = "luong") -> dict:
+    rnn = {"hidden_size": 16, "dropout": 0.0}
+    model = {
+        "embedding_size": 12,
+        "embedding_dropout": 0.0,
+        "encoder": rnn,
+        "decoder": {**rnn, "style": style},
+        "attention": {"score": "general" if style == "luong" else "additive"},
+        "alignment_head": head,
+    }
+    return {"model": model, "training": {"guided_alignment": "train.align"}}
+
+
+def _model(head: bool, style: str = "luong", seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build_model(from_dict(_config(head, style)).model, VOCAB, VOCAB)
+
+
+def shuffle_batch(rng: np.random.Generator, size: int) -> Batch:
+    """Sources of 3-8 distinct symbols, targets a random permutation of them: the source
+    word of each target word is certain once the word is known and a guess before. Each
+    target piece is guided to its source position; EOS rows unguided."""
+    src, trg, cells = [], [], []
+    for _ in range(size):
+        n = int(rng.integers(3, 9))
+        seq = rng.choice(np.arange(4, VOCAB), size=n, replace=False).tolist()
+        order = rng.permutation(n).tolist()
+        src.append([*seq, EOS_ID])
+        trg.append([seq[k] for k in order])
+        cells.append([x for t, k in enumerate(order) for x in (t, k)])
+    batch = make_batch(src, trg, np.arange(size))
+    batch.guide = guide_matrix(cells, batch.trg_out.size(1), batch.src.size(1))
+    return batch
+
+
+@pytest.mark.parametrize("style", ["luong", "bahdanau"])
+def test_the_head_leaves_the_translation_model_untouched(style: str) -> None:
+    """With a head, the guided loss adds the head's cross-entropy (the float64 equation on
+    the weights ``read`` returns), not the attention's; every gradient outside the head is
+    bit for bit that of the unguided loss, and the model without a head built from the
+    same seed computes the same features."""
+    model = _model(True, style).eval()
+    plain_model = _model(False, style).eval()
+    batch = shuffle_batch(np.random.default_rng(1), 6)
+    features, _, beta = model.read(batch.src, batch.src_lengths, batch.trg_in, batch.trg_out)
+    plain_features, _ = plain_model(batch.src, batch.src_lengths, batch.trg_in)
+    assert torch.equal(features, plain_features)
+    assert beta is not None
+
+    plain, nll = model.loss(*batch.tensors())
+    model.zero_grad()
+    plain.backward()
+    plain_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    guided, guided_nll = model.loss(*batch.tensors(), guide=batch.guide, guide_weight=0.7)
+    model.zero_grad()
+    guided.backward()
+    term = 0.7 * float(guided_alignment_loss(beta.detach().double(), batch.guide.double()))
+    assert float((guided - plain).detach()) == pytest.approx(term, rel=1e-5)
+    assert float(guided_nll) == float(nll)
+    for name, parameter in model.named_parameters():
+        if name.startswith("aligner."):
+            assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+        else:
+            assert torch.equal(parameter.grad, plain_grads[name]), name
+
+
+def _accuracy(weights: torch.Tensor, batch: Batch) -> float:
+    """Share of target words whose weights' argmax is their guided source position."""
+    hits = total = 0
+    for b in range(batch.src.size(0)):
+        rows, columns = batch.guide[b].nonzero(as_tuple=True)
+        for t, s in zip(rows.tolist(), columns.tolist(), strict=True):
+            hits += int(weights[b, t].argmax()) == s
+            total += 1
+    return hits / total
+
+
+def _train(head: bool, steps: int) -> torch.nn.Module:
+    model = _model(head)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    rng = np.random.default_rng(100)
+    model.train()
+    for _ in range(steps):
+        batch = shuffle_batch(rng, 32)
+        loss, _ = model.loss(*batch.tensors(), guide=batch.guide, guide_weight=1.0)
+        optimizer.zero_grad()
+        (loss / batch.n_target_tokens).backward()
+        optimizer.step()
+    return model.eval()
+
+
+def test_the_head_aligns_where_the_attention_cannot() -> None:
+    """The shuffle task, 150 updates each: a guided head finds the source of nearly every
+    target word of held-out pairs; guided attention, which must choose before it sees the
+    word, cannot do much better than guess among the words not yet translated."""
+    held_out = shuffle_batch(np.random.default_rng(9999), 64)
+    with_head, guided_attention = _train(True, 150), _train(False, 150)
+    with torch.no_grad():
+        _, _, beta = with_head.read(
+            held_out.src, held_out.src_lengths, held_out.trg_in, held_out.trg_out
+        )
+        _, alphas = guided_attention(held_out.src, held_out.src_lengths, held_out.trg_in)
+    head, attention = _accuracy(beta, held_out), _accuracy(alphas, held_out)
+    assert head > 0.9 and attention < head - 0.3, (head, attention)
+
+
+def test_a_head_needs_guided_alignment() -> None:
+    config = _config(True)
+    config["training"] = {}
+    with pytest.raises(ConfigError, match="model.alignment_head: the head learns only from"):
+        from_dict(config)
