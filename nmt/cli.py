@@ -351,8 +351,9 @@ def align(
         str,
         typer.Option(
             "--extract",
-            help="argmax (each target word to its most attended source word), threshold, or "
-            "next (the attention of the following step, when the word has been read).",
+            help="argmax (each target word to its most attended source word), threshold, "
+            "next (the attention of the following step, when the word has been read), or "
+            "intersect (the argmax links that are also the source word's best target word).",
         ),
     ] = "argmax",
     threshold: Annotated[

@@ -273,6 +273,11 @@ class ModelConfig(_Section):
         "align, translate --alignments and the dev AER read it instead of the attention. "
         "Translations never use it and its gradients stop at its inputs",
     )
+    alignment_head_joint: bool = Field(
+        False,
+        description="let the alignment head's loss also train the encoder, decoder and target "
+        "embedding (multi-task, Garg et al. 2019): better alignments, other translations",
+    )
 
 
 class TrainingConfig(_Section):
@@ -450,6 +455,11 @@ class Config(_Section):
             problems.append(
                 "training.freeze: every part is frozen and nothing would train; leave at least "
                 "one of embeddings, encoder, decoder, attention out"
+            )
+        if model.alignment_head_joint and not model.alignment_head:
+            problems.append(
+                "model.alignment_head_joint: there is no head to train jointly; set "
+                "model.alignment_head: true"
             )
         if model.alignment_head and not self.training.guided_alignment:
             problems.append(

@@ -12,6 +12,10 @@ Extraction (``extract_links``):
   mass. Every target word gets one link, as in Bahdanau et al.'s figures and most
   attention-alignment studies; it suits any decoder.
 - ``threshold``: every pair whose mass reaches the threshold (several or no links per word).
+- ``intersect``: the argmax links that are also the source word's own argmax, the target
+  word that puts most mass on it (the intersection of the two directions' best links, as
+  statistical aligners intersect their two directions): fewer links, much more precise;
+  on the demo corpus the lowest content-word AER of the four.
 - ``next``: the attention of the step after the word's own, taken at the position the
   decoder has just read the word (the state that has read y_t, predicting y_{t+1}). On the
   demo corpus's reference alignment a Luong demo model aligns far better with ``argmax``
@@ -44,7 +48,7 @@ if TYPE_CHECKING:
     from nmt.decoding.translator import Translator
 
 Link = tuple[int, int]
-EXTRACTIONS = ("argmax", "threshold", "next")
+EXTRACTIONS = ("argmax", "threshold", "next", "intersect")
 
 
 def link_cells(
@@ -91,6 +95,9 @@ def extract_links(
         pairs = (words >= threshold).nonzero().tolist()
         return sorted((int(j), int(i)) for i, j in pairs)
     best = words.argmax(dim=1).tolist()
+    if method == "intersect":
+        best_target = words.argmax(dim=0).tolist()  # each source word's most attending word
+        return sorted((int(j), i) for i, j in enumerate(best) if best_target[j] == i)
     return sorted((int(j), i) for i, j in enumerate(best))
 
 

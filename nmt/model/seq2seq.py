@@ -48,7 +48,12 @@ class Seq2Seq(nn.Module):
         self.aligner: AlignmentHead | None = None  # model.alignment_head
         if cfg.alignment_head:  # drawn aside: the rest of the run's random numbers stay
             with torch.random.fork_rng(devices=[]):
-                self.aligner = AlignmentHead(self.decoder.output_size, cfg.embedding_size, key_size)
+                self.aligner = AlignmentHead(
+                    self.decoder.output_size,
+                    cfg.embedding_size,
+                    key_size,
+                    cfg.alignment_head_joint,
+                )
         self.trg_vocab_size = trg_vocab_size
         self.fast = fast
 

@@ -117,7 +117,8 @@ def load_dev_alignment(config: Config, corpora: Corpora) -> DevAlignment | None:
         if out.masks is not None:
             masks = (content_mask(words[0], languages[0]), content_mask(words[1], languages[1]))
             out.masks.append(masks)
-    log.info("validation: the attention's AER against %d dev pairs of %s", len(out.sources), path)
+    aligner = "alignment head" if config.model.alignment_head else "attention"
+    log.info("validation: the %s's AER against %d dev pairs of %s", aligner, len(out.sources), path)
     return out
 
 

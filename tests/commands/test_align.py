@@ -16,10 +16,10 @@ def _links(line: str) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in token.split("-")) for token in line.split()]  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("extract", ["argmax", "next", "threshold"])
+@pytest.mark.parametrize("extract", ["argmax", "next", "threshold", "intersect"])
 def test_align_writes_one_pharaoh_line_per_pair(run: Path, tmp_path: Path, extract: str) -> None:
-    """Indices within each side's word count; argmax links every target word exactly once;
-    an empty side gives an empty line."""
+    """Indices within each side's word count; argmax links every target word exactly once,
+    intersect each word at most once; an empty side gives an empty line."""
     tsv = "".join(f"{s}\t{t}\n" for s, t in PAIRS).encode()
     result = nmt("align", "-m", str(run), "--extract", extract, "--threshold", "0.2", stdin=tsv)
     assert result.code == 0, result.err
@@ -31,8 +31,11 @@ def test_align_writes_one_pharaoh_line_per_pair(run: Path, tmp_path: Path, extra
             assert links == []
             continue
         assert all(0 <= i < len(src.split()) and 0 <= j < len(trg.split()) for i, j in links)
-        if extract != "threshold":
-            assert sorted(j for _, j in links) == list(range(len(trg.split())))
+        targets = sorted(j for _, j in links)
+        if extract in ("argmax", "next"):
+            assert targets == list(range(len(trg.split())))
+        if extract == "intersect":  # at most one link per word on either side
+            assert len(set(targets)) == len(targets) and len({i for i, _ in links}) == len(links)
 
 
 def test_align_reads_files_like_score(run: Path, tmp_path: Path) -> None:

@@ -101,6 +101,22 @@ def test_the_extractions() -> None:
     assert merged == [(0, 0), (0, 1), (1, 2)]
 
 
+def test_intersect_keeps_the_argmax_links_both_words_agree_on() -> None:
+    """Target words 0 and 1 both look at source word 0 most, which looks at target word 0
+    most: 1-0's link goes; 2-2 is each one's best. Source word 1 is nobody's argmax."""
+    alphas = torch.tensor(
+        [
+            [0.6, 0.3, 0.1, 0.0],
+            [0.5, 0.4, 0.1, 0.0],
+            [0.1, 0.2, 0.7, 0.0],
+            [0.0, 0.0, 0.1, 0.9],
+        ]
+    )
+    words = [0, 1, 2]
+    assert extract_links(alphas, words, words) == [(0, 0), (0, 1), (2, 2)]
+    assert extract_links(alphas, words, words, "intersect") == [(0, 0), (2, 2)]
+
+
 def test_och_and_ney_scores_by_hand() -> None:
     """Two sentences counted by hand: |A|=5, |S|=3, |A&S|=2, |A&P|=4."""
     s1, p1 = parse_links("0-0 1-1 2?1", "gold")

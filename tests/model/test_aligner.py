@@ -65,7 +65,7 @@ def test_head_weights_are_the_equation() -> None:
     np.testing.assert_allclose(got.detach().numpy(), expected, rtol=1e-10, atol=1e-12)
 
 
-def _config(head: bool, style: str = "luong") -> dict:
+def _config(head: bool, style: str = "luong", joint: bool = False) -> dict:
     rnn = {"hidden_size": 16, "dropout": 0.0}
     model = {
         "embedding_size": 12,
@@ -74,13 +74,14 @@ def _config(head: bool, style: str = "luong") -> dict:
         "decoder": {**rnn, "style": style},
         "attention": {"score": "general" if style == "luong" else "additive"},
         "alignment_head": head,
+        "alignment_head_joint": joint,
     }
     return {"model": model, "training": {"guided_alignment": "train.align"}}
 
 
-def _model(head: bool, style: str = "luong", seed: int = 0) -> torch.nn.Module:
+def _model(head: bool, style: str = "luong", seed: int = 0, joint: bool = False) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return build_model(from_dict(_config(head, style)).model, VOCAB, VOCAB)
+    return build_model(from_dict(_config(head, style, joint)).model, VOCAB, VOCAB)
 
 
 def shuffle_batch(rng: np.random.Generator, size: int) -> Batch:
@@ -131,6 +132,27 @@ def test_the_head_leaves_the_translation_model_untouched(style: str) -> None:
             assert torch.equal(parameter.grad, plain_grads[name]), name
 
 
+@pytest.mark.parametrize("style", ["luong", "bahdanau"])
+def test_a_joint_head_trains_the_model_with_it(style: str) -> None:
+    """model.alignment_head_joint: the head's term (the float64 equation on beta) sends
+    gradient into the encoder, the decoder and the target embedding as well as the head."""
+    model = _model(True, style, joint=True).eval()
+    batch = shuffle_batch(np.random.default_rng(2), 6)
+    _, _, beta = model.read(batch.src, batch.src_lengths, batch.trg_in, batch.trg_out)
+    assert beta is not None
+    plain, _ = model.loss(*batch.tensors())
+    guided, _ = model.loss(*batch.tensors(), guide=batch.guide, guide_weight=0.7)
+    term = 0.7 * float(guided_alignment_loss(beta.detach().double(), batch.guide.double()))
+    assert float((guided - plain).detach()) == pytest.approx(term, rel=1e-5)
+    model.zero_grad()
+    guided_alignment_loss(beta, batch.guide).backward()
+    reached = {
+        n.split(".")[0] for n, p in model.named_parameters() if p.grad is not None and p.grad.any()
+    }
+    assert {"encoder", "decoder", "aligner"} <= reached, reached
+    assert model.decoder.embed.weight.grad is not None and model.decoder.embed.weight.grad.any()
+
+
 def _accuracy(weights: torch.Tensor, batch: Batch) -> float:
     """Share of target words whose weights' argmax is their guided source position."""
     hits = total = 0
@@ -176,3 +198,5 @@ def test_a_head_needs_guided_alignment() -> None:
     config["training"] = {}
     with pytest.raises(ConfigError, match="model.alignment_head: the head learns only from"):
         from_dict(config)
+    with pytest.raises(ConfigError, match="model.alignment_head_joint: there is no head"):
+        from_dict(_config(False, joint=True))

@@ -58,6 +58,8 @@ def test_a_row_is_trained_scored_skipped_and_tabled(
     result = json.loads((row / "result.json").read_text())
     assert result["updates"] == 10 and result["machine"]
     assert 0 <= result["test_bleu"] <= 100 and 0 <= result["content_aer"] <= 100
+    assert 0 <= result["content_aer_intersect"] <= 100
+    assert len((row / "test.intersect.align").read_text().splitlines()) == 12
     links = (row / "test.align").read_text().splitlines()
     assert len(links) == 12 and all(links)  # argmax links every target word
     printed = capsys.readouterr().out
