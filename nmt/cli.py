@@ -352,8 +352,9 @@ def align(
         typer.Option(
             "--extract",
             help="argmax (each target word to its most attended source word), threshold, "
-            "next (the attention of the following step, when the word has been read), or "
-            "intersect (the argmax links that are also the source word's best target word).",
+            "next (the attention of the following step, when the word has been read), "
+            "intersect (the argmax links that are also the source word's best target word), "
+            "or gdfa (grow-diag-final-and of the two directions' argmax links).",
         ),
     ] = "argmax",
     threshold: Annotated[

@@ -278,6 +278,12 @@ class ModelConfig(_Section):
         description="let the alignment head's loss also train the encoder, decoder and target "
         "embedding (multi-task, Garg et al. 2019): better alignments, other translations",
     )
+    alignment_head_context: bool = Field(
+        False,
+        description="let the alignment head also read the target words after each word (a "
+        "backward GRU over the target embeddings, Garg et al.'s full target context); "
+        "alignments are read once the whole target is known",
+    )
 
 
 class TrainingConfig(_Section):
@@ -455,6 +461,11 @@ class Config(_Section):
             problems.append(
                 "training.freeze: every part is frozen and nothing would train; leave at least "
                 "one of embeddings, encoder, decoder, attention out"
+            )
+        if model.alignment_head_context and not model.alignment_head:
+            problems.append(
+                "model.alignment_head_context: there is no head to give context to; set "
+                "model.alignment_head: true"
             )
         if model.alignment_head_joint and not model.alignment_head:
             problems.append(

@@ -26,6 +26,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from nmt.decoding.alignment import grow_diag_final_and
+
 ROOT = Path(__file__).resolve().parent.parent
 Link = tuple[int, int]
 
@@ -41,37 +43,6 @@ def normalise(line: str) -> str:
 
 def read_links(line: str) -> set[Link]:
     return {(int(i), int(j)) for i, _, j in (link.partition("-") for link in line.split())}
-
-
-def grow_diag_final_and(forward: set[Link], reverse: set[Link]) -> set[Link]:
-    """Koehn et al.'s symmetrisation: start from the intersection, add union links that touch
-    a link already in (diagonal neighbours included) and align a word not yet aligned, until
-    nothing changes; then add union links whose source and target words are both unaligned.
-    ``forward`` and ``reverse`` are both (source, target) links."""
-    union = forward | reverse
-    links = forward & reverse
-    neighbours = [(-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1)]
-
-    def aligned() -> tuple[set[int], set[int]]:
-        return {i for i, _ in links}, {j for _, j in links}
-
-    grew = True
-    while grew:
-        grew = False
-        for i, j in sorted(links):
-            for di, dj in neighbours:
-                candidate = (i + di, j + dj)
-                if candidate in union and candidate not in links:
-                    sources, targets = aligned()
-                    if candidate[0] not in sources or candidate[1] not in targets:
-                        links.add(candidate)
-                        grew = True
-    for direction in (forward, reverse):  # final-and
-        for i, j in sorted(direction):
-            sources, targets = aligned()
-            if i not in sources and j not in targets:
-                links.add((i, j))
-    return links
 
 
 def pharaoh(links: Iterable[Link]) -> str:

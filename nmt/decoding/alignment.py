@@ -15,7 +15,12 @@ Extraction (``extract_links``):
 - ``intersect``: the argmax links that are also the source word's own argmax, the target
   word that puts most mass on it (the intersection of the two directions' best links, as
   statistical aligners intersect their two directions): fewer links, much more precise;
-  on the demo corpus the lowest content-word AER of the four.
+  recall falls.
+- ``gdfa``: grow-diag-final-and (Koehn et al. 2005) of the same two directions, as
+  statistical aligners symmetrise theirs: from the intersection, add the argmax links of
+  either direction next to a link already in (diagonals included) that align a word not yet
+  aligned, then those whose two words are both unaligned: intersect's precision with most of
+  argmax's recall.
 - ``next``: the attention of the step after the word's own, taken at the position the
   decoder has just read the word (the state that has read y_t, predicting y_{t+1}). On the
   demo corpus's reference alignment a Luong demo model aligns far better with ``argmax``
@@ -48,7 +53,7 @@ if TYPE_CHECKING:
     from nmt.decoding.translator import Translator
 
 Link = tuple[int, int]
-EXTRACTIONS = ("argmax", "threshold", "next", "intersect")
+EXTRACTIONS = ("argmax", "threshold", "next", "intersect", "gdfa")
 
 
 def link_cells(
@@ -95,10 +100,45 @@ def extract_links(
         pairs = (words >= threshold).nonzero().tolist()
         return sorted((int(j), int(i)) for i, j in pairs)
     best = words.argmax(dim=1).tolist()
-    if method == "intersect":
+    if method in ("intersect", "gdfa"):
         best_target = words.argmax(dim=0).tolist()  # each source word's most attending word
-        return sorted((int(j), i) for i, j in enumerate(best) if best_target[j] == i)
+        if method == "intersect":
+            return sorted((int(j), i) for i, j in enumerate(best) if best_target[j] == i)
+        forward = {(int(j), i) for i, j in enumerate(best)}
+        reverse = {(j, int(i)) for j, i in enumerate(best_target)}
+        return sorted(grow_diag_final_and(forward, reverse))
     return sorted((int(j), i) for i, j in enumerate(best))
+
+
+def grow_diag_final_and(forward: set[Link], reverse: set[Link]) -> set[Link]:
+    """Koehn et al.'s symmetrisation: start from the intersection, add union links that touch
+    a link already in (diagonal neighbours included) and align a word not yet aligned, until
+    nothing changes; then add union links whose source and target words are both unaligned.
+    ``forward`` and ``reverse`` are both (source, target) links."""
+    union = forward | reverse
+    links = forward & reverse
+    neighbours = [(-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1)]
+
+    def aligned() -> tuple[set[int], set[int]]:
+        return {i for i, _ in links}, {j for _, j in links}
+
+    grew = True
+    while grew:
+        grew = False
+        for i, j in sorted(links):
+            for di, dj in neighbours:
+                candidate = (i + di, j + dj)
+                if candidate in union and candidate not in links:
+                    sources, targets = aligned()
+                    if candidate[0] not in sources or candidate[1] not in targets:
+                        links.add(candidate)
+                        grew = True
+    for direction in (forward, reverse):  # final-and
+        for i, j in sorted(direction):
+            sources, targets = aligned()
+            if i not in sources and j not in targets:
+                links.add((i, j))
+    return links
 
 
 def hypothesis_links(

@@ -53,6 +53,7 @@ class Seq2Seq(nn.Module):
                     cfg.embedding_size,
                     key_size,
                     cfg.alignment_head_joint,
+                    cfg.alignment_head_context,
                 )
         self.trg_vocab_size = trg_vocab_size
         self.fast = fast
@@ -83,7 +84,8 @@ class Seq2Seq(nn.Module):
         if self.aligner is None:
             return None
         embedded = F.embedding(trg_out, self.decoder.embed.weight)  # e(y_t), (B, T, E)
-        return self.aligner(features, embedded, memory.values, memory.mask)
+        lengths = (trg_out != PAD_ID).sum(dim=1)
+        return self.aligner(features, embedded, memory.values, memory.mask, lengths)
 
     def log_probs(self, features: Tensor) -> Tensor:
         """(..., O) -> (..., V) float32 log-probabilities."""

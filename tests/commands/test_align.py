@@ -16,16 +16,20 @@ def _links(line: str) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in token.split("-")) for token in line.split()]  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("extract", ["argmax", "next", "threshold", "intersect"])
+@pytest.mark.parametrize("extract", ["argmax", "next", "threshold", "intersect", "gdfa"])
 def test_align_writes_one_pharaoh_line_per_pair(run: Path, tmp_path: Path, extract: str) -> None:
     """Indices within each side's word count; argmax links every target word exactly once,
-    intersect each word at most once; an empty side gives an empty line."""
+    intersect each word at most once, gdfa holds the intersection; an empty side gives an
+    empty line."""
     tsv = "".join(f"{s}\t{t}\n" for s, t in PAIRS).encode()
     result = nmt("align", "-m", str(run), "--extract", extract, "--threshold", "0.2", stdin=tsv)
     assert result.code == 0, result.err
     lines = result.out.split("\n")[:-1]
     assert len(lines) == len(PAIRS)
-    for (src, trg), line in zip(PAIRS, lines, strict=True):
+    core = lines
+    if extract == "gdfa":  # grows from the intersection
+        core = nmt("align", "-m", str(run), "--extract", "intersect", stdin=tsv).out.split("\n")
+    for (src, trg), line, kept in zip(PAIRS, lines, core[: len(lines)], strict=True):
         links = _links(line)
         if not src or not trg:
             assert links == []
@@ -36,6 +40,8 @@ def test_align_writes_one_pharaoh_line_per_pair(run: Path, tmp_path: Path, extra
             assert targets == list(range(len(trg.split())))
         if extract == "intersect":  # at most one link per word on either side
             assert len(set(targets)) == len(targets) and len({i for i, _ in links}) == len(links)
+        if extract == "gdfa":
+            assert links and set(_links(kept)) <= set(links)
 
 
 def test_align_reads_files_like_score(run: Path, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from nmt.decoding.alignment import (
     score_alignments,
     word_attention,
 )
+from nmt.decoding.alignment import grow_diag_final_and as gdfa
 
 WORDS = ["fuego", "sol", "agua", "mar", "tierra", "libro", "luna", "árbol", "“casa”,", "Dios."]
 
@@ -115,6 +116,41 @@ def test_intersect_keeps_the_argmax_links_both_words_agree_on() -> None:
     words = [0, 1, 2]
     assert extract_links(alphas, words, words) == [(0, 0), (0, 1), (2, 2)]
     assert extract_links(alphas, words, words, "intersect") == [(0, 0), (2, 2)]
+
+
+def test_gdfa_grows_the_intersection_with_neighbouring_argmax_links() -> None:
+    """Target words 0 and 1 both look at source 0 most (0-0, 0-1); source 1 looks at target
+    1 most (1-1); 2-2 both ways. From the intersection {0-0, 2-2}, 0-1 touches 0-0 and
+    aligns target 1, 1-1 touches 0-0 diagonally and aligns source 1: both grow in."""
+    alphas = torch.tensor(
+        [
+            [0.7, 0.2, 0.1, 0.0],
+            [0.6, 0.3, 0.1, 0.0],
+            [0.1, 0.2, 0.7, 0.0],
+            [0.0, 0.0, 0.1, 0.9],
+        ]
+    )
+    words = [0, 1, 2]
+    assert extract_links(alphas, words, words, "intersect") == [(0, 0), (2, 2)]
+    assert extract_links(alphas, words, words, "gdfa") == [(0, 0), (0, 1), (1, 1), (2, 2)]
+
+
+def test_growing_adds_neighbours_that_align_a_new_word() -> None:
+    """Intersection {0-0, 1-1}; 2-1 and 1-2 touch 1-1 and each aligns a word not yet
+    aligned (source 2, target 2), so both are added."""
+    forward, reverse = {(0, 0), (1, 1), (2, 1)}, {(0, 0), (1, 1), (1, 2)}
+    assert gdfa(forward, reverse) == {(0, 0), (1, 1), (2, 1), (1, 2)}
+
+
+def test_final_and_adds_links_between_two_unaligned_words() -> None:
+    """2-2 and 1-3 touch nothing in the intersection {0-0}; both of their words are still
+    unaligned after growing, so final-and adds them."""
+    assert gdfa({(0, 0), (2, 2)}, {(0, 0), (1, 3)}) == {(0, 0), (2, 2), (1, 3)}
+
+
+def test_a_link_between_aligned_words_is_not_added() -> None:
+    """0-1 touches both intersection links, but source 0 and target 1 are aligned already."""
+    assert gdfa({(0, 0), (1, 1), (0, 1)}, {(0, 0), (1, 1)}) == {(0, 0), (1, 1)}
 
 
 def test_och_and_ney_scores_by_hand() -> None:
