@@ -2,7 +2,7 @@
 """Which attention aligns best: every score function with both decoders, each trained with the
 demo config, scored for translation (test BLEU, chrF, beam 5) and for alignment (test AER
 against the shipped reference, all words and content words, `nmt align --extract argmax`,
-and content words with `--extract intersect`).
+and content words with `--extract intersect` and `--extract gdfa`).
 
 Each row is one `nmt train` of a base config (default configs/demo.yaml) with the row's
 decoder and score overridden, then `nmt eval --split test`, `nmt align` and `nmt eval
@@ -136,9 +136,13 @@ def run_row(
     scores = json.loads(
         _nmt("eval", "--model", str(run), "--split", "test", "--beam", "5", "--json")
     )
-    aligned, intersected = (
+    aligned, intersected, grown = (
         _aligned(run, directory / name, method, src, trg, gold)
-        for name, method in (("test.align", "argmax"), ("test.intersect.align", "intersect"))
+        for name, method in (
+            ("test.align", "argmax"),
+            ("test.intersect.align", "intersect"),
+            ("test.gdfa.align", "gdfa"),
+        )
     )
     system = scores["systems"][0]
     result = {
@@ -157,6 +161,7 @@ def run_row(
         "content_recall": 100 * aligned["content_words"]["recall"],
         "content_aer": 100 * aligned["content_words"]["aer"],
         "content_aer_intersect": 100 * intersected["content_words"]["aer"],
+        "content_aer_gdfa": 100 * grown["content_words"]["aer"],
     }
     (directory / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
@@ -186,8 +191,8 @@ def table(out: Path) -> str:
     """The Markdown table of the rows run so far, in ROWS order."""
     lines = [
         "| decoder | score | updates | minutes | test BLEU | chrF | content-word P | R | AER "
-        "| AER, intersect | all-word AER |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| AER, intersect | AER, gdfa | all-word AER |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in ROWS:
         path = out / row.replace(":", "-") / "result.json"
@@ -200,7 +205,8 @@ def table(out: Path) -> str:
             f"| {decoder} | {score}{note} | {r['updates']:,} | {r['minutes']:.0f} | "
             f"{r['test_bleu']:.2f} | "
             f"{r['test_chrf']:.1f} | {r['content_precision']:.1f} | {r['content_recall']:.1f} | "
-            f"{r['content_aer']:.1f} | {r['content_aer_intersect']:.1f} | {r['aer']:.1f} |"
+            f"{r['content_aer']:.1f} | {r['content_aer_intersect']:.1f} | "
+            f"{r['content_aer_gdfa']:.1f} | {r['aer']:.1f} |"
         )
     return "\n".join(lines)
 

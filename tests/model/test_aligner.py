@@ -16,7 +16,7 @@ from nmt.errors import ConfigError
 from nmt.model import build_model
 from nmt.model.aligner import AlignmentHead
 from nmt.model.seq2seq import guided_alignment_loss
-from nmt.vocab import EOS_ID
+from nmt.vocab import EOS_ID, PAD_ID
 
 
 def reference_weights(
@@ -254,6 +254,27 @@ def test_a_head_needs_guided_alignment() -> None:
     config["model"]["alignment_head_context"] = True
     with pytest.raises(ConfigError, match="model.alignment_head_context: there is no head"):
         from_dict(config)
+
+
+def test_a_context_head_reads_a_sentence_alike_alone_or_padded() -> None:
+    """The whole model's read(): with target context, each pair's weights are the same
+    batched with longer pairs (padding on both sides) as read alone."""
+    config = _config(True)
+    config["model"]["alignment_head_context"] = True
+    torch.manual_seed(4)
+    model = build_model(from_dict(config).model, VOCAB, VOCAB).double().eval()
+    batch = shuffle_batch(np.random.default_rng(5), 5)
+    with torch.no_grad():
+        _, _, together = model.read(batch.src, batch.src_lengths, batch.trg_in, batch.trg_out)
+        assert together is not None
+        for b in range(5):
+            s, t = int(batch.src_lengths[b]), int((batch.trg_out[b] != PAD_ID).sum())
+            _, _, alone = model.read(
+                batch.src[b : b + 1, :s], batch.src_lengths[b : b + 1],
+                batch.trg_in[b : b + 1, :t], batch.trg_out[b : b + 1, :t],
+            )  # fmt: skip
+            assert alone is not None
+            torch.testing.assert_close(together[b, :t, :s], alone[0], rtol=1e-10, atol=1e-12)
 
 
 MARKER = 4  # a target-only word whose source is that of the word after it

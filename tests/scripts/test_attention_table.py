@@ -60,6 +60,8 @@ def test_a_row_is_trained_scored_skipped_and_tabled(
     assert 0 <= result["test_bleu"] <= 100 and 0 <= result["content_aer"] <= 100
     assert 0 <= result["content_aer_intersect"] <= 100
     assert len((row / "test.intersect.align").read_text().splitlines()) == 12
+    assert 0 <= result["content_aer_gdfa"] <= 100
+    assert len((row / "test.gdfa.align").read_text().splitlines()) == 12
     links = (row / "test.align").read_text().splitlines()
     assert len(links) == 12 and all(links)  # argmax links every target word
     printed = capsys.readouterr().out
