@@ -148,7 +148,7 @@ def run_row(
     result = {
         "row": row,
         "overrides": overrides,
-        "config": str(config),
+        "config": _shown(config),
         "encoder_hidden": encoder,
         "minutes": round(minutes, 2),
         "machine": machine(),
@@ -165,6 +165,12 @@ def run_row(
     }
     (directory / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def _shown(path: Path) -> str:
+    """A path as the table records it: relative to the project where it lies inside."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
 
 
 def _aligned(run: Path, links: Path, method: str, src: Path, trg: Path, gold: Path) -> Any:

@@ -85,3 +85,20 @@ def test_the_budget_is_updates_or_the_configs_clock() -> None:
     table = _script()
     assert table.budget_overrides(2000) == ["training.max_steps=2000", "training.max_minutes=null"]
     assert table.budget_overrides(0) == []
+
+
+def test_the_documented_table_is_the_shipped_rows() -> None:
+    """docs/alignment.md's table is what --table makes of docs/attention_table/, each row
+    a real run: the demo config with the row's decoder and score for 2,000 updates."""
+    table = _script()
+    shipped = ROOT / "docs" / "attention_table"
+    results = sorted(shipped.glob("*/result.json"))
+    assert results
+    for path in results:
+        result = json.loads(path.read_text())
+        assert path.parent.name == result["row"].replace(":", "-")
+        assert result["updates"] == 2000 and result["config"] == "configs/demo.yaml"
+        assert result["overrides"][:2] == table.row_overrides(result["row"], 256)[:2]
+    text = (ROOT / "docs" / "alignment.md").read_text()
+    documented = text.split("<!-- attention-table -->\n")[1].split("\n<!-- /attention-table -->")[0]
+    assert documented == table.table(shipped)
