@@ -173,3 +173,37 @@ def test_fine_tuning_adds_a_head_to_a_trained_model(
     records = (tuned / "metrics.jsonl").read_text().splitlines()
     dev = [json.loads(r) for r in records if json.loads(r)["split"] == "dev"]
     assert dev[-1]["aer"] < dev[0]["aer"], "the head learns to align"
+
+
+def test_a_context_head_trains_beside_the_same_model_and_aligns_outputs(
+    head_run: Path, plain_run: Path, tmp_path: Path
+) -> None:
+    """model.alignment_head_context through the CLI: the backward GRU joins the head's
+    weights, every translation weight is still that of the run without a head, and
+    `translate --alignments` re-reads each whole output as `nmt align` reads it."""
+    config = _config(head_run, head=True)
+    config["model"]["alignment_head_context"] = True
+    run = head_run / "context_run"
+    config["run"]["dir"] = str(run)
+    done = nmt("train", str(write_config(tmp_path / "context.yaml", config)), "--quiet")
+    assert done.code == 0, done.err
+    with_head = torch.load(run / "last.pt", weights_only=False)["model"]
+    without = torch.load(plain_run / "last.pt", weights_only=False)["model"]
+    added = set(with_head) - set(without)
+    assert {"aligner.query.weight", "aligner.context.weight_hh_l0"} <= added
+    assert all(name.startswith("aligner.") for name in added)
+    for name, value in without.items():
+        assert torch.equal(with_head[name], value), name
+
+    out, links, forced = tmp_path / "out.en", tmp_path / "out.align", tmp_path / "forced.align"
+    model = str(run / "last.pt")
+    done = nmt("translate", "-m", model, "-i", str(head_run / "dev.es"), "-o", str(out),
+               "--alignments", str(links), "--device", "cpu")  # fmt: skip
+    assert done.code == 0, done.err
+    again = nmt("align", "-m", model, "-i", str(head_run / "dev.es"), "-t", str(out), "-o",
+                str(forced), "--device", "cpu")  # fmt: skip
+    assert again.code == 0, again.err
+    assert links.read_text(encoding="utf-8") == forced.read_text(encoding="utf-8")
+    records = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    dev = [r for r in records if r["split"] == "dev"]
+    assert dev[-1]["aer"] < dev[0]["aer"], "the head learns to align"
