@@ -19,8 +19,9 @@ Extraction (``extract_links``):
 - ``gdfa``: grow-diag-final-and (Koehn et al. 2005) of the same two directions, as
   statistical aligners symmetrise theirs: from the intersection, add the argmax links of
   either direction next to a link already in (diagonals included) that align a word not yet
-  aligned, then those whose two words are both unaligned: intersect's precision with most of
-  argmax's recall.
+  aligned, then those whose two words are both unaligned. On a demo model's attention it
+  aligns best of the four (content-word AER 29.1 against 30.6 intersect and 32.0 argmax,
+  docs/alignment.md); on an alignment head, whose argmax links are surer, intersect does.
 - ``next``: the attention of the step after the word's own, taken at the position the
   decoder has just read the word (the state that has read y_t, predicting y_{t+1}). On the
   demo corpus's reference alignment a Luong demo model aligns far better with ``argmax``
