@@ -118,10 +118,13 @@ def grow_diag_final_and(forward: set[Link], reverse: set[Link]) -> set[Link]:
     ``forward`` and ``reverse`` are both (source, target) links."""
     union = forward | reverse
     links = forward & reverse
+    sources, targets = {i for i, _ in links}, {j for _, j in links}  # the words aligned so far
     neighbours = [(-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1)]
 
-    def aligned() -> tuple[set[int], set[int]]:
-        return {i for i, _ in links}, {j for _, j in links}
+    def add(link: Link) -> None:
+        links.add(link)
+        sources.add(link[0])
+        targets.add(link[1])
 
     grew = True
     while grew:
@@ -130,15 +133,13 @@ def grow_diag_final_and(forward: set[Link], reverse: set[Link]) -> set[Link]:
             for di, dj in neighbours:
                 candidate = (i + di, j + dj)
                 if candidate in union and candidate not in links:
-                    sources, targets = aligned()
                     if candidate[0] not in sources or candidate[1] not in targets:
-                        links.add(candidate)
+                        add(candidate)
                         grew = True
     for direction in (forward, reverse):  # final-and
         for i, j in sorted(direction):
-            sources, targets = aligned()
             if i not in sources and j not in targets:
-                links.add((i, j))
+                add((i, j))
     return links
 
 
