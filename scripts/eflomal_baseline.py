@@ -14,7 +14,9 @@ the text it aligns; no reference links are used). Tokens are the whitespace toke
 reference indexes, lower-cased and stripped of punctuation at both ends for eflomal only
 (a token of punctuation alone stays as it is), so the links index the shipped lines.
 Writes ``{out}/{split}.{fwd,rev,gdfa}.align`` and prints the scores of each, and
-``{out}/train.gdfa.align``, the training split's alignment, for ``training.guided_alignment``.
+``{out}/train.{fwd,rev,gdfa}.align``, the training split's alignments, for
+``training.guided_alignment`` (an alignment head learns best from ``rev``, the target-to-source
+links: docs/alignment.md).
 """
 
 from __future__ import annotations
@@ -54,6 +56,17 @@ def lines_of(path: Path) -> list[str]:
         return handle.read().splitlines()
 
 
+def directions(forward: list[str], reverse: list[str]) -> dict[str, list[str]]:
+    """eflomal's source-to-target (``fwd``) and target-to-source (``rev``) links, a line per
+    pair, and their grow-diag-final-and (``gdfa``), as sorted Pharaoh lines."""
+    pairs = [(read_links(f), read_links(r)) for f, r in zip(forward, reverse, strict=True)]
+    return {
+        "fwd": [pharaoh(f) for f, _ in pairs],
+        "rev": [pharaoh(r) for _, r in pairs],
+        "gdfa": [pharaoh(grow_diag_final_and(f, r)) for f, r in pairs],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "bible")
@@ -76,22 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     first = len(train[0])
     all_forward = fwd.read_text(encoding="utf-8").splitlines()
     all_reverse = rev.read_text(encoding="utf-8").splitlines()
-    training = [
-        pharaoh(grow_diag_final_and(read_links(f), read_links(r)))
-        for f, r in zip(all_forward[:first], all_reverse[:first], strict=True)
-    ]
-    guide = args.out / "train.gdfa.align"
-    guide.write_text("".join(line + "\n" for line in training), encoding="utf-8")
-    print(f"training split's alignment (for training.guided_alignment): {guide}", flush=True)
-    forward, reverse = all_forward[first:], all_reverse[first:]
-    outputs = {
-        "fwd": [pharaoh(read_links(line)) for line in forward],
-        "rev": [pharaoh(read_links(line)) for line in reverse],
-        "gdfa": [
-            pharaoh(grow_diag_final_and(read_links(f), read_links(r)))
-            for f, r in zip(forward, reverse, strict=True)
-        ],
-    }
+    for name, lines in directions(all_forward[:first], all_reverse[:first]).items():
+        guide = args.out / f"train.{name}.align"
+        guide.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        print(f"training split's {name} links (for training.guided_alignment): {guide}", flush=True)
+    outputs = directions(all_forward[first:], all_reverse[first:])
     for name, lines in outputs.items():
         path = args.out / f"{args.split}.{name}.align"
         path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")

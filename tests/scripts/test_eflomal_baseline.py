@@ -35,3 +35,16 @@ def test_links_round_trip_through_pharaoh() -> None:
     links = baseline.read_links("0-0 3-1 1-2")
     assert links == {(0, 0), (3, 1), (1, 2)}
     assert baseline.pharaoh(links) == "0-0 1-2 3-1"
+
+
+def test_each_direction_and_their_symmetrisation_by_hand() -> None:
+    """Pair 1: the directions agree on 0-0; growing adds 0-1 (next to 0-0, target 1 still
+    unaligned), then 1-1 (diagonal, source 1 unaligned). Pair 2: no common link, nothing to
+    grow from; final-and adds the forward 1-0 (both words unaligned), then not the reverse
+    0-0 (target 0 is aligned by then)."""
+    out = baseline.directions(["1-1 0-0", "1-0"], ["0-1 0-0", "0-0"])
+    assert out == {
+        "fwd": ["0-0 1-1", "1-0"],
+        "rev": ["0-0 0-1", "0-0"],
+        "gdfa": ["0-0 0-1 1-1", "1-0"],
+    }
