@@ -12,6 +12,7 @@ from test_learning import VOCAB
 from nmt.config import from_dict
 from nmt.data.batching import Batch, make_batch
 from nmt.data.guidance import guide_matrix
+from nmt.decoding.ensemble import Ensemble
 from nmt.errors import ConfigError
 from nmt.model import build_model
 from nmt.model.aligner import AlignmentHead
@@ -330,3 +331,20 @@ def test_target_context_aligns_a_word_by_the_word_after_it() -> None:
     held_out = marker_batch(np.random.default_rng(9999), 64)
     ahead, blind = _marker_accuracy(True, held_out), _marker_accuracy(False, held_out)
     assert ahead > 0.9 and blind < ahead - 0.3, (ahead, blind)
+
+
+def test_an_ensemble_aligns_with_the_mean_of_its_heads() -> None:
+    """`nmt align -m A -m B`: forced decoding of an ensemble returns the mean of its models'
+    head weights (each as read() gives it), and none when a member has no head."""
+    first, second = _model(True, seed=1).eval(), _model(True, seed=2).eval()
+    batch = shuffle_batch(np.random.default_rng(7), 5)
+    args = (batch.src, batch.src_lengths, batch.trg_in)
+    with torch.no_grad():
+        _, _, beta_first = first.read(*args, batch.trg_out)
+        _, _, beta_second = second.read(*args, batch.trg_out)
+        _, _, aligned = Ensemble([first, second]).teacher_forced(*args, batch.trg_out)
+        _, _, without = Ensemble([first, _model(False).eval()]).teacher_forced(*args, batch.trg_out)
+    assert beta_first is not None and beta_second is not None and aligned is not None
+    assert not torch.allclose(beta_first, beta_second)
+    torch.testing.assert_close(aligned, (beta_first + beta_second) / 2)
+    assert without is None
