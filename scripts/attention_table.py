@@ -79,14 +79,26 @@ def budget_overrides(steps: int) -> list[str]:
     return [f"training.max_steps={steps}", "training.max_minutes=null"]
 
 
-def machine() -> str:
-    """The CPU the row ran on, as /proc/cpuinfo names it (else the platform's word)."""
+def machine(device: str = "cpu") -> str:
+    """The machine the row ran on: the GPU where it trained on one, else the CPU as
+    /proc/cpuinfo names it (else the platform's word)."""
+    if device != "cpu":
+        import torch
+
+        if torch.cuda.is_available():
+            return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         for line in cpuinfo.read_text().splitlines():
             if line.startswith("model name"):
                 return f"{line.split(':', 1)[1].strip()}, {len(_cores())} cores"
     return platform.processor() or platform.machine()
+
+
+def _device(configured: str, overrides: list[str]) -> str:
+    """The run's ``run.device`` after the row's overrides (the last one given wins)."""
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("run.device=")]
+    return given[-1] if given else configured
 
 
 def _cores() -> list[int]:
@@ -151,7 +163,7 @@ def run_row(
         "config": _shown(config),
         "encoder_hidden": encoder,
         "minutes": round(minutes, 2),
-        "machine": machine(),
+        "machine": machine(_device(cfg.run.device, overrides)),
         **_training_figures(run),
         "test_bleu": system["bleu"],
         "test_chrf": system["chrf"],
@@ -193,12 +205,19 @@ def _aligned(run: Path, links: Path, method: str, src: Path, trg: Path, gold: Pa
     )
 
 
+def _short(machine: str) -> str:
+    """A machine as the table names it: ``NVIDIA H200``, ``Intel Xeon, 2 cores``."""
+    name, _, rest = machine.partition(",")
+    name = " ".join(w for w in name.replace("(R)", "").split() if w != "Processor")
+    return f"{name},{rest}" if rest.strip().endswith("cores") else name
+
+
 def table(out: Path) -> str:
     """The Markdown table of the rows run so far, in ROWS order."""
     lines = [
-        "| decoder | score | updates | minutes | test BLEU | chrF | content-word P | R | AER "
-        "| AER, intersect | AER, gdfa | all-word AER |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| decoder | score | updates | machine | minutes | test BLEU | chrF | content-word P | R "
+        "| AER | AER, intersect | AER, gdfa | all-word AER |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in ROWS:
         path = out / row.replace(":", "-") / "result.json"
@@ -208,7 +227,8 @@ def table(out: Path) -> str:
         decoder, score = row.split(":")
         note = f" (encoder 2x{r['encoder_hidden']})" if score in SAME_SIZE else ""
         lines.append(
-            f"| {decoder} | {score}{note} | {r['updates']:,} | {r['minutes']:.0f} | "
+            f"| {decoder} | {score}{note} | {r['updates']:,} | {_short(r['machine'])} | "
+            f"{r['minutes']:.0f} | "
             f"{r['test_bleu']:.2f} | "
             f"{r['test_chrf']:.1f} | {r['content_precision']:.1f} | {r['content_recall']:.1f} | "
             f"{r['content_aer']:.1f} | {r['content_aer_intersect']:.1f} | "

@@ -87,6 +87,24 @@ def test_the_budget_is_updates_or_the_configs_clock() -> None:
     assert table.budget_overrides(0) == []
 
 
+def test_a_row_names_the_gpu_it_trained_on_and_the_cpu_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    table = _script()
+    cpu = table.machine("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert table.machine(table._device("auto", [])) == f"NVIDIA H200, torch {torch.__version__}"
+    assert table.machine(table._device("auto", ["run.device=cpu"])) == cpu
+    assert table.machine(table._device("cpu", ["run.device=cuda"])).startswith("NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert table.machine("auto") == cpu
+    assert table._short("Intel(R) Xeon(R) Processor, 2 cores") == "Intel Xeon, 2 cores"
+    assert table._short("NVIDIA H200, torch 2.11.0+cu130") == "NVIDIA H200"
+
+
 def test_the_documented_table_is_the_shipped_rows() -> None:
     """docs/alignment.md's table is what --table makes of docs/attention_table/, each row
     a real run: the demo config with the row's decoder and score for 2,000 updates."""
