@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -79,26 +78,13 @@ def budget_overrides(steps: int) -> list[str]:
     return [f"training.max_steps={steps}", "training.max_minutes=null"]
 
 
-def machine(device: str = "cpu") -> str:
-    """The machine the row ran on: the GPU where it trained on one, else the CPU as
-    /proc/cpuinfo names it (else the platform's word)."""
-    if device != "cpu":
-        import torch
-
-        if torch.cuda.is_available():
-            return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {len(_cores())} cores"
-    return platform.processor() or platform.machine()
-
-
-def _device(configured: str, overrides: list[str]) -> str:
-    """The run's ``run.device`` after the row's overrides (the last one given wins)."""
-    given = [o.split("=", 1)[1] for o in overrides if o.startswith("run.device=")]
-    return given[-1] if given else configured
+def machine(run: Path) -> str:
+    """The machine a row trained on, as its run's environment.json names it: the GPU (with
+    torch's version), or the CPU and its cores."""
+    environment = json.loads((run / "environment.json").read_text())
+    if environment["device"].startswith("cuda"):
+        return f"{environment['device_name']}, torch {environment['torch_version']}"
+    return f"{environment['device_name']}, {len(_cores())} cores"
 
 
 def _cores() -> list[int]:
@@ -163,7 +149,7 @@ def run_row(
         "config": _shown(config),
         "encoder_hidden": encoder,
         "minutes": round(minutes, 2),
-        "machine": machine(_device(cfg.run.device, overrides)),
+        "machine": machine(run),
         **_training_figures(run),
         "test_bleu": system["bleu"],
         "test_chrf": system["chrf"],

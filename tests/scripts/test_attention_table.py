@@ -87,20 +87,16 @@ def test_the_budget_is_updates_or_the_configs_clock() -> None:
     assert table.budget_overrides(0) == []
 
 
-def test_a_row_names_the_gpu_it_trained_on_and_the_cpu_otherwise(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import torch
-
+def test_a_row_names_the_gpu_it_trained_on_and_the_cpu_otherwise(tmp_path: Path) -> None:
+    """The machine comes from the run's environment.json, as nmt train wrote it."""
     table = _script()
-    cpu = table.machine("cpu")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
-    assert table.machine(table._device("auto", [])) == f"NVIDIA H200, torch {torch.__version__}"
-    assert table.machine(table._device("auto", ["run.device=cpu"])) == cpu
-    assert table.machine(table._device("cpu", ["run.device=cuda"])).startswith("NVIDIA H200")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert table.machine("auto") == cpu
+    gpu, cpu = tmp_path / "gpu", tmp_path / "cpu"
+    for run, device, name in ((gpu, "cuda:0", "NVIDIA H200"), (cpu, "cpu", "Intel(R) Xeon(R)")):
+        run.mkdir()
+        environment = {"device": device, "device_name": name, "torch_version": "2.11.0+cu130"}
+        (run / "environment.json").write_text(json.dumps(environment))
+    assert table.machine(gpu) == "NVIDIA H200, torch 2.11.0+cu130"
+    assert table.machine(cpu) == f"Intel(R) Xeon(R), {len(table._cores())} cores"
     assert table._short("Intel(R) Xeon(R) Processor, 2 cores") == "Intel Xeon, 2 cores"
     assert table._short("NVIDIA H200, torch 2.11.0+cu130") == "NVIDIA H200"
 
