@@ -49,7 +49,8 @@ def load(
     model: str | Path | Sequence[str | Path], device: str = "auto", precision: str = "auto"
 ) -> Model:
     """A run directory (its best.pt) or checkpoint, or several of them (an ensemble), ready
-    to translate and score. ``precision`` auto: bf16 on a GPU that supports it, else fp32."""
+    to translate and score. ``precision`` auto: decided by the hardware (``nmt.fast.precision``); the
+    choice and its reason are ``model.translator.precision`` and ``.precision_reason``."""
     paths = [model] if isinstance(model, (str, Path)) else list(model)
     if not paths:
         raise DataError("nmt.load: give a run directory or checkpoint")
@@ -61,6 +62,11 @@ class Model:
 
     def __init__(self, translator: Translator):
         self.translator = translator
+
+    @property
+    def precision(self) -> str:
+        """What the models decode in and why, e.g. ``fp32 (auto: this CPU has no native bf16)``."""
+        return f"{self.translator.precision} ({self.translator.precision_reason})"
 
     @property
     def config(self) -> Any:

@@ -30,7 +30,8 @@ Precision = Literal["auto", "fp32", "bf16", "fp16"]
 EnsembleAverage = Literal["linear", "log_linear"]
 PRECISION_OPTION = typer.Option(
     "--precision",
-    help="auto (bf16 on a GPU that supports it, else fp32), fp32, bf16 or fp16 autocast.",
+    help="auto (bf16 on a GPU with native bf16, else fp16; on a CPU bf16 only where it has "
+    "native bf16 and a probe finds it faster, else fp32), fp32, bf16 or fp16 autocast.",
 )
 
 app = typer.Typer(

@@ -328,7 +328,9 @@ class TrainingConfig(_Section):
     validate_every: int = Field(500, ge=1, description="updates between validations")
     log_every: int = Field(50, ge=1, description="updates between log lines")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        "auto", description="auto: bf16 autocast on a GPU that supports it, else fp32"
+        "auto",
+        description="auto: bf16 on a GPU with native bf16, else fp16 with loss scaling; on a "
+        "CPU bf16 only where it has native bf16 and a probe finds it faster, else fp32",
     )
     schedule: Literal["constant", "warmup", "inverse_sqrt", "plateau", "linear", "cosine"] = Field(
         "constant",

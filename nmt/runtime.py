@@ -56,15 +56,6 @@ def allow_tf32(device: torch.device, precision: str) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
-def choose_precision(name: str, device: torch.device) -> str:
-    """'auto' is bf16 on a GPU that supports it, else fp32. fp16 works on CPU too (slowly)."""
-    if name == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return "bf16"
-        return "fp32"
-    return name
-
-
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """Autocast context for bf16/fp16; a no-op for fp32."""
     if precision == "fp32":
@@ -104,6 +95,14 @@ def cpu_name() -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (x86 ``flags``, Arm ``Features``; Linux), else none."""
+    for line in _cpuinfo():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
 
 
 def cpu_description() -> str:

@@ -76,8 +76,10 @@ from nmt.fast.allocator import (  # noqa: E402
     tune_allocator,
     wants_malloc_tunables,
 )
+from nmt.fast.precision import choose_precision  # noqa: E402
 from nmt.model import build_model, count_parameters  # noqa: E402
 from nmt.runtime import choose_device, cpu_name, seed_everything, set_threads  # noqa: E402
+from nmt.training.rundir import project_commit  # noqa: E402
 from nmt.training.step import (  # noqa: E402
     TrainingLoss,
     apply_update,
@@ -290,7 +292,12 @@ def matmul_rate(
 def matmul_rates(
     device: torch.device, precision: str, quick: bool, size: int = MATMUL_SIZE
 ) -> dict[str, Any]:
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    """fp32 and the training precision (on a GPU also bf16 and fp16). A CPU that trains in
+    fp32 skips bf16: emulated bf16 takes minutes at this size, and the precision probe has
+    already timed it at the model's own shapes."""
+    dtypes = {"fp32": torch.float32}
+    if precision == "bf16" or device.type == "cuda":
+        dtypes["bf16"] = torch.bfloat16
     if precision == "fp16" or device.type == "cuda":
         dtypes["fp16"] = torch.float16
     repeats = 3 if quick else 10
@@ -583,10 +590,11 @@ def decoding_model(args: argparse.Namespace) -> tuple[Path, bool]:
 
 def bench_decoding(
     model_path: Path, sources: list[str], references: list[str], device: torch.device
-) -> list[dict[str, Any]]:
+) -> dict[str, Any]:
     """Greedy and beam 5, batch sizes 1 and 64, through ``Translator.decode_ids``; then beam 5
-    (batch 64) with 1 and 3 constraints per sentence, words of its reference."""
-    translator = Translator.from_checkpoint(model_path, device.type)
+    (batch 64) with 1 and 3 constraints per sentence, words of its reference. In the precision
+    ``nmt translate`` decides (``--precision auto``)."""
+    translator = Translator.from_checkpoint(model_path, device.type, "auto")
     src_ids = translator.tokenizer.encode_src(sources)
     warm = translator.config.decoding.model_copy(update={"beam_size": 1, "batch_size": 4})
     translator.decode_ids(src_ids[:4], warm)
@@ -617,7 +625,8 @@ def bench_decoding(
         log(f"decoding {results[-1]['search']}, batch {batch_size}: {rate:.1f} sentences/s")
     for count in CONSTRAINT_COUNTS:
         results.append(bench_constrained(translator, src_ids, references, count, device))
-    return results
+    precision = f"{translator.precision} ({translator.precision_reason}, as nmt translate)"
+    return {"precision": precision, "results": results}
 
 
 def bench_constrained(
@@ -712,22 +721,8 @@ def machine(device: torch.device, precision: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "precision": precision,
         "environment": {k: v for k, v in os.environ.items() if k.startswith(watched)},
-        "git_commit": _git_commit(),
+        "git_commit": project_commit(describe=True),
     }
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=5,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
 
 
 def prepare(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
@@ -769,6 +764,11 @@ def run(args: argparse.Namespace, names: list[str], lengths: Lengths) -> dict[st
     }
     log("preparing data (the first run trains sentencepiece)")
     result["data"] = prepare(args, names)
+    result["precision"] = resolve_precision(args, names[0], device, result["data"]["vocab_size"])
+    result["machine"]["precision"] = args.precision
+    log(
+        f"precision: {result['precision']['precision']} ({result['precision']['precision_reason']})"
+    )
     if "matmul" in args.parts:
         log(f"matmul rate ({MATMUL_SIZE}^3)")
         size = TINY_MATMUL_SIZE if args.tiny else MATMUL_SIZE
@@ -784,6 +784,19 @@ def run(args: argparse.Namespace, names: list[str], lengths: Lengths) -> dict[st
     result["load_average_end"] = os.getloadavg()
     result["runtime_s"] = time.perf_counter() - started
     return result
+
+
+def resolve_precision(
+    args: argparse.Namespace, name: str, device: torch.device, vocab_size: int
+) -> dict[str, Any]:
+    """``--precision`` as nmt train decides it, for the first config's model (the configs share
+    their sizes); every config then trains in the precision chosen (``args.precision``)."""
+    config = bench_config(name, args)
+    model = build_model(config.model, vocab_size, vocab_size)  # a joint vocabulary
+    rows = config.training.batch_tokens // 2  # as nmt train: about a batch's target tokens
+    chosen = choose_precision(args.precision, device, model, rows, source="--precision")
+    args.precision = chosen.name
+    return {"asked": config.training.precision, **chosen.record()}
 
 
 def add_matmul_fractions(result: dict[str, Any]) -> None:
@@ -811,8 +824,7 @@ def add_decoding(
         result["decoding"] = {
             **info,
             "test_set": f"first {len(first)} of {len(sources)} sentences of {config.data.test}",
-            "precision": "fp32 (as nmt translate)",
-            "results": bench_decoding(model_path, first, references[: len(first)], device),
+            **bench_decoding(model_path, first, references[: len(first)], device),
         }
     if "translate" in args.parts:
         limit = args.translate_sentences or (lengths.decode_sentences if args.quick else None)
@@ -994,8 +1006,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: auto")
     add(
         "--precision",
-        choices=("fp32", "bf16", "fp16"),
-        help="training autocast (weights stay fp32); default bf16 (fp16 on a GPU without bf16)",
+        choices=("auto", "fp32", "bf16", "fp16"),
+        default="auto",
+        help="training autocast (weights stay fp32); default auto, decided as nmt train does",
     )
     add("--threads", type=int, help="torch threads (default: torch's, all cores)")
     add("--work-dir", default="runs/bench", help="tokenizer, corpus cache, JSON (runs/bench)")
@@ -1045,9 +1058,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--one", help=argparse.SUPPRESS)  # internal: train one config in this process
     add("--one-json", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.precision is None:
-        gpu = args.device != "cpu" and torch.cuda.is_available()
-        args.precision = "fp16" if gpu and not torch.cuda.is_bf16_supported() else "bf16"
     quick = args.quick
     args.warmup = args.warmup if args.warmup is not None else (1 if quick else 3)
     args.windows = args.windows or (2 if quick else 5)

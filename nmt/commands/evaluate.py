@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,8 @@ def evaluate_split(
     precision: str = "auto",
 ) -> Any:
     """Translate a split (dev, test, train or a data.eval_splits name) of the first run's own data with the model (several:
-    their ensemble) and score it, decoding as `nmt translate` does (``precision`` auto: bf16
-    on a GPU that supports it)."""
+    their ensemble) and score it, decoding as `nmt translate` does (``precision``:
+    see ``nmt.fast.precision``)."""
     models = [models] if isinstance(models, Path) else list(models)
     if hypotheses_out is not None:
         resolved = [checkpoint.resolve(m) for m in models]
@@ -68,4 +69,6 @@ def evaluate_split(
     if hypotheses_out is not None:
         atomic_write_text(hypotheses_out, "".join(h + "\n" for h in hyps))
     name = f"{'+'.join(Path(m).name for m in models)}:{split} (beam {decoding.beam_size})"
-    return evaluate.score({name: hyps}, [references])
+    report = evaluate.score({name: hyps}, [references])
+    decoded_in = f"{translator.precision} ({translator.precision_reason})"
+    return dataclasses.replace(report, decoding_precision=decoded_in)

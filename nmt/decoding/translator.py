@@ -21,8 +21,9 @@ from nmt.decoding.scoring import Scored, score_ids
 from nmt.decoding.search import Hypothesis, beam_search
 from nmt.decoding.steering import Steering
 from nmt.errors import CheckpointError, DataError
+from nmt.fast.precision import choose_precision
 from nmt.model import Seq2Seq, build_model
-from nmt.runtime import allow_tf32, autocast, choose_device, choose_precision, eval_mode
+from nmt.runtime import allow_tf32, autocast, choose_device, eval_mode
 from nmt.vocab import UNK_ID
 
 
@@ -68,6 +69,7 @@ class Translator:
         config: Config,
         device: torch.device,
         precision: str = "fp32",
+        precision_reason: str | None = None,
     ):
         members = [model] if isinstance(model, Seq2Seq) else list(model)
         self.models = [m.to(device) for m in members]
@@ -76,6 +78,7 @@ class Translator:
         self.config = config
         self.device = device
         self.precision = precision
+        self.precision_reason = precision_reason or f"as given: {precision}"
 
     @classmethod
     def from_checkpoint(
@@ -101,9 +104,12 @@ class Translator:
                     f"ensemble's models must share one tokenizer: train them on the same data "
                     f"with the same tokenizer settings, or with tokenizer.model set to one file"
                 )
-        chosen = choose_precision(precision, target)
-        allow_tf32(target, chosen)
-        return cls([m for _, m, _, _ in loaded], first_tokenizer, first_config, target, chosen)
+        decoding = first_config.decoding  # the rows of a search step: sentences x beams
+        rows = decoding.batch_size * decoding.beam_size
+        chosen = choose_precision(precision, target, loaded[0][1], rows, source="--precision")
+        allow_tf32(target, chosen.name)
+        models = [m for _, m, _, _ in loaded]
+        return cls(models, first_tokenizer, first_config, target, chosen.name, chosen.reason)
 
     def scorer(self, decoding: DecodingConfig) -> Ensemble:
         return Ensemble(self.models, decoding.ensemble_average)

@@ -41,11 +41,13 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.errors import CheckpointError, NMTError
 from nmt.fast import FastPaths
 from nmt.fast.allocator import limit_kernel_cache, tune_allocator
+from nmt.fast.precision import Precision, choose_precision
 from nmt.model import Seq2Seq, build_model, count_parameters
-from nmt.runtime import allow_tf32, choose_precision, seed_everything, set_threads
+from nmt.runtime import allow_tf32, seed_everything, set_threads
 from nmt.training.distributed import (
     Distributed,
     all_reduce,
+    broadcast_object,
     gather_objects,
     init_distributed,
     shutdown_distributed,
@@ -204,8 +206,6 @@ def _train_locked(
     fast = FastPaths(cpu_kernels=config.run.fast_kernels)
     if fast.cpu_kernels and device.type == "cpu":
         tune_allocator()
-    precision = choose_precision(config.training.precision, device)
-    allow_tf32(device, precision)
     started = time.time()
     saved, tokenizer = read_checkpoint(resume_from, config)
     if saved is None and initial is not None:
@@ -213,11 +213,7 @@ def _train_locked(
     seed_everything(config.training.seed)
     corpora, tokenizer = load_corpora_in_turn(config, run_dir, tokenizer, place)
     dev_alignment = load_dev_alignment(config, corpora)
-    if place.is_main:
-        write_run_info(run_dir, config, device, precision, place.world_size)
-    run = _build_run(
-        config, run_dir, tokenizer, corpora, saved, place, device, precision, fast, initial
-    )
+    run = _build_run(config, run_dir, tokenizer, corpora, saved, place, device, fast, initial)
     run.dev_alignment = dev_alignment
     # training.max_minutes counts data preparation too, and the minutes of earlier invocations
     run.started = started - 60 * run.progress.minutes
@@ -236,14 +232,20 @@ def _build_run(
     saved: dict[str, Any] | None,
     place: Distributed,
     device: torch.device,
-    precision: str,
     fast: FastPaths,
     initial: Initial | None = None,
 ) -> Run:
     """Model, optimiser and scaler, fresh, fine-tuned from ``initial`` or restored; the loss
-    module DDP wraps."""
+    module DDP wraps. The precision is chosen for the model (``training.precision``), said in
+    the log and recorded in environment.json."""
     cfg = config.training
     model = _allocate_model(config, tokenizer, fast, device)
+    chosen = _choose_precision(config, model, device, place)
+    precision = chosen.name
+    allow_tf32(device, precision)
+    log.info("precision: %s", chosen)
+    if place.is_main:
+        write_run_info(run_dir, config, device, chosen, place.world_size)
     if saved is None and initial is not None:
         load_initial_weights(model, initial)
     freeze(model, cfg.freeze)
@@ -299,6 +301,21 @@ def _build_run(
         time.time(),
         _Window(loss, nll, int(tokens)),
     )
+
+
+def _choose_precision(
+    config: Config, model: nn.Module, device: torch.device, place: Distributed
+) -> Precision:
+    """``training.precision`` for this model on this device (``auto`` probes a CPU with
+    native bf16, with a batch's target tokens as the matmuls' rows); under torchrun every rank
+    takes rank 0's choice."""
+    rows = config.training.batch_tokens // 2  # about a batch's target tokens
+    if not place.enabled:
+        return choose_precision(config.training.precision, device, model, rows)
+    mine = (
+        choose_precision(config.training.precision, device, model, rows) if place.is_main else None
+    )
+    return broadcast_object(mine)
 
 
 def _allocate_model(

@@ -25,6 +25,7 @@ from nmt.data.store import TokenizedCorpus
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import CheckpointError, ConfigError
 from nmt.fast import compiled
+from nmt.fast.precision import Precision
 from nmt.files import atomic_write_text, remove_stale_temporaries
 from nmt.runtime import cpu_name
 from nmt.training.distributed import Distributed, broadcast_object
@@ -54,34 +55,44 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
     return None
 
 
-def _git_commit() -> str | None:
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout holding nmt/training/
+
+
+def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).parent,
+            ["git", *args], capture_output=True, text=True, timeout=5, cwd=PROJECT_ROOT
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def project_commit(describe: bool = False) -> str | None:
+    """The commit of the nmt checkout this code runs from (``git describe --always --dirty``
+    with ``describe``), or None where nmt is not a checkout of its own: installed from a
+    wheel, or a copy of the tree inside some other git repository (whose commit says nothing
+    about this code)."""
+    top = _git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != PROJECT_ROOT:
+        return None
+    return _git("describe", "--always", "--dirty") if describe else _git("rev-parse", "HEAD")
 
 
 def write_run_info(
-    run_dir: Path, config: Config, device: torch.device, precision: str, world_size: int = 1
+    run_dir: Path, config: Config, device: torch.device, precision: Precision, world_size: int = 1
 ) -> None:
     """The resolved config (config.yaml) and what the run ran on (environment.json)."""
     atomic_write_text(run_dir / "config.yaml", to_yaml(config))
     info = {
         "nmt_version": __version__,
-        "git_commit": _git_commit(),
+        "git_commit": project_commit(),
         "torch_version": torch.__version__,
         "python": platform.python_version(),
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "threads": torch.get_num_threads(),
-        "precision": precision,
+        **precision.record(),
         "world_size": world_size,
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),  # nmt.fast.allocator.MALLOC_TUNABLES
         "native_kernels": compiled.status()
