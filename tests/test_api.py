@@ -245,3 +245,8 @@ def test_align_gives_the_cli_links(run: Path, tmp_path: Path) -> None:
     assert model.align("fuego", "FUEGO") == links[1] and links[2] == []
     with pytest.raises(ConfigError, match="--extract"):
         model.align("fuego", "FUEGO", extract="max")
+
+
+def test_the_model_says_what_precision_it_decodes_in(model: Model, run: Path) -> None:
+    assert model.precision.startswith("fp32 (auto: ")  # a model this small: fp32 on any CPU
+    assert nmt_api.load(run, precision="fp32").precision == "fp32 (--precision: fp32)"

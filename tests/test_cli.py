@@ -114,12 +114,18 @@ def test_eval_split_of_the_run(trained: Path) -> None:
     result = nmt("eval", "--model", str(trained / "run"), "--split", "test", "--beam", "3")
     assert result.returncode == 0, result.stderr
     assert "BLEU" in result.stdout and "signature" in result.stdout
+    # --precision auto, decided for the model (too small for bf16, or a CPU without it)
+    assert "Decoded in: fp32 (auto: " in result.stdout
+    forced = nmt("eval", "--model", str(trained / "run"), "--split", "test", "--precision", "fp32")
+    assert "Decoded in: fp32 (--precision: fp32)" in forced.stdout, forced.stderr
 
 
 def test_eval_split_named_in_eval_splits_scores_its_files(trained: Path) -> None:
     result = nmt("eval", "--model", str(trained / "run"), "--split", "held", "--json")
     assert result.returncode == 0, result.stderr
-    by_name = json.loads(result.stdout)["systems"][0]
+    report = json.loads(result.stdout)
+    assert report["decoding_precision"].startswith("fp32 (auto: ")
+    by_name = report["systems"][0]
     hyp = trained / "held.hyp"
     translated = nmt(
         "translate",

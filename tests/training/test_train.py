@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +31,7 @@ from nmt.errors import ConfigError, NMTError
 from nmt.model import Seq2Seq, build_model
 from nmt.training import train
 from nmt.training.loop import MAX_BAD_STEPS
+from nmt.training.rundir import project_commit
 from nmt.training.schedule import Progress, Schedule, record_validation
 from nmt.training.step import TrainingLoss, apply_update, forward_backward
 
@@ -616,13 +619,49 @@ def test_best_follows_the_highest_dev_bleu(
 def test_run_info_describes_the_run(short_run: Path) -> None:
     info = json.loads((short_run / "environment.json").read_text())
     assert info["nmt_version"] == __version__
-    assert info["git_commit"] is None or len(info["git_commit"]) == 40
+    assert info["git_commit"] == project_commit()
     assert info["torch_version"] == torch.__version__
     assert info["device"] == "cpu" and info["precision"] == "fp32"
+    # precision auto (the default) on a model this small: fp32, whatever the CPU
+    assert info["precision_reason"] in (
+        "auto: this CPU has no native bf16",
+        "auto: the model's matmuls are too small for bf16 to pay",
+    )
+    log = (short_run / "train.log").read_text(encoding="utf-8")
+    assert f"precision: fp32 ({info['precision_reason']})" in log
     assert info["world_size"] == 1
     config = from_dict(saved(short_run / "last.pt")["config"])
     assert (short_run / "config.yaml").read_text(encoding="utf-8") == to_yaml(config)
     assert config.training.max_steps == 30 and config.training.keep_last == 3
+
+
+def test_the_commit_recorded_is_nmt_s_own_or_none(tmp_path: Path) -> None:
+    """A copy of the tree inside another git repository records no commit (not that
+    repository's); a checkout of nmt records its HEAD."""
+    root = Path(train_module.__file__).resolve().parents[2]
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=False
+    )
+    in_checkout = head.returncode == 0 and (root / ".git").exists()
+    assert project_commit() == (head.stdout.strip() if in_checkout else None)
+
+    outer = tmp_path / "outer"
+    (outer / "vendor").mkdir(parents=True)
+    shutil.copytree(root / "nmt", outer / "vendor" / "nmt")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(outer)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "vendored"], check=True)
+    probe = "from nmt.training.rundir import project_commit; print(project_commit())"
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=outer / "vendor",
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(outer / "vendor")},
+    )
+    assert done.stdout.strip() == "None"
 
 
 def test_resume_refuses_a_model_change_in_one_line(
