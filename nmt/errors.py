@@ -18,3 +18,19 @@ class DataError(NMTError):
 
 class CheckpointError(NMTError):
     """A missing, truncated or incompatible checkpoint or run directory."""
+
+
+class WriteError(NMTError, OSError):
+    """A file that could not be written: a full disk, a quota, no permission. Also an OSError,
+    so that code which tolerates a failed write (a cache) still catches it. ``path``: the file;
+    ``reason``: the operating system's words; ``free``: the space left where the disk (or
+    quota) was full, else None; ``needed``: how much room the write needed, where known."""
+
+    def __init__(
+        self, message: str, path: object = None, reason: str = "", free: str | None = None
+    ):
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
+        self.free = free
+        self.needed: str | None = None

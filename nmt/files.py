@@ -7,9 +7,11 @@ line (hypotheses, references, input) through ``read_lines``.
 
 from __future__ import annotations
 
+import errno
 import functools
 import gzip
 import os
+import shutil
 import sys
 import tempfile
 import zlib
@@ -17,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nmt.errors import DataError
+from nmt.errors import DataError, WriteError
 
 STDIN = "-"
 
@@ -37,26 +39,77 @@ def atomic_write_bytes(path: Path, write: Callable[[Any], object]) -> None:
     A reader sees the old file or the complete new one, never a part, even when the writer is
     killed midway; the temporary file is ``.NAME.XXXX.tmp``, which nothing takes for a
     checkpoint. The new file gets the usual permissions (0666 less the umask), not
-    ``mkstemp``'s private 0600.
+    ``mkstemp``'s private 0600. An operating-system error (a full disk, a quota, no
+    permission), also one that ``write`` wraps in its own (torch.save's RuntimeError), is a
+    ``WriteError`` that names ``path``; the temporary file is removed and ``path`` is as it was.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp: str | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+        tmp = None
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        cause = os_error(exc)
+        if cause is None or isinstance(exc, WriteError):
+            raise
+        raise write_error(path, cause) from exc
+
+
+def os_error(exc: BaseException) -> OSError | None:
+    """``exc`` itself if it is an OSError, else the first OSError in its chain of causes (a
+    library's own error around a failed write), else None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def write_error(path: Path, cause: OSError) -> WriteError:
+    """One line for a file that could not be written: the file, the error and, for a full
+    disk, how much room is left and what to do."""
+    reason = cause.strerror or str(cause)
+    message = f"{path}: cannot write it ({reason})"
+    free = free_space(path.parent) if cause.errno in (errno.ENOSPC, errno.EDQUOT) else None
+    if free is not None:
+        message += f"; {free} free there: free some space and run it again"
+    return WriteError(message, path, reason, free)
+
+
+def free_space(directory: Path) -> str:
+    """The free space of the filesystem that holds ``directory``, for messages."""
+    for place in (Path(directory), *Path(directory).parents):
+        try:
+            free = shutil.disk_usage(place).free
+        except OSError:
+            continue
+        return human_size(free)
+    return "unknown space"
+
+
+def human_size(size: float) -> str:
+    """Bytes as KiB, MiB or GiB, for messages."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size / 2**10:,.1f} KiB"
 
 
 def atomic_write_text(path: Path, text: str) -> None:

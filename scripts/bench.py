@@ -918,6 +918,18 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         f"{data['batches_per_epoch']} batches of <= {data['batch_tokens']} tokens per epoch, "
         f"padding {100 * data['padding_fraction_epoch']:.1f}%",
     ]
+    chosen = result.get("precision")
+    if chosen:
+        probe = chosen.get("precision_probe")
+        timed = (
+            f"; probe fp32 {1e3 * probe['fp32_s']:.1f} ms, bf16 {1e3 * probe['bf16_s']:.1f} ms"
+            if probe
+            else ""
+        )
+        lines.append(
+            f"--precision {chosen['asked']}: {chosen['precision']} ({chosen['precision_reason']}"
+            f"{timed})"
+        )
     if "matmul" in result:
         rates = ", ".join(f"{k} {v['gflops']:,.0f}" for k, v in result["matmul"].items())
         lines.append(f"matmul {MATMUL_SIZE}^3 GFLOP/s: {rates}")
@@ -926,6 +938,7 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         lines.append(f"decoding model: {decoding['model']}, {decoding['note']}")
     if "decoding" in result:
         lines.append(f"decoding set: {result['decoding']['test_set']}")
+        lines.append(f"decoding precision: {result['decoding'].get('precision', 'fp32')}")
     command = result.get("translate_command")
     if command:
         lines.append(

@@ -10,7 +10,9 @@ in a process of its own, with a small model and ``training.max_steps: 1``:
     warm   a new run directory sharing that cache: everything is found prepared
 
 and reports for each: the time from starting the command to the first training step (the
-``epoch 1:`` log line), the stage timings nmt logs, the peak resident memory of the nmt
+``epoch 1:`` log line), the stage timings nmt logs, the seconds it spent verifying the
+checksums of what it found prepared (``verify``: the warm run's tokenizer and splits; none
+in the cold run, which finds nothing), the peak resident memory of the nmt
 process (``ru_maxrss``), and the peak proportional set size summed over it and its worker
 processes, in all and its anonymous part (sampled from /proc every 0.2 s; Linux only): PSS
 counts pages that workers share once, and the anonymous part leaves out the memory-mapped
@@ -42,6 +44,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = re.compile(r"data: prepared in (.*) \(")
+VERIFY = re.compile(r"data: .*\bverify (\d+(?:\.\d+)?)s")
 MODEL = {
     "embedding_size": 64,
     "encoder": {"hidden_size": 64},
@@ -116,7 +119,7 @@ def run_train(work: Path, corpus: Path, cache: Path, name: str, num_proc: int | 
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    first_step, stages, lines = None, "", []
+    first_step, stages, verify, lines = None, "", None, []
     assert process.stdout is not None
     for line in process.stdout:
         lines.append(line)
@@ -125,6 +128,9 @@ def run_train(work: Path, corpus: Path, cache: Path, name: str, num_proc: int | 
         found = STAGES.search(line)
         if found:
             stages = found.group(1)
+        checked = VERIFY.search(line)
+        if checked:
+            verify = float(checked.group(1))
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
     sampler.join()
@@ -135,6 +141,7 @@ def run_train(work: Path, corpus: Path, cache: Path, name: str, num_proc: int | 
         "first_step_s": round(first_step, 1),
         "total_s": round(time.perf_counter() - started, 1),
         "stages": stages,
+        "verify_s": verify,
         "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2),
         "peak_pss_gib": round(peak[0] / 2**20, 2),
         "peak_anon_gib": round(peak[1] / 2**20, 2),
@@ -160,16 +167,17 @@ def corpus_for(work: Path, pairs: int) -> Path:
 
 def markdown(results: list[dict]) -> str:
     rows = [
-        "| pairs | run | first step (s) | stages | peak RSS, nmt (GiB) | peak PSS, all (GiB) "
-        "| peak anonymous PSS, all (GiB) |",
-        "| ---: | --- | ---: | --- | ---: | ---: | ---: |",
+        "| pairs | run | first step (s) | stages | verify (s) | peak RSS, nmt (GiB) "
+        "| peak PSS, all (GiB) | peak anonymous PSS, all (GiB) |",
+        "| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
     for result in results:
         for run in ("cold", "warm"):
             r = result[run]
+            verify = "-" if r["verify_s"] is None else r["verify_s"]
             rows.append(
                 f"| {result['pairs']:,} | {run} | {r['first_step_s']} | {r['stages'] or '-'} "
-                f"| {r['peak_rss_gib']} | {r['peak_pss_gib']} | {r['peak_anon_gib']} |"
+                f"| {verify} | {r['peak_rss_gib']} | {r['peak_pss_gib']} | {r['peak_anon_gib']} |"
             )
     return "\n".join(rows)
 

@@ -4,13 +4,13 @@ unless one is given) and the training and dev splits, prepared once (``nmt.data.
 Preparation runs in stages (read, tokenizer, tokenise), each timed in the log and shown with
 a progress bar on a terminal. Everything prepared lands in the store under
 ``data.cache_dir`` (default: the run's ``cache/``): a later run, a resumed run and every
-other rank of a torchrun job find it there and start at once.
+other rank of a torchrun job find it there and start at once, once its checksums are
+verified (the stage "verify", in the same log line, or in its own when nothing was prepared).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -30,12 +30,13 @@ from nmt.data.store import (
     TokenizedCorpus,
     digest,
     file_identity,
+    writing,
 )
 from nmt.data.store import prepare as prepare_split
 from nmt.data.textfiles import existing, quiet_datasets, read_file
 from nmt.data.tokenizer import Tokenizer, load_model_file, train_sentencepiece
 from nmt.errors import DataError
-from nmt.files import atomic_write_bytes, atomic_write_text
+from nmt.files import atomic_write_bytes
 
 if TYPE_CHECKING:
     from nmt.config import Config, DataConfig
@@ -200,12 +201,12 @@ def build_tokenizer(config: Config, source: Source, store: Store, stages: Stages
         return Tokenizer((path / "src.model").read_bytes(), (path / "trg.model").read_bytes())
     with stages.stage("tokenizer"):
         tokenizer = _train_tokenizer(config, source)
-    tmp = store.scratch("tokenizer")
-    for name, proto in (("src.model", tokenizer.src_proto), ("trg.model", tokenizer.trg_proto)):
-        atomic_write_bytes(tmp / name, functools.partial(_write, proto))
-    manifest = {"key": key, "files": ["src.model", "trg.model"], "settings": settings}
-    atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=1))
-    store.publish(tmp, "tokenizer", key)
+    with store.building("tokenizer") as tmp:
+        for name, proto in (("src.model", tokenizer.src_proto), ("trg.model", tokenizer.trg_proto)):
+            with writing(tmp / name):
+                atomic_write_bytes(tmp / name, functools.partial(_write, proto))
+        manifest = {"files": ["src.model", "trg.model"], "settings": settings}
+        store.publish(tmp, "tokenizer", key, manifest)
     log.info(
         "tokenizer: %s %s, vocab %d/%d, trained in %.1fs",
         cfg.type,
@@ -273,7 +274,8 @@ def load_corpora(
     """The tokenizer and the prepared train and dev splits (prepared here if not yet)."""
     data = config.data
     store_dir = Path(data.cache_dir).expanduser() if data.cache_dir else run_dir / "cache"
-    store, stages = Store(store_dir), Stages(on_terminal())
+    stages = Stages(on_terminal())
+    store = Store(store_dir, stages)
     train_source = Source(data, data.train, store_dir, stages)
     tokenizer = tokenizer or build_tokenizer(config, train_source, store, stages)
     built = []
@@ -321,6 +323,8 @@ def load_corpora(
     log.info("data: %d training pairs, %d dev pairs", len(corpora.train), len(corpora.dev))
     if built:
         log.info("data: prepared in %s (%s)", stages.summary(), store_dir)
+    elif "verify" in stages.seconds:
+        log.info("data: found prepared, verify %.2fs (%s)", stages.seconds["verify"], store_dir)
     return corpora, tokenizer
 
 

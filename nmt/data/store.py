@@ -1,12 +1,13 @@
 """Prepared corpora: token ids and lengths written once, reused by every run that would write
-the same, memory-mapped by every rank.
+the same, memory-mapped by every rank, checked before use.
 
 A split is prepared by one ``Dataset.map`` (in ``data.num_proc`` processes) that tokenises
 each pair and marks the pairs to drop (an empty side; for training, more than
 ``data.max_length`` pieces on a side) into Arrow shards of an entry directory:
 
     {store}/prepared/{name}-{key}/
-        manifest.json           the key, its parts, counts, the shard files, the timings
+        manifest.json           the key, its parts, counts, the shards, the timings, and each
+                                file's size in bytes and xxh3-128 checksum
         ids_*.arrow             src_ids, trg_ids (int32 lists), src_len, trg_len, drop [src, trg]
         rows.npy                the kept pairs' row numbers (int64)
         src_len.npy trg_len.npy their lengths (int32): all that batching reads
@@ -14,10 +15,20 @@ each pair and marks the pairs to drop (an empty side; for training, more than
 The key hashes everything that decides the entry: the source's identity (each local file's
 resolved path, size and modification time; a hub dataset's fingerprint), the data keys that
 change the ids and the tokenizer's bytes. A run with another tokenizer or config computes
-another key and builds another entry; an entry whose manifest does not carry its own key, or
-lacks a file, is removed and rebuilt. Entries are built in a temporary directory and renamed
-into place whole, so a killed preparation leaves nothing that looks finished and two runs
-preparing at once never see half an entry.
+another key and builds another entry.
+
+Entries are built in a temporary directory, their files' sizes and checksums recorded in the
+manifest, written last, and the directory renamed into place whole: a killed preparation
+leaves nothing that looks finished, and two runs preparing at once never see half an entry
+(the first to rename wins; the other removes its own and uses the winner's, once checked).
+A failed write (a full disk) is a ``DataError`` naming the file, with the temporary directory
+removed.
+
+Before an entry is used, ``Store.find`` checks it against its manifest: the key, every file
+present with its size (each time), and its checksum (once per process and entry: a disk that
+filled, a machine that died before its writes reached the disk, a file overwritten in place).
+An entry that fails is moved aside and removed with one warning naming the file, and prepared
+again; one that cannot be removed (a read-only cache) is a ``DataError``.
 
 What stays in memory per training pair: its row number (8 bytes) and two lengths (4 bytes
 each); the ids stay in the memory-mapped shards until a batch reads them.
@@ -25,6 +36,7 @@ each); the ids stay in the memory-mapped shards until a batch reads them.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -32,25 +44,34 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from nmt.data.batching import Batch, make_batch
 from nmt.data.guidance import guide_matrix, parse_pharaoh, word_link_cells
+from nmt.data.stages import Stages
 from nmt.data.textfiles import quiet_datasets
 from nmt.data.tokenizer import Tokenizer, piece_words
-from nmt.errors import DataError
+from nmt.errors import DataError, NMTError
 from nmt.files import atomic_write_text
 
 log = logging.getLogger("nmt")
 
-STORE_VERSION = 1  # part of every key: bump when what an entry holds changes
+STORE_VERSION = 2  # part of every key: bump when what an entry holds changes
 KEEP, EMPTY, LONG = 0, 1, 2  # the drop column's codes
 AUTO_PROC_PAIRS = 100_000  # from this many pairs on, data.num_proc defaults to the cores
+CHUNK = 4 << 20  # bytes read at a time when checksumming a file
+
+# The entries this process has checksummed: (entry, its manifest's inode and mtime_ns). A
+# rebuilt entry has a new manifest, so it is checked again.
+_verified: set[tuple[str, int, int]] = set()
 
 
 def digest(*parts: Any) -> str:
@@ -72,6 +93,48 @@ def file_identity(paths: list[Path]) -> list[tuple[str, int, int]]:
         stat = path.stat()
         identity.append((str(path.resolve()), stat.st_size, stat.st_mtime_ns))
     return identity
+
+
+def checksum(path: Path) -> str:
+    """The xxh3-128 of a file's bytes, read in chunks of ``CHUNK`` bytes."""
+    hasher = xxhash.xxh3_128()
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    with path.open("rb", buffering=0) as handle:
+        while size := handle.readinto(buffer):
+            hasher.update(view[:size])
+    return hasher.hexdigest()
+
+
+def seal(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """What a manifest records of each file: its size in bytes and its checksum."""
+    return {
+        name: {"bytes": (directory / name).stat().st_size, "xxh3_128": checksum(directory / name)}
+        for name in names
+    }
+
+
+def write_error(path: Path, exc: OSError) -> str:
+    """One line for a failed write of prepared data: the file, the error and the fix."""
+    if isinstance(exc, NMTError):  # already one line that names the file (nmt.files)
+        return str(exc)
+    reason = " ".join((exc.strerror or str(exc)).split())
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(exc):
+        fix = "free space on its disk or point data.cache_dir elsewhere"
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "make data.cache_dir writable or point data.cache_dir elsewhere"
+    else:
+        fix = "point data.cache_dir elsewhere"
+    return f"{exc.filename or path}: cannot write prepared data ({reason}); {fix}"
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn an OSError while writing ``path`` into a ``DataError`` naming it."""
+    try:
+        yield
+    except OSError as exc:
+        raise DataError(write_error(path, exc)) from None
 
 
 def default_num_proc(pairs: int) -> int:
@@ -212,43 +275,124 @@ class Prepared:
 
 
 class Store:
-    """The prepared entries (and tokenizers) under one cache directory."""
+    """The prepared entries (and tokenizers) under one cache directory. Checksumming found
+    entries is timed as the stage "verify" of ``stages``."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, stages: Stages | None = None):
         self.root = root
         self.prepared = root / "prepared"
+        self.stages = stages or Stages(show=False)
 
     def entry(self, name: str, key: str) -> Path:
         return self.prepared / f"{name}-{key}"
 
     def find(self, name: str, key: str) -> dict[str, Any] | None:
-        """The manifest of a complete entry with this key; a damaged one is removed."""
+        """The manifest of the entry with this key, once its files are checked against it;
+        None when there is none, or it was damaged (then it is removed, with a warning)."""
         path = self.entry(name, key)
         if not path.is_dir():
             return None
-        try:
-            manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-            complete = manifest["key"] == key and all(
-                (path / f).is_file() for f in manifest["files"]
-            )
-        except (OSError, ValueError, KeyError, TypeError):
-            complete = False
-        if complete:
-            return dict(manifest)
-        log.warning("%s: incomplete or damaged prepared data; preparing it again", path)
-        shutil.rmtree(path, ignore_errors=True)
+        manifest, problem = read_manifest(path, key)
+        if manifest is not None:
+            problem = self.check(path, manifest["files"])
+        if problem is None:
+            return manifest
+        self.discard(path, problem)
         return None
 
-    def publish(self, tmp: Path, name: str, key: str) -> Path:
-        """Rename a finished temporary entry into place (a concurrent twin may have won)."""
+    def check(self, path: Path, files: dict[str, dict[str, Any]]) -> str | None:
+        """What is wrong with an entry's files, or None: every file's presence and size each
+        time (a stat), its checksum once per process."""
+        problems = []
+        for name, record in files.items():
+            try:
+                size = (path / name).stat().st_size
+            except FileNotFoundError:
+                problems.append(f"{path / name}: missing")
+                continue
+            except OSError as exc:
+                problems.append(f"{path / name}: unreadable ({exc.strerror or exc})")
+                continue
+            if size != record["bytes"]:
+                problems.append(f"{path / name}: {size} bytes, the manifest says {record['bytes']}")
+        if problems:
+            others = f" (and {len(problems) - 1} other files)" if len(problems) > 1 else ""
+            return problems[0] + others
+        try:
+            stamp = manifest_stamp(path)
+        except OSError as exc:
+            return f"{path / 'manifest.json'}: unreadable ({exc.strerror or exc})"
+        if stamp in _verified:
+            return None
+        with self.stages.stage("verify"):
+            for name, record in files.items():
+                try:
+                    if checksum(path / name) != record["xxh3_128"]:
+                        return (
+                            f"{path / name}: checksum differs from its manifest (damaged on disk?)"
+                        )
+                except OSError as exc:
+                    return f"{path / name}: unreadable ({exc.strerror or exc})"
+        _verified.add(stamp)
+        return None
+
+    def remove(self, path: Path) -> None:
+        """Remove an entry: renamed aside first, so that no process sees part of it."""
+        aside = self.prepared / f".{path.name}.{uuid.uuid4().hex[:8]}.removed"
+        path.rename(aside)
+        shutil.rmtree(aside, ignore_errors=True)
+
+    def discard(self, path: Path, problem: str) -> None:
+        """Remove a damaged entry, with one warning saying what was wrong; a ``DataError``
+        when it cannot be removed."""
+        try:
+            self.remove(path)
+        except FileNotFoundError:
+            pass  # a twin process removed it first
+        except OSError as exc:
+            raise DataError(
+                f"{problem}; it cannot be removed to prepare it again "
+                f"({exc.strerror or exc}): make data.cache_dir ({self.root}) writable or point "
+                f"data.cache_dir elsewhere"
+            ) from None
+        log.warning("%s; preparing it again", problem)
+
+    @contextmanager
+    def building(self, name: str) -> Iterator[Path]:
+        """A temporary directory to build an entry in, gone afterwards (published or removed);
+        a failed write in it becomes a ``DataError`` naming the file."""
+        tmp = self.scratch(name)
+        try:
+            yield tmp
+        except OSError as exc:
+            raise DataError(write_error(tmp, exc)) from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def publish(
+        self, tmp: Path, name: str, key: str, manifest: dict[str, Any]
+    ) -> tuple[Path, dict[str, Any]]:
+        """Seal a finished temporary entry (``manifest["files"]``: the names of its files) and
+        rename it into place; returns the entry and its manifest. The manifest, with each
+        file's size and checksum, is written last. A twin process that published first wins:
+        its entry is checked and used, and ``tmp`` removed."""
+        manifest = {**manifest, "key": key, "files": seal(tmp, manifest["files"])}
+        with writing(tmp / "manifest.json"):
+            atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=1, default=str))
         final = self.entry(name, key)
         try:
             tmp.rename(final)
-        except OSError:
-            if self.find(name, key) is None:
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-        return final
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise DataError(write_error(final, exc)) from None
+            found = self.find(name, key)
+            if found is not None:  # a twin published first
+                shutil.rmtree(tmp, ignore_errors=True)
+                return final, found
+            with writing(final):  # the twin's entry was damaged and is gone: ours replaces it
+                tmp.rename(final)
+        _verified.add(manifest_stamp(final))  # its files were checksummed just now
+        return final, manifest
 
     def remove_family(self, name_prefix: str, family: str, keep: Path) -> None:
         """Remove the entries ``{name_prefix}*`` whose manifest names ``family``, but ``keep``
@@ -261,11 +405,41 @@ class Store:
             except (OSError, ValueError):
                 continue
             if manifest.get("parts", {}).get("family") == family:
-                shutil.rmtree(path, ignore_errors=True)
+                try:
+                    self.remove(path)
+                except OSError:
+                    continue  # another process removed it, or the store is read-only
 
     def scratch(self, name: str) -> Path:
-        self.prepared.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=self.prepared))
+        with writing(self.prepared):
+            self.prepared.mkdir(parents=True, exist_ok=True)
+            return Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=self.prepared))
+
+
+def read_manifest(path: Path, key: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(an entry's manifest, None), or (None, what is wrong with it)."""
+    where = path / "manifest.json"
+    try:
+        manifest = json.loads(where.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, f"{where}: missing"
+    except (OSError, ValueError) as exc:  # a UnicodeDecodeError is a ValueError
+        return None, f"{where}: unreadable ({exc})"
+    if not isinstance(manifest, dict) or manifest.get("key") != key:
+        return None, f"{where}: does not carry the entry's key {key}"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(
+        isinstance(record, dict) and {"bytes", "xxh3_128"} <= record.keys()
+        for record in files.values()
+    ):
+        return None, f"{where}: does not list its files' sizes and checksums"
+    return manifest, None
+
+
+def manifest_stamp(path: Path) -> tuple[str, int, int]:
+    """An entry as this process checked it: its path, its manifest's inode and mtime."""
+    stat = (path / "manifest.json").stat()
+    return str(path), stat.st_ino, stat.st_mtime_ns
 
 
 def load_entry(path: Path, manifest: dict[str, Any]) -> Prepared:
@@ -307,24 +481,27 @@ def prepare(
         return load_entry(store.entry(name, key), manifest), False
     started = time.perf_counter()
     pairs = rows()
-    tmp = store.scratch(name)
-    try:
-        manifest = _build(tmp, pairs, encode, num_proc, progress, name)
+    with store.building(name) as tmp:
+        manifest = _build(tmp, pairs, encode, num_proc, progress, name, key)
         if check:
             check(manifest["counts"])
-        manifest |= {"key": key, "parts": key_parts, "seconds": time.perf_counter() - started}
-        atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=1, default=str))
-        final = store.publish(tmp, name, key)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return load_entry(final, store.find(name, key) or manifest), True
+        manifest |= {"parts": key_parts, "seconds": time.perf_counter() - started}
+        final, manifest = store.publish(tmp, name, key, manifest)
+    return load_entry(final, manifest), True
 
 
 def _build(
-    tmp: Path, pairs: Any, encode: Encode, num_proc: int | None, progress: bool, name: str
+    tmp: Path,
+    pairs: Any,
+    encode: Encode,
+    num_proc: int | None,
+    progress: bool,
+    name: str,
+    key: str,
 ) -> dict[str, Any]:
-    """Tokenise ``pairs`` into shards in ``tmp``; the manifest's counts and files."""
+    """Tokenise ``pairs`` into shards in ``tmp``; the manifest's counts and files. The shards'
+    fingerprint is made from the entry's key, so that whoever builds an entry writes the same
+    bytes."""
     datasets = quiet_datasets()
     procs = min(num_proc or default_num_proc(len(pairs)), max(1, len(pairs)))
     features = _features(encode.keep_text, encode.guide is not None)
@@ -340,21 +517,24 @@ def _build(
             remove_columns=pairs.column_names,
             features=features,
             cache_file_name=str(tmp / "ids.arrow"),
-            new_fingerprint=digest("ids", tmp.name),
+            new_fingerprint=digest("ids", name, key),
             desc=f"tokenising {name}",
         )
-    except DataError:
-        raise
     except OSError as exc:
-        raise DataError(f"cannot write prepared data to {tmp.parent} ({exc})") from None
+        raise DataError(write_error(tmp / "ids.arrow", exc)) from None
     finally:
         datasets.disable_progress_bars()
     table = mapped.data
     drop = table.column("drop").to_numpy()
     kept = np.flatnonzero(drop == KEEP)
-    np.save(tmp / "rows.npy", kept.astype(np.int64))
-    np.save(tmp / "src_len.npy", table.column("src_len").to_numpy()[kept].astype(np.int32))
-    np.save(tmp / "trg_len.npy", table.column("trg_len").to_numpy()[kept].astype(np.int32))
+    arrays = {
+        "rows.npy": kept.astype(np.int64),
+        "src_len.npy": table.column("src_len").to_numpy()[kept].astype(np.int32),
+        "trg_len.npy": table.column("trg_len").to_numpy()[kept].astype(np.int32),
+    }
+    for file, array in arrays.items():
+        with writing(tmp / file):
+            np.save(tmp / file, array)
     shards = [Path(f["filename"]).name for f in mapped.cache_files]
     counts = {
         "pairs": len(drop),

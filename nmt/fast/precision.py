@@ -149,7 +149,7 @@ def _slower(native: bool, probe: Probe) -> str:
     """Why bf16 is slower than fp32 on this CPU."""
     if not native:
         return "this CPU has no native bf16"
-    if probe.screen_only:
+    if probe.screen_only or probe.speedup < EMULATED:
         return f"its bf16 matmuls are emulated{_isa_cap()}"
     return f"this CPU has native bf16 but runs fp32 matmuls faster{_isa_cap()}"
 

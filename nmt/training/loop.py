@@ -38,10 +38,11 @@ from nmt.data.corpus import check_files
 from nmt.data.prepare import Corpora
 from nmt.data.store import TokenizedCorpus
 from nmt.data.tokenizer import Tokenizer
-from nmt.errors import CheckpointError, NMTError
+from nmt.errors import CheckpointError, NMTError, WriteError
 from nmt.fast import FastPaths
 from nmt.fast.allocator import limit_kernel_cache, tune_allocator
 from nmt.fast.precision import Precision, choose_precision
+from nmt.files import human_size
 from nmt.model import Seq2Seq, build_model, count_parameters
 from nmt.runtime import allow_tf32, seed_everything, set_threads
 from nmt.training.distributed import (
@@ -137,6 +138,7 @@ class Run:
     place: Distributed
     started: float
     window: _Window = field(default_factory=_Window)
+    saved_step: int | None = None  # the step of the run's last.pt, once it has one
     train: TokenizedCorpus | None = None  # this epoch's training pairs (Corpora.for_epoch)
     dev_alignment: DevAlignment | None = None  # data.dev_alignment, checked before training
 
@@ -162,7 +164,14 @@ class Run:
         }
         if self.place.enabled:
             state["rng_by_rank"] = rng_by_rank
-        save_checkpoints(self.run_dir, state, self.config.training.keep_last, is_best)
+        try:
+            save_checkpoints(self.run_dir, state, self.config.training.keep_last, is_best)
+        except WriteError as exc:
+            if Path(str(exc.path)).name.startswith("step-"):  # best.pt and last.pt went first
+                self.saved_step = self.progress.step
+            exc.needed = f"a checkpoint takes about {human_size(checkpoint_bytes(state))}"
+            raise
+        self.saved_step = self.progress.step
 
 
 def train(
@@ -215,13 +224,48 @@ def _train_locked(
     dev_alignment = load_dev_alignment(config, corpora)
     run = _build_run(config, run_dir, tokenizer, corpora, saved, place, device, fast, initial)
     run.dev_alignment = dev_alignment
+    run.saved_step = run.progress.step if saved is not None else None
     # training.max_minutes counts data preparation too, and the minutes of earlier invocations
     run.started = started - 60 * run.progress.minutes
     try:
         with _StopFlag() as stop, ProgressBar(enabled=not quiet and place.is_main) as bar:
             _loop(run, stop, bar)
-    finally:
-        run.tracker.close()
+    except WriteError as exc:
+        run.tracker.close(failed=True)
+        raise _stopped_by(exc, run) from exc
+    except BaseException:
+        run.tracker.close(failed=True)
+        raise
+    run.tracker.close()
+
+
+def _stopped_by(exc: WriteError, run: Run) -> WriteError:
+    """A write that failed mid-run (a full disk): the file, the error, the space, and how to
+    continue; the checkpoints written before are intact (atomic writes)."""
+    needed = exc.needed
+    room = f"; {exc.free} free there" if exc.free is not None else ""
+    room += f", and {needed}" if needed and room else (f"; {needed}" if needed else "")
+    if run.saved_step is None:
+        then = "nmt train --resume starts the run afresh (it has no checkpoint yet)"
+    else:
+        then = f"nmt train --resume continues from step {run.saved_step} (last.pt)"
+    fix = "free some space" if exc.free is not None else "fix that"
+    message = (
+        f"{exc.path}: cannot write it ({exc.reason}){room}; training stopped at step "
+        f"{run.progress.step}: {fix}, then {then}"
+    )
+    return WriteError(message, exc.path, exc.reason, exc.free)
+
+
+def checkpoint_bytes(state: Any) -> int:
+    """The bytes of the tensors in a checkpoint's state (what its file is mostly made of)."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(checkpoint_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(checkpoint_bytes(v) for v in state)
+    return 0
 
 
 def _build_run(

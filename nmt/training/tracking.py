@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from nmt.files import atomic_write_text
+from nmt.errors import WriteError
+from nmt.files import atomic_write_text, os_error, write_error
 
 log = logging.getLogger("nmt")
 
@@ -28,6 +31,15 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+class _LogFile(logging.FileHandler):
+    """train.log; a line it cannot write (a full disk) is dropped without logging's traceback
+    on stderr: the run's next checkpoint or metrics write meets the same disk and stops it
+    with one line."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
 def setup_logging(run_dir: Path | None, quiet: bool = False) -> None:
     """Log lines to stderr and, when given, to run_dir/train.log (appending on resume)."""
     log.setLevel(logging.INFO)
@@ -41,7 +53,7 @@ def setup_logging(run_dir: Path | None, quiet: bool = False) -> None:
         stream.setFormatter(formatter)
         log.addHandler(stream)
     if run_dir is not None:
-        file = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
+        file = _LogFile(run_dir / "train.log", encoding="utf-8")
         file.setFormatter(formatter)
         log.addHandler(file)
 
@@ -57,6 +69,7 @@ class Tracker:
     def __init__(self, run_dir: Path, enabled: bool = True, resumed_at: int | None = None):
         self.enabled = enabled
         self.metrics_path = run_dir / "metrics.jsonl"
+        self.tensorboard = run_dir / "tensorboard"
         self.writer: Any = None
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
@@ -65,25 +78,66 @@ class Tracker:
             if resumed_at is not None:
                 _truncate_metrics(self.metrics_path, resumed_at)
                 purge = resumed_at + 1
-            self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
+            else:
+                self._start_afresh()
+            with self._writing(self.tensorboard):
+                self.writer = SummaryWriter(log_dir=str(self.tensorboard), purge_step=purge)
+
+    def _start_afresh(self) -> None:
+        """A run without a checkpoint starts its history afresh: what a run killed before its
+        first checkpoint logged in this directory goes (metrics.jsonl, tensorboard's events)."""
+        stale = [self.metrics_path] if self.metrics_path.exists() else []
+        stale += sorted(self.tensorboard.glob("events.out.tfevents.*"))
+        if not stale:
+            return
+        log.info(
+            "no checkpoint here: the history of an earlier start is removed (%d files)", len(stale)
+        )
+        for path in stale:
+            path.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _writing(self, path: Path) -> Iterator[None]:
+        """An OS error while writing ``path`` (a full disk) is a WriteError naming it;
+        tensorboard's writer thread hands its error to the next call, or wraps it."""
+        try:
+            yield
+        except WriteError:
+            raise
+        except Exception as exc:
+            cause = os_error(exc)
+            if cause is None:
+                raise
+            raise write_error(path, cause) from exc
 
     def scalars(self, step: int, values: dict[str, float], split: str) -> None:
         if not self.enabled:
             return
-        for name, value in values.items():
-            self.writer.add_scalar(f"{split}/{name}", value, step)
+        with self._writing(self.tensorboard):
+            for name, value in values.items():
+                self.writer.add_scalar(f"{split}/{name}", value, step)
         record = {"split": split, "step": step, "time": round(time.time(), 3), **values}
-        with self.metrics_path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        with self._writing(self.metrics_path), self.metrics_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
 
     def image(self, step: int, name: str, rgb: np.ndarray) -> None:
         if self.enabled:
-            self.writer.add_image(name, rgb, step, dataformats="HWC")
+            with self._writing(self.tensorboard):
+                self.writer.add_image(name, rgb, step, dataformats="HWC")
 
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
+    def close(self, failed: bool = False) -> None:
+        """Flush and close tensorboard; after a failure (``failed``) an error here is not
+        raised over the first one."""
+        if self.writer is None:
+            return
+        writer, self.writer = self.writer, None
+        try:
+            with self._writing(self.tensorboard):
+                writer.flush()
+                writer.close()
+        except OSError:
+            if not failed:
+                raise
 
 
 def _truncate_metrics(path: Path, last_step: int) -> None:

@@ -119,10 +119,11 @@ def test_a_damaged_entry_is_rebuilt(
     store = Store(tmp_path / "store")
     encode = Encode(tokenizer, None, keep_text=False)
     first, _ = prepare(store, "train", {}, lambda: rows, encode, 1, False)
-    (first.path / first.manifest["shards"][0]).unlink()
+    shard = first.path / first.manifest["shards"][0]
+    shard.unlink()
     with caplog.at_level(logging.WARNING, logger="nmt"):
         again, built = prepare(store, "train", {}, lambda: rows, encode, 1, False)
-    assert built and "damaged" in caplog.text
+    assert built and f"{shard}: missing; preparing it again" in caplog.text
     manifest = again.path / "manifest.json"
     manifest.write_text(json.dumps({**again.manifest, "key": "someone else's"}))
     assert prepare(store, "train", {}, lambda: rows, encode, 1, False)[1], "key mismatch"

@@ -71,6 +71,8 @@ def test_quick_tiny_run_writes_every_figure(tmp_path: Path) -> None:
     assert 0 <= result["data"]["padding_fraction_epoch"] < 1
     assert positive(result["matmul"]["fp32"]["gflops"])
     assert "bf16" not in result["matmul"]  # a CPU that trains in fp32 skips bf16's rate
+    assert "--precision auto: fp32 (auto: " in proc.stdout  # the summary says it too
+    assert result["decoding"]["precision"].startswith("fp32 (auto: ")
 
     train = result["training"]["luong-nofeed"]
     assert "error" not in train, train

@@ -60,5 +60,6 @@ def test_data_benchmark_measures_a_cold_and_a_warm_start(tmp_path: Path) -> None
     cold, warm = result["cold"], result["warm"]
     assert "tokenizer" in cold["stages"] and "tokenise" in cold["stages"]
     assert warm["stages"] == "", "the warm run prepares nothing"
+    assert cold["verify_s"] is None and warm["verify_s"] >= 0, "the warm run verifies the store"
     assert 0 < warm["first_step_s"] < cold["first_step_s"]
     assert cold["peak_rss_gib"] > 0 and warm["peak_pss_gib"] > 0

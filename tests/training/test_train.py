@@ -635,6 +635,28 @@ def test_run_info_describes_the_run(short_run: Path) -> None:
     assert config.training.max_steps == 30 and config.training.keep_last == 3
 
 
+def test_a_restart_without_a_checkpoint_starts_the_history_afresh(
+    corpus: Path, short_run: Path, tmp_path: Path
+) -> None:
+    """A run killed before its first checkpoint leaves metrics.jsonl and tensorboard events
+    behind; --resume (or a plain start) in that directory logs one history, not two."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(short_run, run_dir)
+    for stale in run_dir.glob("*.pt"):  # as if killed before the first checkpoint
+        stale.unlink()
+    assert read_metrics(run_dir)  # the dead run's records are there
+    run_training(corpus, run_dir, resume=True, max_steps=30, keep_last=3, best_metric="loss")
+    assert history(run_dir) == history(short_run)
+    steps = [(r["split"], r["step"]) for r in read_metrics(run_dir)]
+    assert len(steps) == len(set(steps))  # no step logged twice
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1  # the dead run's event file is gone
+    scalars = EventAccumulator(str(events[0])).Reload().Scalars("train/loss")
+    assert [s.step for s in scalars] == [r["step"] for r in train_records(run_dir)]
+
+
 def test_the_commit_recorded_is_nmt_s_own_or_none(tmp_path: Path) -> None:
     """A copy of the tree inside another git repository records no commit (not that
     repository's); a checkout of nmt records its HEAD."""
