@@ -221,3 +221,33 @@ def test_metrics_on_a_full_disk_stop_training_in_one_line(
     line = result.error
     assert f"{run_dir / where}: cannot write it ({ENOSPC})" in line, line
     assert "then nmt train --resume continues from step 4 (last.pt)" in line
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_tensorboard_s_writer_thread_failing_is_one_error_and_no_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """tensorboard writes from a thread of its own: its failure surfaces at the next call in
+    the training thread as the one WriteError, and the thread prints no traceback."""
+    import time
+
+    from tensorboard.summary.writer import record_writer
+
+    from nmt.errors import WriteError
+    from nmt.training.tracking import Tracker
+
+    tracker = Tracker(tmp_path / "run")
+
+    def write(self, data: bytes) -> None:  # type: ignore[no-untyped-def]
+        raise OSError(errno.ENOSPC, ENOSPC)
+
+    monkeypatch.setattr(record_writer.RecordWriter, "write", write)
+    with pytest.raises(WriteError) as raised:
+        for step in range(1, 200):
+            tracker.scalars(step, {"loss": 1.0}, "train")
+            time.sleep(0.01)  # the thread takes the event and fails
+    assert str(raised.value).startswith(f"{tmp_path / 'run' / 'tensorboard'}: cannot write it")
+    tracker.close(failed=True)
+    # Python prints an uncaught thread exception's traceback (pytest turns it into a warning,
+    # an error here)
+    assert "Traceback" not in capfd.readouterr().err

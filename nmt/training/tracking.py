@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +59,26 @@ def setup_logging(run_dir: Path | None, quiet: bool = False) -> None:
         log.addHandler(file)
 
 
+def _quiet_tensorboard_thread() -> None:
+    """tensorboard writes its event file from a thread of its own; a write that fails there (a
+    full disk) is raised again by the writer's next call in the training thread, where it
+    becomes the run's one-line error. Python would also print the thread's traceback: not
+    for that thread's OSError."""
+    previous = threading.excepthook
+    if getattr(previous, "nmt_quiet", False):
+        return
+
+    def hook(args: Any) -> None:
+        if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == (
+            "_AsyncWriterThread"
+        ):
+            return
+        previous(args)
+
+    hook.nmt_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 class Tracker:
     """Writes scalars and images; a no-op off rank 0.
 
@@ -80,6 +101,7 @@ class Tracker:
                 purge = resumed_at + 1
             else:
                 self._start_afresh()
+            _quiet_tensorboard_thread()
             with self._writing(self.tensorboard):
                 self.writer = SummaryWriter(log_dir=str(self.tensorboard), purge_step=purge)
 
