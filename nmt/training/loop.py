@@ -242,9 +242,8 @@ def _train_locked(
 def _stopped_by(exc: WriteError, run: Run) -> WriteError:
     """A write that failed mid-run (a full disk): the file, the error, the space, and how to
     continue; the checkpoints written before are intact (atomic writes)."""
-    needed = exc.needed
-    room = f"; {exc.free} free there" if exc.free is not None else ""
-    room += f", and {needed}" if needed and room else (f"; {needed}" if needed else "")
+    known = [f for f in (f"{exc.free} free there" if exc.free else "", exc.needed) if f]
+    room = f"; {', and '.join(known)}" if known else ""
     if run.saved_step is None:
         then = "nmt train --resume starts the run afresh (it has no checkpoint yet)"
     else:
