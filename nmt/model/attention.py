@@ -100,7 +100,7 @@ class Attention(nn.Module):
 
     A content score defines ``project_keys`` and ``energies``; the others override ``alphas``
     (location, local) or ``prepare`` and ``forward`` (multihead). ``from_config`` builds one
-    from the config's ``model.attention`` section. The class attributes tell the config
+    from the config's ``model.attention`` section, passing the keys ``config_keys`` names. The class attributes tell the config
     schema which rules apply (nmt.config checks them all before a run starts).
     """
 
@@ -111,6 +111,8 @@ class Attention(nn.Module):
     windowed: ClassVar[bool] = False  # Luong's local window around an inner content score
     splits_keys: ClassVar[bool] = False  # model.attention.heads must divide the key size
     covers: ClassVar[bool] = False  # model.attention.coverage feeds its energies
+    # the model.attention keys the constructor takes, in order, after the two sizes
+    config_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, query_size: int, key_size: int):
         super().__init__()
@@ -122,7 +124,7 @@ class Attention(nn.Module):
         cls, cfg: AttentionConfig, query_size: int, key_size: int, fast: FastPaths
     ) -> Attention:
         """The score as configured, for queries of ``query_size`` and keys of ``key_size``."""
-        return cls(query_size, key_size)
+        return cls(query_size, key_size, *(getattr(cfg, key) for key in cls.config_keys))
 
     def project_keys(self, values: Tensor) -> Tensor:
         """(B, S, Hk) -> (B, S, A); once per batch."""

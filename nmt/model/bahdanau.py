@@ -10,11 +10,11 @@ from torch import Tensor, nn
 from nmt.fast import FastPaths
 from nmt.fast.recurrence import plain_rnn
 from nmt.model.attention import Attention, Memory
-from nmt.model.decoder import Decoder, DecoderState, decoder_rnn, split_rnn_state
-from nmt.vocab import PAD_ID
+from nmt.model.decoder import Decoder, DecoderState, split_rnn_state
+from nmt.model.encoder import stacked_rnn
 
 if TYPE_CHECKING:
-    from nmt.config import DecoderConfig
+    from nmt.config import ModelConfig
 
 
 class BahdanauDecoder(Decoder):
@@ -27,29 +27,17 @@ class BahdanauDecoder(Decoder):
     p(y_i) = softmax(W_o t_i) is the model's output layer.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        embedding_size: int,
-        embedding_dropout: float,
-        key_size: int,
-        attention: Attention,
-        cfg: DecoderConfig,
-        fast: FastPaths,
-    ):
-        super().__init__()
-        self.embed = nn.Embedding(vocab_size, embedding_size, padding_idx=PAD_ID)
-        self.embedding_dropout = fast.dropout(embedding_dropout)
-        self.attention = attention
-        self.rnn = decoder_rnn(cfg, embedding_size + key_size)
-        self.output_size = cfg.output_size or embedding_size
-        self.maxout = cfg.maxout
-        pieces = 2 if cfg.maxout else 1
+    def __init__(self, cfg: ModelConfig, vocab_size: int, attention: Attention, fast: FastPaths):
+        super().__init__(cfg, vocab_size, attention, fast)
+        dec, embedding_size, key_size = cfg.decoder, cfg.embedding_size, attention.key_size
+        self.rnn = stacked_rnn(dec, embedding_size + key_size)
+        self.output_size = dec.output_size or embedding_size
+        self.maxout = dec.maxout
+        pieces = 2 if dec.maxout else 1
         self.deep_output = nn.Linear(
-            cfg.hidden_size + key_size + embedding_size, pieces * self.output_size
+            dec.hidden_size + key_size + embedding_size, pieces * self.output_size
         )
-        self.dropout = fast.dropout(cfg.dropout)
-        self.fast = fast
+        self.dropout = fast.dropout(dec.dropout)
 
     def _recur(
         self, embedded: Tensor, memory: Memory, state: DecoderState

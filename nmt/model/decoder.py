@@ -16,10 +16,11 @@ import torch
 from torch import Tensor, nn
 
 from nmt.model.attention import Attention, Memory
-from nmt.model.encoder import RNNS
+from nmt.model.encoder import embedding
 
 if TYPE_CHECKING:
-    from nmt.config import DecoderConfig
+    from nmt.config import ModelConfig
+    from nmt.fast import FastPaths
 
 
 @dataclass
@@ -70,6 +71,13 @@ class Decoder(nn.Module, ABC):
     attention: Attention
     output_size: int
 
+    def __init__(self, cfg: ModelConfig, vocab_size: int, attention: Attention, fast: FastPaths):
+        """The target embedding and ``attention``; a decoder adds its RNN and output layers."""
+        super().__init__()
+        self.embed, self.embedding_dropout = embedding(vocab_size, cfg, fast)
+        self.attention = attention
+        self.fast = fast
+
     def initial_state(self, hidden: Tensor, cell: Tensor | None) -> DecoderState:
         """The state before the first target token from the bridge's hidden (and cell)
         states (L, B, H)."""
@@ -88,14 +96,3 @@ class Decoder(nn.Module, ABC):
     def reorder(self, state: DecoderState, index: Tensor) -> DecoderState:
         """The state of the hypotheses ``index`` (B',): beams kept and repeated in search."""
         return state.index_select(index)
-
-
-def decoder_rnn(cfg: DecoderConfig, input_size: int) -> nn.RNNBase:
-    """The decoder's stacked GRU/LSTM, batch first, dropout between layers."""
-    return RNNS[cfg.rnn](
-        input_size,
-        cfg.hidden_size,
-        num_layers=cfg.layers,
-        batch_first=True,
-        dropout=cfg.dropout if cfg.layers > 1 else 0.0,
-    )

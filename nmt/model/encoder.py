@@ -13,9 +13,29 @@ from nmt.fast import FastPaths
 from nmt.vocab import PAD_ID
 
 if TYPE_CHECKING:
-    from nmt.config import DecoderConfig, EncoderConfig
+    from nmt.config import DecoderConfig, EncoderConfig, ModelConfig
 
 RNNS: dict[str, type[nn.GRU] | type[nn.LSTM]] = {"gru": nn.GRU, "lstm": nn.LSTM}
+
+
+def embedding(vocab_size: int, cfg: ModelConfig, fast: FastPaths) -> tuple[nn.Embedding, nn.Module]:
+    """A side's word embedding (PAD_ID's row stays zero) and the dropout on its output."""
+    embed = nn.Embedding(vocab_size, cfg.embedding_size, padding_idx=PAD_ID)
+    return embed, fast.dropout(cfg.embedding_dropout)
+
+
+def stacked_rnn(
+    cfg: EncoderConfig | DecoderConfig, input_size: int, bidirectional: bool = False
+) -> nn.RNNBase:
+    """A stacked GRU/LSTM, batch first, dropout between layers."""
+    return RNNS[cfg.rnn](
+        input_size,
+        cfg.hidden_size,
+        num_layers=cfg.layers,
+        batch_first=True,
+        bidirectional=bidirectional,
+        dropout=cfg.dropout if cfg.layers > 1 else 0.0,
+    )
 
 
 @dataclass
@@ -34,30 +54,16 @@ class Encoder(nn.Module):
     [h_forward_j; h_backward_j]. Padding never enters the recurrence (``FastPaths.recurrence``
     honours the lengths)."""
 
-    def __init__(
-        self,
-        vocab_size: int,
-        embedding_size: int,
-        embedding_dropout: float,
-        cfg: EncoderConfig,
-        fast: FastPaths,
-    ):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, fast: FastPaths):
         super().__init__()
-        self.embed = nn.Embedding(vocab_size, embedding_size, padding_idx=PAD_ID)
-        self.embedding_dropout = fast.dropout(embedding_dropout)
-        self.directions = 2 if cfg.bidirectional else 1
-        self.layers = cfg.layers
-        self.hidden_size = cfg.hidden_size
-        self.rnn = RNNS[cfg.rnn](
-            embedding_size,
-            cfg.hidden_size,
-            num_layers=cfg.layers,
-            batch_first=True,
-            bidirectional=cfg.bidirectional,
-            dropout=cfg.dropout if cfg.layers > 1 else 0.0,
-        )
-        self.output_dropout = fast.dropout(cfg.dropout)
-        self.output_size = cfg.hidden_size * self.directions
+        self.embed, self.embedding_dropout = embedding(vocab_size, cfg, fast)
+        enc = cfg.encoder
+        self.directions = 2 if enc.bidirectional else 1
+        self.layers = enc.layers
+        self.hidden_size = enc.hidden_size
+        self.rnn = stacked_rnn(enc, cfg.embedding_size, enc.bidirectional)
+        self.output_dropout = fast.dropout(enc.dropout)
+        self.output_size = enc.hidden_size * self.directions
         self.fast = fast
 
     def forward(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:

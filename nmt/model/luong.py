@@ -12,11 +12,11 @@ from torch import Tensor, nn
 from nmt.fast import FastPaths
 from nmt.fast.recurrence import plain_rnn
 from nmt.model.attention import Attention, Memory
-from nmt.model.decoder import Decoder, DecoderState, decoder_rnn, split_rnn_state
-from nmt.vocab import PAD_ID
+from nmt.model.decoder import Decoder, DecoderState, split_rnn_state
+from nmt.model.encoder import stacked_rnn
 
 if TYPE_CHECKING:
-    from nmt.config import DecoderConfig
+    from nmt.config import ModelConfig
 
 
 @dataclass
@@ -44,28 +44,17 @@ class LuongDecoder(Decoder):
     call and attends for all steps in one batched matmul.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        embedding_size: int,
-        embedding_dropout: float,
-        key_size: int,
-        attention: Attention,
-        cfg: DecoderConfig,
-        fast: FastPaths,
-    ):
-        super().__init__()
-        self.embed = nn.Embedding(vocab_size, embedding_size, padding_idx=PAD_ID)
-        self.embedding_dropout = fast.dropout(embedding_dropout)
-        self.attention = attention
-        self.input_feeding = cfg.input_feeding
-        self.hidden_size = cfg.hidden_size
-        feed_size = cfg.hidden_size if cfg.input_feeding else 0
-        self.rnn = decoder_rnn(cfg, embedding_size + feed_size)
-        self.combine = nn.Linear(key_size + cfg.hidden_size, cfg.hidden_size, bias=False)  # W_c
-        self.dropout = fast.dropout(cfg.dropout)
-        self.output_size = cfg.hidden_size
-        self.fast = fast
+    def __init__(self, cfg: ModelConfig, vocab_size: int, attention: Attention, fast: FastPaths):
+        super().__init__(cfg, vocab_size, attention, fast)
+        dec = cfg.decoder
+        self.input_feeding = dec.input_feeding
+        self.hidden_size = dec.hidden_size
+        feed_size = dec.hidden_size if dec.input_feeding else 0
+        self.rnn = stacked_rnn(dec, cfg.embedding_size + feed_size)
+        key_size = attention.key_size
+        self.combine = nn.Linear(key_size + dec.hidden_size, dec.hidden_size, bias=False)  # W_c
+        self.dropout = fast.dropout(dec.dropout)
+        self.output_size = dec.hidden_size
 
     def initial_state(self, hidden: Tensor, cell: Tensor | None) -> LuongState:
         """h~_0 = 0 with input feeding."""

@@ -10,8 +10,7 @@ from torch import Tensor, nn
 from nmt.model.attention import Attention, Memory, masked_softmax
 
 if TYPE_CHECKING:
-    from nmt.config import AttentionConfig
-    from nmt.fast import FastPaths
+    pass
 
 
 class MultiHeadAttention(Attention):
@@ -23,6 +22,7 @@ class MultiHeadAttention(Attention):
     """
 
     splits_keys = True
+    config_keys = ("heads",)
 
     def __init__(self, query_size: int, key_size: int, heads: int):
         super().__init__(query_size, key_size)
@@ -33,12 +33,6 @@ class MultiHeadAttention(Attention):
         self.key_proj = nn.Linear(key_size, key_size, bias=False)  # W^K_1..h
         self.value_proj = nn.Linear(key_size, key_size, bias=False)  # W^V_1..h
         self.output_proj = nn.Linear(key_size, key_size, bias=False)  # W^O
-
-    @classmethod
-    def from_config(
-        cls, cfg: AttentionConfig, query_size: int, key_size: int, fast: FastPaths
-    ) -> Attention:
-        return cls(query_size, key_size, cfg.heads)
 
     def _split(self, x: Tensor) -> Tensor:
         """(B, L, h*d) -> (B, h, L, d)."""

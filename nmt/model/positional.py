@@ -13,7 +13,6 @@ from nmt.model.attention import Attention, Memory, masked_softmax
 
 if TYPE_CHECKING:
     from nmt.config import AttentionConfig
-    from nmt.fast import FastPaths
 
 
 class LocationAttention(Attention):
@@ -23,16 +22,12 @@ class LocationAttention(Attention):
     get no weight: the model cannot address them.
     """
 
+    config_keys = ("max_source_length",)
+
     def __init__(self, query_size: int, key_size: int, max_source_length: int):
         super().__init__(query_size, key_size)
         self.max_source_length = max_source_length
         self.location_proj = nn.Linear(query_size, max_source_length, bias=False)  # W_a
-
-    @classmethod
-    def from_config(
-        cls, cfg: AttentionConfig, query_size: int, key_size: int, fast: FastPaths
-    ) -> Attention:
-        return cls(query_size, key_size, cfg.max_source_length)
 
     def alphas(self, query: Tensor, memory: Memory, positions: Tensor | None) -> Tensor:
         width = memory.mask.size(1)

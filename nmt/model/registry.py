@@ -31,7 +31,7 @@ from nmt.model.scores import (
 )
 
 if TYPE_CHECKING:
-    from nmt.config import AttentionConfig, DecoderConfig
+    from nmt.config import AttentionConfig, ModelConfig
 
 SCORES: dict[str, type[Attention]] = {
     "additive": AdditiveAttention,
@@ -74,15 +74,7 @@ def build_attention(
 
 
 def build_decoder(
-    cfg: DecoderConfig,
-    vocab_size: int,
-    embedding_size: int,
-    embedding_dropout: float,
-    key_size: int,
-    attention: Attention,
-    fast: FastPaths,
+    cfg: ModelConfig, vocab_size: int, attention: Attention, fast: FastPaths
 ) -> Decoder:
-    """The configured decoder style."""
-    return DECODERS[cfg.style](
-        vocab_size, embedding_size, embedding_dropout, key_size, attention, cfg, fast
-    )
+    """The configured decoder style over the target vocabulary, attending with ``attention``."""
+    return DECODERS[cfg.decoder.style](cfg, vocab_size, attention, fast)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -37,27 +37,21 @@ class AdditiveAttention(Attention):
         coverage: Coverage | None = None,
     ):
         super().__init__(query_size, key_size)
+        self.fast = fast
         self.query_proj = nn.Linear(query_size, hidden_size, bias=False)  # W_q
         self.key_proj = nn.Linear(key_size, hidden_size, bias=True)  # W_k, b
         self.v = nn.Linear(hidden_size, 1, bias=False)
-        self.fast = fast
-        self.coverage = coverage
+        self.coverage = coverage  # registered last: its weights come last in the state dict
 
     @classmethod
     def from_config(
         cls, cfg: AttentionConfig, query_size: int, key_size: int, fast: FastPaths
     ) -> Attention:
-        hidden_size = cfg.hidden_size or query_size
+        hidden_size = cfg.hidden_size or query_size  # A
         coverage = None
-        if cfg.coverage != "none":
-            coverage = Coverage(
-                cfg.coverage,
-                query_size,
-                key_size,
-                hidden_size,
-                cfg.coverage_size,
-                cfg.fertility_max,
-            )
+        if cfg.coverage != "none":  # drawn before W_q, W_k and v
+            sizes = (query_size, key_size, hidden_size, cfg.coverage_size)
+            coverage = Coverage(cfg.coverage, *sizes, cfg.fertility_max)
         return cls(query_size, key_size, hidden_size, fast, coverage)
 
     def project_keys(self, values: Tensor) -> Tensor:
@@ -108,16 +102,11 @@ class DotAttention(Attention):
     """
 
     content = equal_sizes = scalable = True
+    config_keys: ClassVar[tuple[str, ...]] = ("scale",)
 
     def __init__(self, query_size: int, key_size: int, scale: str = "none"):
         super().__init__(query_size, key_size)
         self.fixed_scale, self.scale = _scale(scale, query_size)
-
-    @classmethod
-    def from_config(
-        cls, cfg: AttentionConfig, query_size: int, key_size: int, fast: FastPaths
-    ) -> Attention:
-        return cls(query_size, key_size, cfg.scale)
 
     def project_keys(self, values: Tensor) -> Tensor:
         return values * self.fixed_scale if self.fixed_scale != 1.0 else values
@@ -131,40 +120,27 @@ class ScaledDotAttention(DotAttention):
     """Vaswani et al. (2017), eq. 1: e = q^T k / sqrt(d), d the query size."""
 
     prescaled = True
+    config_keys = ()
 
-    @classmethod
-    def from_config(
-        cls, cfg: AttentionConfig, query_size: int, key_size: int, fast: FastPaths
-    ) -> Attention:
-        return cls(query_size, key_size, "fixed")
+    def __init__(self, query_size: int, key_size: int):
+        super().__init__(query_size, key_size, "fixed")
 
 
-class GeneralAttention(Attention):
-    """Luong et al. (2015), eq. 8 'general' (bilinear): e = g q^T W_a k, W_a k precomputed.
+class GeneralAttention(DotAttention):
+    """Luong et al. (2015), eq. 8 'general' (bilinear): e = g q^T W_a k, the dot score of the
+    keys W_a k, precomputed.
 
     ``scale`` as for :class:`DotAttention`, with d the query size.
     """
 
-    content = scalable = True
+    equal_sizes = False
 
     def __init__(self, query_size: int, key_size: int, scale: str = "none"):
-        super().__init__(query_size, key_size)
+        super().__init__(query_size, key_size, scale)
         self.key_proj = nn.Linear(key_size, query_size, bias=False)  # W_a
-        self.fixed_scale, self.scale = _scale(scale, query_size)
-
-    @classmethod
-    def from_config(
-        cls, cfg: AttentionConfig, query_size: int, key_size: int, fast: FastPaths
-    ) -> Attention:
-        return cls(query_size, key_size, cfg.scale)
 
     def project_keys(self, values: Tensor) -> Tensor:
-        keys = self.key_proj(values)  # (B, S, Hq)
-        return keys * self.fixed_scale if self.fixed_scale != 1.0 else keys
-
-    def energies(self, query: Tensor, memory: Memory) -> Tensor:
-        energies = memory.with_keys(query)  # (B, T, S)
-        return energies * self.scale if self.scale is not None else energies
+        return super().project_keys(self.key_proj(values))  # (B, S, Hq)
 
 
 def _unit(x: Tensor, eps: float) -> Tensor:
@@ -184,6 +160,7 @@ class CosineAttention(Attention):
     """
 
     content = equal_sizes = True
+    config_keys = ("beta", "learn_beta")
 
     def __init__(
         self,
@@ -196,12 +173,6 @@ class CosineAttention(Attention):
         super().__init__(query_size, key_size)
         self.beta: Tensor | float = nn.Parameter(torch.tensor(float(beta))) if learn_beta else beta
         self.eps = eps
-
-    @classmethod
-    def from_config(
-        cls, cfg: AttentionConfig, query_size: int, key_size: int, fast: FastPaths
-    ) -> Attention:
-        return cls(query_size, key_size, cfg.beta, cfg.learn_beta)
 
     def project_keys(self, values: Tensor) -> Tensor:
         return _unit(values, self.eps)  # (B, S, Hk) unit rows

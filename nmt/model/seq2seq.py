@@ -27,21 +27,11 @@ class Seq2Seq(nn.Module):
 
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, trg_vocab_size: int, fast: FastPaths):
         super().__init__()
-        self.encoder = Encoder(
-            src_vocab_size, cfg.embedding_size, cfg.embedding_dropout, cfg.encoder, fast
-        )
+        self.encoder = Encoder(cfg, src_vocab_size, fast)
         self.bridge = Bridge(self.encoder, cfg.decoder)
         key_size = self.encoder.output_size
         attention = build_attention(cfg.attention, cfg.decoder.hidden_size, key_size, fast)
-        self.decoder: Decoder = build_decoder(
-            cfg.decoder,
-            trg_vocab_size,
-            cfg.embedding_size,
-            cfg.embedding_dropout,
-            key_size,
-            attention,
-            fast,
-        )
+        self.decoder: Decoder = build_decoder(cfg, trg_vocab_size, attention, fast)
         self.generator = nn.Linear(self.decoder.output_size, trg_vocab_size, bias=False)  # W_o
         if cfg.tie_embeddings:
             self.generator.weight = self.decoder.embed.weight
