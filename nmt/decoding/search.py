@@ -67,11 +67,6 @@ def coverage_penalty(coverage: Tensor, src_lengths: Tensor, beta: float) -> Tens
     return beta * capped.masked_fill(~real, 0.0).sum(dim=-1)
 
 
-def max_lengths(src_lengths: Tensor, ratio: float, offset: int) -> Tensor:
-    """Longest output per sentence: ratio * source length + offset (at least 1)."""
-    return (src_lengths.float() * ratio).ceil().long().add(offset).clamp(min=1)
-
-
 @torch.no_grad()
 def greedy_search(
     model: Seq2Seq | Ensemble,

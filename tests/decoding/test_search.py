@@ -15,7 +15,8 @@ from searchref import sequence_log_probs
 from searchref import source as _source
 
 from nmt.data.tokenizer import BOS_ID, EOS_ID
-from nmt.decoding.search import block_repeated_ngrams, length_penalty, max_lengths
+from nmt.decoding.search import block_repeated_ngrams, length_penalty
+from nmt.decoding.steering import search_limits
 from nmt.model import Seq2Seq
 
 VOCAB = 6  # PAD UNK BOS EOS + two words
@@ -92,11 +93,12 @@ def test_length_penalty_formula() -> None:
     assert length_penalty(1, 1.0) == 1.0 and length_penalty(7, 1.0) == 2.0
 
 
-def test_max_lengths() -> None:
+def test_search_limits_formula() -> None:
+    """ceil(ratio |x|) + offset, at least 1, for the ratios whose float product rounds."""
     lengths = torch.tensor([1, 2, 3, 10])
-    for ratio, offset in [(1.5, 10), (1.0, 0), (0.34, 2), (RATIO, 0)]:
+    for ratio, offset in [(1.5, 10), (1.0, 0), (0.34, 2), (RATIO, 0), (0.5, -3)]:
         expected = [_limit(n, ratio, offset) for n in lengths.tolist()]
-        assert max_lengths(lengths, ratio, offset).tolist() == expected
+        assert search_limits(lengths, ratio, offset, None) == expected
 
 
 BIG_VOCAB = 9
