@@ -375,9 +375,32 @@ def test_a_missing_line_a_million_lines_in_names_file_and_line(tmp_path: Path) -
     assert "big.en ends after line 1,000,000" in str(info.value)
 
 
-def test_the_sorted_cut_gives_the_plain_walks_batches() -> None:
-    """``_cut``'s vectorised path (sorted sizes) against the one-position-at-a-time walk."""
-    from nmt.data.batching import _cut_sorted, _cut_walk
+def _cut_walk(
+    order: np.ndarray, sizes: np.ndarray, max_tokens: int | None, max_sentences: int | None
+) -> list[np.ndarray]:
+    """The reference cut: walk ``order`` one position at a time, closing the batch when the
+    next sentence would take it over ``max_sentences`` or its padded size over ``max_tokens``."""
+    batches: list[np.ndarray] = []
+    start, longest = 0, 0
+    for position, index in enumerate(order):
+        count = position - start + 1
+        longest_if_added = max(longest, int(sizes[index]))
+        full = (max_sentences is not None and count > max_sentences) or bool(
+            max_tokens and longest_if_added * count > max_tokens
+        )
+        if position > start and full:
+            batches.append(order[start:position])
+            longest_if_added = int(sizes[index])
+            start = position
+        longest = longest_if_added
+    if start < len(order):
+        batches.append(order[start:])
+    return batches
+
+
+def test_the_vectorised_cut_gives_the_plain_walks_batches() -> None:
+    """``_cut`` (a vectorised look ahead over sorted sizes) against the plain walk."""
+    from nmt.data.batching import _cut
 
     rng = np.random.default_rng(5)
     for trial in range(200):
@@ -386,6 +409,6 @@ def test_the_sorted_cut_gives_the_plain_walks_batches() -> None:
         order = np.argsort(sizes, kind="stable")
         tokens = int(rng.integers(1, 2500)) if trial % 4 else None
         sentences = int(rng.integers(1, 40)) if trial % 3 == 0 or tokens is None else None
-        fast = _cut_sorted(order, sizes[order], tokens, sentences)
+        fast = _cut(order, sizes, tokens, sentences)
         plain = _cut_walk(order, sizes, tokens, sentences)
         assert [b.tolist() for b in fast] == [b.tolist() for b in plain], (tokens, sentences)
