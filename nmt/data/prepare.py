@@ -150,8 +150,8 @@ def sample_text(rows: Any, pairs: int, seed: int) -> tuple[list[str], list[str]]
     """The text of at most ``pairs`` pairs with both sides non-empty: all of them in order
     when the split is that small, else a seeded random sample of blocks of 64 consecutive
     pairs. Blocks, not single pairs, so that the sample reads a few pages of the
-    memory-mapped corpus per block instead of nearly every page (a 4.5M-pair corpus: 40 MB
-    instead of 1.8 GB touched, and 10 times faster); only the sample is held in memory."""
+    memory-mapped corpus per block instead of nearly every page (docs/benchmarks.md);
+    only the sample is held in memory."""
     if len(rows) > pairs:
         blocks = len(rows) // SAMPLE_BLOCK
         wanted = min(blocks, -(-pairs // SAMPLE_BLOCK))
