@@ -1,8 +1,8 @@
 """Where a split's pairs come from: each becomes a Hugging Face ``datasets.Dataset`` with
 string columns ``src`` and ``trg``.
 
-Local text pairs, TSV and JSONL files are parsed by ``nmt.textfiles`` into memory-mapped Arrow
-tables; parquet files, datasets Arrow files and ``save_to_disk`` folders are opened by
+Local text pairs, TSV and JSONL files are parsed by ``nmt.data.textfiles`` into memory-mapped
+Arrow tables; parquet files, datasets Arrow files and ``save_to_disk`` folders are opened by
 ``datasets``; hub datasets come through ``load_dataset(name, config, split=, revision=)``, the
 same call for a hub name and for a local folder in the hub's layout. Tokenising and filtering
 happen once, in ``nmt.data.store``.
@@ -146,7 +146,7 @@ def read_pairs(
 
     ``split`` is the value of data.train, data.dev or data.test: a file prefix (text), a file
     (tsv, jsonl, parquet, arrow), a folder (parquet shards, disk) or a hub split. Text, TSV
-    and JSONL files are read by ``nmt.textfiles`` (lines end at ``\\n``; CRLF handled;
+    and JSONL files are read by ``nmt.data.textfiles`` (lines end at ``\\n``; CRLF handled;
     file:line errors) into Arrow tables under ``cache_dir``.
     """
     if cfg.format == "text":
