@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import test_attention_scores as ref
 import torch
 from decode import run_beam, run_greedy
 from test_learning import exact_match, reverse_batch, train_reverse
@@ -240,16 +241,44 @@ def test_every_attention_problem_reported_at_once() -> None:
     assert "model.attention.heads" in message and "model.tie_embeddings" in message
 
 
-def test_accepted_combinations() -> None:
-    equal = {"encoder": {"hidden_size": 4, "bidirectional": True}, "decoder": {"hidden_size": 8}}
-    for attention_keys in [
-        {"score": "cosine", "learn_beta": True},
-        {"score": "multihead", "heads": 4},
-        {"score": "local-p", "local_score": "dot", "scale": "learned"},
-        {"score": "scaled_dot", "scale": "fixed"},
-        {"score": "general", "scale": "learned"},
-    ]:
-        from_dict({"model": {**equal, "attention": attention_keys}})
+# Combinations the config accepts, each with the parameter it must learn (None: none).
+ACCEPTED = [
+    ({"score": "cosine", "learn_beta": True}, "beta"),
+    ({"score": "multihead", "heads": 4}, None),
+    ({"score": "local-p", "local_score": "dot", "scale": "learned"}, "inner.scale"),
+    ({"score": "scaled_dot", "scale": "fixed"}, None),
+    ({"score": "general", "scale": "learned"}, "scale"),
+]
+
+
+@pytest.mark.parametrize(
+    ("attention_keys", "learned"),
+    ACCEPTED,
+    ids=["-".join(map(str, keys.values())) for keys, _ in ACCEPTED],
+)
+def test_accepted_combinations_compute_their_equation(attention_keys: dict, learned) -> None:
+    """A combination the config accepts builds the score it names: in float64, with every
+    weight non-default, its context and weights equal the loop-by-loop reference of
+    test_attention_scores (masked positions exactly 0), and a learned scale is a parameter."""
+    sizes = {"encoder": {"hidden_size": 4, "bidirectional": True}, "decoder": {"hidden_size": 8}}
+    cfg = from_dict({"model": {**sizes, "attention": attention_keys}}).model
+    torch.manual_seed(0)
+    module = build_model(cfg, VOCAB, VOCAB).double().decoder.attention
+    names = {name for name, _ in module.named_parameters()}
+    assert learned is None or learned in names, names
+    generator = torch.Generator().manual_seed(1)
+    query = torch.randn(ref.B, ref.T, 8, generator=generator, dtype=torch.float64)
+    values = torch.randn(ref.B, ref.S, 8, generator=generator, dtype=torch.float64)
+    mask = torch.arange(ref.S)[None, :] < torch.tensor(ref.LENGTHS)[:, None]  # (B, S)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator, dtype=param.dtype) * 0.7)
+        memory = module.prepare(values, mask)
+        context, alphas = module(query, memory, torch.tensor(ref.POSITIONS))
+        expected = ref._reference(module, cfg.attention, query, values, ref.POSITIONS)
+    torch.testing.assert_close(alphas, expected[1], rtol=0, atol=1e-10)
+    torch.testing.assert_close(context, expected[0], rtol=0, atol=1e-10)
+    assert torch.all(alphas.masked_select(~mask[:, None, :]) == 0)
 
 
 def test_build_model_honours_every_attention_key() -> None:
