@@ -13,29 +13,16 @@ but not W_in x + b_in.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from nmt.fast.compiled import StepKernels, rnn_kernels
-from nmt.fast.layer import (
-    Grads,
-    Record,
-    StepKernel,
-    gradients,
-    input_gates,
-    keep_for_backward,
-    loop_inputs,
-    run_backward,
-    run_forward,
-    start_grads,
-    state_buffers,
-    tanh,
-    time_order,
-    torch_dh,
-)
+from nmt.fast import layer
+from nmt.fast.compiled import StepKernels
+from nmt.fast.layer import Grads, Record, StepKernel
 
 
 @dataclass
@@ -50,29 +37,21 @@ class GRURecord(Record):
 
 
 class GRULayer(torch.autograd.Function):
-    """One GRU layer, all directions: inputs (B, T, I), keep (D, T, B, 1) float (1 where the
-    loop's step is a real token) or None, h0 (D, B, H), weights stacked over directions ->
-    outputs (B, T, D*H), h_n (D, B, H). native: whether the compiled step kernels run."""
+    """One GRU layer, all directions: inputs (B, T, I), h0 (D, B, H), weights (w_ih, w_hh, b_ih,
+    b_hh) stacked over directions -> outputs (B, T, D*H), h_n (D, B, H)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any,
-        native: bool,
-        compute: torch.dtype,
-        inputs: Tensor,
-        keep: Tensor | None,
-        h0: Tensor,
-        w_ih: Tensor,
-        w_hh: Tensor,
-        b_ih: Tensor,
-        b_hh: Tensor,
+        ctx: Any, loop: layer.Loop, inputs: Tensor, h0: Tensor, *weights: Tensor
     ) -> tuple[Tensor, Tensor]:
+        w_ih, w_hh, b_ih, b_hh = weights
+        keep, compute = loop.keep, loop.compute
         directions, _, hidden = w_hh.shape
-        x = loop_inputs(inputs, directions, compute)  # (D, T, B, I)
+        x = layer.loop_inputs(inputs, directions, compute)  # (D, T, B, I)
         w_i, w_h = w_ih.to(compute), w_hh.to(compute)  # (D, 3H, I), (D, 3H, H)
         bias = b_ih.clone()  # (D, 3H); b_hn stays inside r * (W_hn h + b_hn)
         bias[:, : 2 * hidden] += b_hh[:, : 2 * hidden]
-        gates_in = input_gates(x, w_i, bias)  # (D, T, B, 3H)
+        gates_in = layer.input_gates(x, w_i, bias)  # (D, T, B, 3H)
         n_in = gates_in[..., 2 * hidden :].to(h0.dtype, copy=True)  # (D, T, B, H)
         gates_in[..., 2 * hidden :] = b_hh[:, None, None, 2 * hidden :]  # joins W_hn h
         _, steps, batch, _ = x.shape
@@ -82,36 +61,32 @@ class GRULayer(torch.autograd.Function):
             h0,
             w_i,
             w_h,
-            *state_buffers(h0, steps, compute),
+            *layer.state_buffers(h0, steps, compute),
             pre=gates_in.new_empty(steps, directions, batch, 3 * hidden),
             n=h0.new_empty(directions, steps, batch, hidden),
             n_in=n_in,
         )
-        run_forward(_kernel(native, compute, record, None), gates_in, record)
-        keep_for_backward(ctx, replace(record, n_in=None), native, compute, inputs, w_hh)
-        return time_order(record.states, keep), record.states[:, -1].clone()
+        kernel = layer.step_kernel(CompiledGRU, TorchGRU, loop.native, record, None)
+        layer.run_forward(kernel, gates_in, record)
+        layer.keep_for_backward(ctx, replace(record, n_in=None), loop, inputs, w_hh)
+        return layer.time_order(record.states, keep), record.states[:, -1].clone()
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, grad_outputs: Tensor, grad_h: Tensor | None
     ) -> tuple[Tensor | None, ...]:
         record = GRURecord(*ctx.saved_tensors)
-        grads = start_grads(grad_outputs, grad_h, record, ctx.compute)
-        grads.n_in = torch.empty_like(record.n, dtype=ctx.compute)
-        dh0, _ = run_backward(_kernel(ctx.native, ctx.compute, record, grads), grads, record)
-
-        def input_grads(x: Tensor, grad_rec: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            assert grads.n_in is not None
-            return _input_grads(x, record.w_i, grad_rec, grads.n_in)
-
-        grad_x, grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh = gradients(
-            ctx, record, grads.gates, input_grads
-        )
-        return None, None, grad_x, None, dh0, grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh
+        grads = layer.start_grads(grad_outputs, grad_h, record, ctx.compute)
+        grads.n_in = grad_n_in = torch.empty_like(record.n, dtype=ctx.compute)
+        kernel = layer.step_kernel(CompiledGRU, TorchGRU, ctx.native, record, grads)
+        dh0, _ = layer.run_backward(kernel, grads, record)
+        input_grads = functools.partial(_input_grads, record.w_i, grad_n_in)
+        grad_x, *grad_weights = layer.gradients(ctx, record, grads.gates, input_grads)
+        return None, grad_x, dh0, *grad_weights
 
 
 def _input_grads(
-    x: Tensor, w_i: Tensor, grad_rec: Tensor, grad_n_in: Tensor
+    w_i: Tensor, grad_n_in: Tensor, x: Tensor, grad_rec: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """x (D, T*B, I), the gate gradients (D, T*B, 3H) and n_in's (D, T, B, H) -> the gradients
     at x, W_i and b_i. Only the n gate differs from the LSTM's: r scales W_hn h + b_hn, not
@@ -133,26 +108,10 @@ def _input_grads(
     return grad_x, grad_w_ih, grad_b_ih
 
 
-def _kernel(
-    native: bool, compute: torch.dtype, record: GRURecord, grads: Grads | None
-) -> StepKernel:
-    """The compiled steps where native and they can run, else the torch-op steps."""
-    kernels = rnn_kernels(compute, record.h0) if native else None
-    if kernels is None:
-        return TorchGRU(record, grads)
-    return CompiledGRU(kernels, record, grads)
-
-
 class _GRUSteps(StepKernel):
     """The GRU's buffers, for one pass (grads None in the forward pass)."""
 
-    def __init__(self, record: GRURecord, grads: Grads | None):
-        self.record, self._grads = record, grads
-
-    @property
-    def grads(self) -> Grads:
-        assert self._grads is not None, "a forward pass's kernel has no gradients"
-        return self._grads
+    record: GRURecord
 
     def pre(self, t: int) -> Tensor:
         return self.record.pre[t]
@@ -169,30 +128,16 @@ class _GRUSteps(StepKernel):
 class CompiledGRU(_GRUSteps):
     """The GRU's steps as kernels.c's nmt_gru_forward and nmt_gru_backward."""
 
-    def __init__(self, kernels: StepKernels, record: GRURecord, grads: Grads | None):
-        super().__init__(record, grads)
-        self.kernels = kernels
-
     def forward(self, t: int, keep: Tensor | None, prev_out: Tensor | None) -> None:
         record = self.record
         h, n, h_out = record.h_before(t), record.n[:, t], record.states[:, t]
         self.kernels.run("gru_forward", record.pre[t], self.n_in(t), h, keep, n, h_out, prev_out)
 
     def backward(self, t: int, keep: Tensor | None, recurrent: Tensor) -> None:
-        # grads.dh: the part of dL/dh' that does not pass through W_h, updated in place
-        record, grads = self.record, self.grads
-        self.kernels.run(
-            "gru_backward",
-            grads.dh,
-            recurrent,
-            grads.outputs[:, t],
-            keep,
-            record.pre[t],
-            record.n[:, t],
-            record.h_before(t),
-            grads.gates[:, t],
-            self.grad_n_in(t),
-        )
+        record = self.record
+        n, h_prev, grad_gates = record.n[:, t], record.h_before(t), self.grads.gates[:, t]
+        cell = record.pre[t], n, h_prev, grad_gates, self.grad_n_in(t)
+        self.compiled_backward("gru_backward", t, keep, recurrent, *cell)
 
     def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
         return self.grads.dh.add_(recurrent), None
@@ -204,8 +149,8 @@ class TorchGRU(_GRUSteps):
     fuses them into one loop, but its per-call overhead costs more than that saves
     (docs/benchmarks.md), so they run eagerly."""
 
-    def __init__(self, record: GRURecord, grads: Grads | None):
-        super().__init__(record, grads)
+    def __init__(self, record: GRURecord, grads: Grads | None, kernels: StepKernels | None):
+        super().__init__(record, grads, kernels)
         directions, batch, hidden = record.h0.shape
         self.gates = record.h0.new_empty(directions, batch, 3 * hidden)  # r, z, W_hn h + b_hn
         self.scratch = record.h0.new_empty(directions, batch, 2 * hidden)
@@ -226,7 +171,7 @@ class TorchGRU(_GRUSteps):
         n = torch.addcmul(
             self.n_in(t), gates[..., :hidden], gates[..., 2 * hidden :], out=self.record.n[:, t]
         )
-        tanh(n, n)
+        layer.tanh(n, n)
         if keep is None:  # (1 - z) n + z h
             torch.lerp(n, h, gate_z, out=h_out)
         else:  # lerp is exact for weights 0 and 1: a finished sentence keeps its state
@@ -235,18 +180,14 @@ class TorchGRU(_GRUSteps):
             prev_out.copy_(h_out)
 
     def backward(self, t: int, keep: Tensor | None, recurrent: Tensor) -> None:
-        dh = torch_dh(t, self.grads, self.carry, recurrent)
+        dh = layer.torch_dh(t, self.grads, self.carry, recurrent)
         n, h_prev = self.record.n[:, t], self.record.h_before(t)
         act, grads_out, scratch = self._gates(t), self.grads.gates[:, t], self.scratch
         hidden = h_prev.size(-1)
         dh += self.grads.outputs[:, t]
         dh_step = dh if keep is None else dh * keep
         gates = act[..., : 2 * hidden]
-        gate_r, gate_z, h_n = (
-            act[..., :hidden],
-            act[..., hidden : 2 * hidden],
-            act[..., 2 * hidden :],
-        )
+        gate_r, gate_z, h_n = act.split(hidden, dim=-1)
         dn = torch.addcmul(dh_step, dh_step, gate_z, value=-1)  # dh (1 - z)
         dn *= torch.addcmul(self.ones, n, n, value=-1)  # at n's pre-activation: (1 - n^2)
         torch.mul(dn, h_n, out=scratch[..., :hidden])  # dr = dn h_n
@@ -261,4 +202,4 @@ class TorchGRU(_GRUSteps):
             self.carry.addcmul_(dh, self.dropped[:, t])  # a finished sentence passes dh through
 
     def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
-        return torch_dh(-1, self.grads, self.carry, recurrent), None
+        return layer.torch_dh(-1, self.grads, self.carry, recurrent), None

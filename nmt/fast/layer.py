@@ -20,6 +20,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt.fast.compiled import StepKernels, rnn_kernels
+
+
+@dataclass(frozen=True)
+class Loop:
+    """What every layer of an RNN loops with."""
+
+    keep: Tensor | None  # (D, T, B, 1) float: 1 where the loop's step is a real token; None: all
+    compute: torch.dtype  # the matmuls' dtype
+    native: bool  # whether the compiled step kernels run (FastPaths.native_kernels)
+
 
 @dataclass
 class Record:
@@ -56,9 +67,31 @@ class Grads:
 
 class StepKernel(ABC):
     """One cell kind's elementwise work at one time step, all directions at once, over one
-    layer's record (and, for the backward pass, its grads): the compiled kernel or the torch
-    ops behind the same methods. ``run_forward`` and ``run_backward`` call it between the
-    matmuls."""
+    layer's record (and, for the backward pass, its grads): the compiled kernel (``kernels``)
+    or the torch ops behind the same methods. ``run_forward`` and ``run_backward`` call it
+    between the matmuls; ``step_kernel`` makes one for a pass."""
+
+    def __init__(self, record: Record, grads: Grads | None, kernels: StepKernels | None):
+        self.record, self._grads, self._kernels = record, grads, kernels
+
+    @property
+    def grads(self) -> Grads:
+        assert self._grads is not None, "a forward pass's kernel has no gradients"
+        return self._grads
+
+    @property
+    def kernels(self) -> StepKernels:
+        assert self._kernels is not None, "the torch-op steps have no compiled kernels"
+        return self._kernels
+
+    def compiled_backward(
+        self, name: str, t: int, keep: Tensor | None, recurrent: Tensor, *tensors: Tensor
+    ) -> None:
+        """kernels.c's backward step ``name``: first what every cell's takes (grads.dh, the part
+        of dL/dh' that does not pass through W_h, which it updates in place; recurrent, the
+        part that does; dL/dh' from the outputs; keep), then the cell's own tensors."""
+        grads = self.grads
+        self.kernels.run(name, grads.dh, recurrent, grads.outputs[:, t], keep, *tensors)
 
     @abstractmethod
     def pre(self, t: int) -> Tensor:
@@ -79,6 +112,19 @@ class StepKernel(ABC):
     @abstractmethod
     def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
         """recurrent: W_h^T times step 0's gate gradients -> dL/dh_0 and (LSTM) dL/dc_0."""
+
+
+def step_kernel(
+    compiled: type[StepKernel],
+    torch_ops: type[StepKernel],
+    native: bool,
+    record: Record,
+    grads: Grads | None,
+) -> StepKernel:
+    """A cell kind's compiled steps where native and they can run (a CPU, float32 states, a
+    bfloat16 or float32 matmul, a C compiler), else its torch-op steps."""
+    kernels = rnn_kernels(record.prev.dtype, record.h0) if native else None
+    return (torch_ops if kernels is None else compiled)(record, grads, kernels)
 
 
 def _reorder(parts: list[Tensor], masks: list[Tensor] | None, targets: list[Tensor]) -> None:
@@ -193,10 +239,9 @@ def time_order(states: Tensor, keep: Tensor | None) -> Tensor:
     return out.view(batch, steps, directions * features)
 
 
-def keep_for_backward(
-    ctx: Any, record: Record, native: bool, compute: torch.dtype, inputs: Tensor, w_hh: Tensor
-) -> None:
-    ctx.native, ctx.compute = native, compute
+def keep_for_backward(ctx: Any, record: Record, loop: Loop, inputs: Tensor, w_hh: Tensor) -> None:
+    """The record into ``ctx.save_for_backward``, and what else the backward pass needs."""
+    ctx.native, ctx.compute = loop.native, loop.compute
     ctx.input_dtype, ctx.weight_dtype = inputs.dtype, w_hh.dtype
     ctx.save_for_backward(*record.tensors())
 

@@ -9,30 +9,16 @@ Torch's equations and gate order (s the logistic sigmoid):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from nmt.fast.compiled import StepKernels, rnn_kernels
-from nmt.fast.layer import (
-    Grads,
-    Record,
-    StepKernel,
-    gradients,
-    input_gates,
-    keep_for_backward,
-    last_grad,
-    loop_inputs,
-    run_backward,
-    run_forward,
-    start_grads,
-    state_buffers,
-    tanh,
-    time_order,
-    torch_dh,
-)
+from nmt.fast import layer
+from nmt.fast.compiled import StepKernels
+from nmt.fast.layer import Grads, Record, StepKernel
 
 
 @dataclass
@@ -50,28 +36,19 @@ class LSTMRecord(Record):
 
 
 class LSTMLayer(torch.autograd.Function):
-    """One LSTM layer, all directions: inputs (B, T, I), keep (D, T, B, 1) float (1 where the
-    loop's step is a real token) or None, h0 and c0 (D, B, H), weights stacked over directions
-    -> outputs (B, T, D*H), h_n, c_n (D, B, H). native: whether the compiled step kernels run."""
+    """One LSTM layer, all directions: inputs (B, T, I), h0 and c0 (D, B, H), weights (w_ih,
+    w_hh, b_ih, b_hh) stacked over directions -> outputs (B, T, D*H), h_n, c_n (D, B, H)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any,
-        native: bool,
-        compute: torch.dtype,
-        inputs: Tensor,
-        keep: Tensor | None,
-        h0: Tensor,
-        c0: Tensor,
-        w_ih: Tensor,
-        w_hh: Tensor,
-        b_ih: Tensor,
-        b_hh: Tensor,
+        ctx: Any, loop: layer.Loop, inputs: Tensor, h0: Tensor, c0: Tensor, *weights: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
+        w_ih, w_hh, b_ih, b_hh = weights
+        keep, compute = loop.keep, loop.compute
         directions, gate_size, hidden = w_hh.shape
-        x = loop_inputs(inputs, directions, compute)  # (D, T, B, I)
+        x = layer.loop_inputs(inputs, directions, compute)  # (D, T, B, I)
         w_i, w_h = w_ih.to(compute), w_hh.to(compute)  # (D, 4H, I), (D, 4H, H)
-        gates_in = input_gates(x, w_i, b_ih + b_hh)  # (D, T, B, 4H)
+        gates_in = layer.input_gates(x, w_i, b_ih + b_hh)  # (D, T, B, 4H)
         _, steps, batch, _ = x.shape
         record = LSTMRecord(
             x,
@@ -79,61 +56,50 @@ class LSTMLayer(torch.autograd.Function):
             h0,
             w_i,
             w_h,
-            *state_buffers(h0, steps, compute),
+            *layer.state_buffers(h0, steps, compute),
             c0=c0,
             gates=h0.new_empty(directions, steps, batch, gate_size),
             tanh_c=h0.new_empty(directions, steps, batch, hidden),
             cells=h0.new_empty(directions, steps, batch, hidden),
         )
-        run_forward(_kernel(native, compute, record, None), gates_in, record)
-        keep_for_backward(ctx, record, native, compute, inputs, w_hh)
+        kernel = layer.step_kernel(CompiledLSTM, TorchLSTM, loop.native, record, None)
+        layer.run_forward(kernel, gates_in, record)
+        layer.keep_for_backward(ctx, record, loop, inputs, w_hh)
         h_n, c_n = record.states[:, -1].clone(), record.cells[:, -1].clone()
-        return time_order(record.states, keep), h_n, c_n
+        return layer.time_order(record.states, keep), h_n, c_n
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, grad_outputs: Tensor, grad_h: Tensor | None, grad_c: Tensor | None
     ) -> tuple[Tensor | None, ...]:
         record = LSTMRecord(*ctx.saved_tensors)
-        grads = start_grads(grad_outputs, grad_h, record, ctx.compute)
-        grads.dc = last_grad(grad_c, record.c0)
-        kernel = _kernel(ctx.native, ctx.compute, record, grads)
-        dh0, dc0 = run_backward(kernel, grads, record)
-
-        def input_grads(x: Tensor, grad_rec: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            """W_i x and W_h h enter the gates alike."""
-            grad_w_ih = torch.bmm(grad_rec.transpose(1, 2), x)
-            return torch.bmm(grad_rec, record.w_i), grad_w_ih, grad_rec.sum(1)
-
-        grad_x, grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh = gradients(
-            ctx, record, grads.gates, input_grads
-        )
-        return None, None, grad_x, None, dh0, dc0, grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh
+        grads = layer.start_grads(grad_outputs, grad_h, record, ctx.compute)
+        grads.dc = layer.last_grad(grad_c, record.c0)
+        kernel = layer.step_kernel(CompiledLSTM, TorchLSTM, ctx.native, record, grads)
+        dh0, dc0 = layer.run_backward(kernel, grads, record)
+        input_grads = functools.partial(_input_grads, record.w_i)
+        grad_x, *grad_weights = layer.gradients(ctx, record, grads.gates, input_grads)
+        return None, grad_x, dh0, dc0, *grad_weights
 
 
-def _kernel(
-    native: bool, compute: torch.dtype, record: LSTMRecord, grads: Grads | None
-) -> StepKernel:
-    """The compiled steps where native and they can run, else the torch-op steps."""
-    kernels = rnn_kernels(compute, record.h0) if native else None
-    if kernels is None:
-        return TorchLSTM(record, grads)
-    return CompiledLSTM(kernels, record, grads)
+def _input_grads(w_i: Tensor, x: Tensor, grad_rec: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """x (D, T*B, I) and the gate gradients (D, T*B, 4H) -> the gradients at x, W_i and b_i:
+    W_i x + b_i and W_h h + b_h enter the gates alike."""
+    grad_w_ih = torch.bmm(grad_rec.transpose(1, 2), x)
+    grad_x = torch.bmm(grad_rec, w_i)  # (D, T*B, I)
+    return grad_x, grad_w_ih, grad_rec.sum(1)
 
 
 class _LSTMSteps(StepKernel):
     """The LSTM's buffers, for one pass (grads None in the forward pass)."""
 
-    def __init__(self, record: LSTMRecord, grads: Grads | None):
-        self.record, self._grads = record, grads
+    record: LSTMRecord
+
+    def __init__(self, record: LSTMRecord, grads: Grads | None, kernels: StepKernels | None):
+        super().__init__(record, grads, kernels)
         directions, batch, hidden = record.h0.shape
         # the step's matmul output, W_i x + b_i + W_h h + b_h (D, B, 4H) in the matmul dtype
         self._pre = record.prev.new_empty(directions, batch, 4 * hidden)
-
-    @property
-    def grads(self) -> Grads:
-        assert self._grads is not None, "a forward pass's kernel has no gradients"
-        return self._grads
 
     @property
     def dc(self) -> Tensor:
@@ -146,10 +112,6 @@ class _LSTMSteps(StepKernel):
 
 class CompiledLSTM(_LSTMSteps):
     """The LSTM's steps as kernels.c's nmt_lstm_forward and nmt_lstm_backward."""
-
-    def __init__(self, kernels: StepKernels, record: LSTMRecord, grads: Grads | None):
-        super().__init__(record, grads)
-        self.kernels = kernels
 
     def forward(self, t: int, keep: Tensor | None, prev_out: Tensor | None) -> None:
         record = self.record
@@ -167,20 +129,10 @@ class CompiledLSTM(_LSTMSteps):
         )
 
     def backward(self, t: int, keep: Tensor | None, recurrent: Tensor) -> None:
-        # grads.dh: the part of dL/dh' that does not pass through W_h, updated in place
-        record, grads = self.record, self.grads
-        self.kernels.run(
-            "lstm_backward",
-            grads.dh,
-            recurrent,
-            grads.outputs[:, t],
-            keep,
-            self.dc,
-            record.gates[:, t],
-            record.tanh_c[:, t],
-            record.c_before(t),
-            grads.gates[:, t],
-        )
+        record = self.record
+        gates, tanh_c, c_prev = record.gates[:, t], record.tanh_c[:, t], record.c_before(t)
+        cell = self.dc, gates, tanh_c, c_prev, self.grads.gates[:, t]
+        self.compiled_backward("lstm_backward", t, keep, recurrent, *cell)
 
     def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
         return self.grads.dh.add_(recurrent), self.dc
@@ -189,8 +141,8 @@ class CompiledLSTM(_LSTMSteps):
 class TorchLSTM(_LSTMSteps):
     """The LSTM's steps as torch ops, few and fused as the GRU's (nmt.fast.gru.TorchGRU)."""
 
-    def __init__(self, record: LSTMRecord, grads: Grads | None):
-        super().__init__(record, grads)
+    def __init__(self, record: LSTMRecord, grads: Grads | None, kernels: StepKernels | None):
+        super().__init__(record, grads, kernels)
         directions, batch, hidden = record.h0.shape
         self.scratch = record.h0.new_empty(directions, batch, 4 * hidden)
         self.ones = torch.ones((), dtype=record.h0.dtype)
@@ -206,7 +158,7 @@ class TorchLSTM(_LSTMSteps):
         gate_g = act[..., 2 * hidden : 3 * hidden].mul_(2).sub_(1)  # tanh x = 2 sigmoid(2x) - 1
         c_new = c_out if keep is None else torch.empty_like(c)
         torch.mul(act[..., hidden : 2 * hidden], c, out=c_new).addcmul_(act[..., :hidden], gate_g)
-        tanh_c = tanh(c_new, self.record.tanh_c[:, t])
+        tanh_c = layer.tanh(c_new, self.record.tanh_c[:, t])
         if keep is None:
             torch.mul(act[..., 3 * hidden :], tanh_c, out=h_out)
         else:  # lerp is exact for weights 0 and 1: a finished sentence keeps its state
@@ -216,17 +168,13 @@ class TorchLSTM(_LSTMSteps):
             prev_out.copy_(h_out)
 
     def backward(self, t: int, keep: Tensor | None, recurrent: Tensor) -> None:
-        dh = torch_dh(t, self.grads, self.carry, recurrent) + self.grads.outputs[:, t]
-        act, tanh_c, c_prev = (
-            self.record.gates[:, t],
-            self.record.tanh_c[:, t],
-            self.record.c_before(t),
-        )
-        hidden, dc, scratch = c_prev.size(-1), self.dc, self.scratch
+        dh = layer.torch_dh(t, self.grads, self.carry, recurrent) + self.grads.outputs[:, t]
+        record, dc, scratch = self.record, self.dc, self.scratch
+        act, tanh_c, c_prev = record.gates[:, t], record.tanh_c[:, t], record.c_before(t)
+        hidden = c_prev.size(-1)
         dh_step = dh if keep is None else dh * keep
         dc_step = dc if keep is None else dc * keep
-        gate_i, gate_f = act[..., :hidden], act[..., hidden : 2 * hidden]
-        gate_g, gate_o = act[..., 2 * hidden : 3 * hidden], act[..., 3 * hidden :]
+        gate_i, gate_f, gate_g, gate_o = act.split(hidden, dim=-1)
         dc_new = torch.addcmul(self.ones, tanh_c, tanh_c, value=-1).mul_(gate_o)
         dc_new = torch.addcmul(dc_step, dh_step, dc_new)  # + dh o (1 - tanh(c)^2)
         slopes = torch.addcmul(act, act, act, value=-1)  # s'(x) = s (1 - s)
@@ -244,4 +192,4 @@ class TorchLSTM(_LSTMSteps):
             self.carry = dh * self.dropped[:, t]
 
     def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
-        return torch_dh(-1, self.grads, self.carry, recurrent), self.dc
+        return layer.torch_dh(-1, self.grads, self.carry, recurrent), self.dc

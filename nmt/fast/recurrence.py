@@ -32,6 +32,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.fast.dropout import dropout
 from nmt.fast.gru import GRULayer
+from nmt.fast.layer import Loop
 from nmt.fast.lstm import LSTMLayer
 from nmt.runtime import compute_dtype
 
@@ -57,6 +58,7 @@ def run_rnn(
     if mask is not None:
         step_keep = mask.t().to(weights)  # (T, B)
         keep = torch.stack([step_keep, step_keep.flip(0)][:directions])[..., None]  # (D, T, B, 1)
+    loop = Loop(keep, compute, native)
     x = inputs
     hiddens, cells = [], []
     with torch.autocast(inputs.device.type, enabled=False):
@@ -65,11 +67,11 @@ def run_rnn(
             h0_layer = h0[rows].to(weights).contiguous()
             params = _layer_parameters(rnn, layer)
             if not isinstance(rnn, nn.LSTM):
-                x, h_n = GRULayer.apply(native, compute, x, keep, h0_layer, *params)
+                x, h_n = GRULayer.apply(loop, x, h0_layer, *params)
             else:
                 assert c0 is not None
                 c0_layer = c0[rows].to(weights).contiguous()
-                x, h_n, c_n = LSTMLayer.apply(native, compute, x, keep, h0_layer, c0_layer, *params)
+                x, h_n, c_n = LSTMLayer.apply(loop, x, h0_layer, c0_layer, *params)
                 cells.append(c_n)
             hiddens.append(h_n)
             if layer < rnn.num_layers - 1:
