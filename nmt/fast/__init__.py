@@ -9,7 +9,8 @@ keep it and call its seams, never a global switch. Three choices make it:
 - ``native_kernels``: whether those CPU paths run the RNN's time steps and the loss's softmax
   as nmt's compiled C kernels (``fast.compiled``; torch ops where no C compiler works). Its
   default is on unless the environment says ``NMT_NATIVE_KERNELS=0``, read when the
-  ``FastPaths`` is made, i.e. when the model is built; nothing else reads that variable.
+  ``FastPaths`` is made, i.e. when the model is built; no other code decides by that
+  variable (``compiled.status()`` reports the default for the run's record).
 - ``fused``: autograd rearranged so that a step-by-step decoder's shared tensors get their
   gradient once per batch, and the output layer's loss never holds a float32 (N, V) tensor.
   On every device; ``FastPaths.plain()`` turns it off for the reference.
