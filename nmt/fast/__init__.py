@@ -1,23 +1,28 @@
 """nmt's speed paths, each behind one seam of ``FastPaths``, each beside its plain PyTorch path.
 
 A model is built with one ``FastPaths`` (``nmt.model.build_model(..., fast=...)``); its modules
-keep it and call its seams, never a global switch. Two choices make it:
+keep it and call its seams, never a global switch. Three choices make it:
 
 - ``cpu_kernels`` (the config's ``run.fast_kernels``): nmt's own CPU training paths. They run
   for CPU tensors in a module's training mode, where their gain is (the backward pass);
   evaluation and search take the plain path.
+- ``native_kernels``: whether those CPU paths run the RNN's time steps and the loss's softmax
+  as nmt's compiled C kernels (``fast.compiled``; torch ops where no C compiler works). Its
+  default is on unless the environment says ``NMT_NATIVE_KERNELS=0``, read when the
+  ``FastPaths`` is made, i.e. when the model is built; no other code decides by that
+  variable (``compiled.status()`` reports the default for the run's record).
 - ``fused``: autograd rearranged so that a step-by-step decoder's shared tensors get their
   gradient once per batch, and the output layer's loss never holds a float32 (N, V) tensor.
   On every device; ``FastPaths.plain()`` turns it off for the reference.
 
 | seam | fast path | plain path | when |
 | --- | --- | --- | --- |
-| ``recurrence`` | ``fast.recurrence.run_rnn`` (step kernels from ``fast.compiled``) | the module, packed | cpu_kernels, training, CPU |
+| ``recurrence`` | ``fast.recurrence.run_rnn`` (compiled step kernels: native_kernels) | the module, packed | cpu_kernels, training, CPU |
 | ``dropout`` | ``fast.dropout.FastDropout`` (16-bit masks) | ``nn.Dropout`` | cpu_kernels, training, CPU |
 | ``additive_energies`` | ``fast.additive.RecomputedEnergies`` | broadcast v^T tanh(q + k) | cpu_kernels, training, CPU |
 | ``step_products`` | ``fast.sinks.SinkProducts`` | ``fast.sinks.Products`` | fused, training |
 | ``step_linear`` | ``fast.sinks.WeightSink`` | the ``nn.Linear`` | fused, training |
-| ``output_loss`` | ``fast.loss.OutputLayerLoss`` (compiled kernel: cpu_kernels, training, CPU) | ``F.cross_entropy`` | fused |
+| ``output_loss`` | ``fast.loss.OutputLayerLoss`` (compiled kernel: cpu_kernels, native_kernels, training, CPU) | ``F.cross_entropy`` | fused |
 
 Measured effects: docs/benchmarks.md.
 """
@@ -25,12 +30,12 @@ Measured effects: docs/benchmarks.md.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
-from nmt.fast import additive, loss, recurrence, sinks
+from nmt.fast import additive, compiled, loss, recurrence, sinks
 from nmt.fast.dropout import FastDropout
 
 
@@ -40,11 +45,12 @@ class FastPaths:
 
     cpu_kernels: bool = True
     fused: bool = True
+    native_kernels: bool = field(default_factory=compiled.enabled_by_default)
 
     @classmethod
     def plain(cls) -> FastPaths:
         """Plain PyTorch everywhere: the reference the fast paths are tested against."""
-        return cls(cpu_kernels=False, fused=False)
+        return cls(cpu_kernels=False, fused=False, native_kernels=False)
 
     def _cpu(self, tensor: Tensor, training: bool) -> bool:
         return self.cpu_kernels and training and tensor.device.type == "cpu"
@@ -66,7 +72,7 @@ class FastPaths:
         if lengths is not None:
             positions = torch.arange(inputs.size(1), device=inputs.device)  # (T,)
             mask = positions[None, :] < lengths.to(inputs.device)[:, None]  # (B, T)
-        return recurrence.run_rnn(rnn, inputs, mask, state)
+        return recurrence.run_rnn(rnn, inputs, mask, state, native=self.native_kernels)
 
     def dropout(self, p: float) -> nn.Module:
         """A dropout module with probability p."""
@@ -93,5 +99,5 @@ class FastPaths:
     ) -> tuple[Tensor, Tensor]:
         """Label-smoothed cross-entropy of softmax(features W^T) summed over rows, and the
         plain NLL sum: features (N, O), W (V, O), target (N,)."""
-        compiled = self._cpu(features, training)
-        return loss.output_layer_loss(features, weight, target, eps, self.fused, compiled)
+        native = self._cpu(features, training) and self.native_kernels
+        return loss.output_layer_loss(features, weight, target, eps, self.fused, native)

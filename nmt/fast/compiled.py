@@ -7,8 +7,11 @@ CPU (``-O3 -march=native -fopenmp``) into nmt's cache directory (``$NMT_CACHE_DI
 source, the compiler, its flags and the CPU's model and flags, so a change to any of them
 builds a new one. OpenMP is the one torch's CPU build already loaded (same library name), so
 the kernels share torch's threads. Where no compiler works, ``library()`` returns None, says
-why once in the log, and nmt runs torch ops instead. ``NMT_NATIVE_KERNELS=0`` switches the
-kernels off.
+why once in the log, and nmt runs torch ops instead.
+
+Whether a model uses the kernels is decided once, when it is built: ``FastPaths.native_kernels``
+(nmt.fast), passed down to the recurrence and the loss. ``NMT_NATIVE_KERNELS=0`` in the
+environment sets that field's default to off (``enabled_by_default``).
 """
 
 from __future__ import annotations
@@ -36,16 +39,38 @@ SWITCH = "NMT_NATIVE_KERNELS"
 _I64 = ctypes.c_int64
 _I32 = ctypes.c_int32
 _PTR = ctypes.c_void_p
-# argument types of each kernel, in kernels.c's order: a pointer, or a pointer and its
-# D-stride; the RNN steps end with D, B, H and the thread count
-_STEP_SIZES = [_I64, _I64, _I64, _I32]
-_SIGNATURES: dict[str, list[type]] = {
-    "gru_forward": [_PTR, *[_PTR, _I64] * 6, *_STEP_SIZES],
-    "gru_backward": [_PTR, _PTR, *[_PTR, _I64] * 2, _PTR, *[_PTR, _I64] * 4, *_STEP_SIZES],
-    "lstm_forward": [_PTR, *[_PTR, _I64] * 8, *_STEP_SIZES],
-    "lstm_backward": [_PTR, _PTR, *[_PTR, _I64] * 2, _PTR, *[_PTR, _I64] * 4, *_STEP_SIZES],
-    "softmax_xent": [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, ctypes.c_float, _I32, _PTR, _I32],
+# kernels.c's RNN steps take their tensors in this order, each as "c", a pointer (contiguous
+# over the directions), or "s", a pointer and its D-stride; then D, B, H and the thread count
+_STEP_ARGUMENTS = {
+    "gru_forward": "cssssss",
+    "gru_backward": "ccsscssss",
+    "lstm_forward": "cssssssss",
+    "lstm_backward": "ccsscssss",
 }
+_SOFTMAX_XENT: list[type] = [
+    _PTR,
+    _I64,
+    _I64,
+    _PTR,
+    _PTR,
+    _PTR,
+    _PTR,
+    ctypes.c_float,
+    _I32,
+    _PTR,
+    _I32,
+]
+
+
+def _signatures() -> dict[str, list[type]]:
+    """The argument types of each kernel, in kernels.c's order."""
+    kinds: dict[str, list[type]] = {"c": [_PTR], "s": [_PTR, _I64]}
+    signatures = {
+        name: [t for kind in layout for t in kinds[kind]] + [_I64, _I64, _I64, _I32]
+        for name, layout in _STEP_ARGUMENTS.items()
+    }
+    return {**signatures, "softmax_xent": _SOFTMAX_XENT}
+
 
 _state: dict[str, ctypes.CDLL | None | str] = {}
 
@@ -96,21 +121,25 @@ def build(compiler: str, target: Path) -> None:
 
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
-    for name, argtypes in _SIGNATURES.items():
+    for name, argtypes in _signatures().items():
         for suffix in ("bf16", "f32"):
             function = getattr(lib, f"nmt_{name}_{suffix}")
             function.argtypes, function.restype = argtypes, None
     return lib
 
 
+def enabled_by_default() -> bool:
+    """``FastPaths.native_kernels``' default: on unless ``NMT_NATIVE_KERNELS=0``."""
+    return os.environ.get(SWITCH, "1") != "0"
+
+
 def library() -> ctypes.CDLL | None:
-    """The compiled kernels, built on the first call; None where they cannot be had."""
+    """The compiled kernels, built and loaded on the first call (once per process); None
+    where they cannot be had. Whether a model uses them is its ``FastPaths``' decision."""
     if "lib" in _state:
         return _state["lib"]  # type: ignore[return-value]
     lib = None
-    if os.environ.get(SWITCH, "1") == "0":
-        reason = f"{SWITCH}=0"
-    elif (compiler := _compiler()) is None:
+    if (compiler := _compiler()) is None:
         reason = f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH"
     else:
         try:
@@ -123,15 +152,23 @@ def library() -> ctypes.CDLL | None:
         except (OSError, AttributeError, subprocess.SubprocessError) as error:
             reason = f"could not build them ({error})"
     if lib is None:
-        log.warning("nmt's compiled CPU kernels are off: %s; torch ops run instead", reason)
+        _say_off(reason)
     _state["lib"], _state["reason"] = lib, reason
     return lib
 
 
 def status() -> str:
-    """One line for the run's environment record: whether the kernels run, and why."""
+    """One line for the run's environment record: whether a model built with the default
+    ``FastPaths`` runs the kernels, and why."""
+    if not enabled_by_default():
+        _say_off(f"{SWITCH}=0")  # the library is then neither built nor loaded
+        return f"off: {SWITCH}=0"
     library()
     return ("on, " if _state["lib"] is not None else "off: ") + str(_state["reason"])
+
+
+def _say_off(reason: str) -> None:
+    log.warning("nmt's compiled CPU kernels are off: %s; torch ops run instead", reason)
 
 
 def _blocks(tensor: Tensor | None) -> tuple[int | None, int]:
@@ -141,141 +178,38 @@ def _blocks(tensor: Tensor | None) -> tuple[int | None, int]:
 
 
 class StepKernels:
-    """One RNN time step of every direction, through the compiled kernels (see kernels.c for
-    the arguments). Tensors: (D, B, F) with contiguous (B, F) blocks; ``pre``, ``rec``,
-    ``prev_out`` and the gate gradients in the matmul dtype (bfloat16 or float32), the rest
+    """One RNN time step of every direction, through the compiled kernels. Tensors: (D, B, F)
+    with contiguous (B, F) blocks; the gates' pre-activations, the recurrent gradient, h' for
+    the next matmul and the gate gradients in the matmul dtype (bfloat16 or float32), the rest
     float32; ``keep`` (D, B, 1) or None."""
 
-    def __init__(self, lib: ctypes.CDLL, compute: torch.dtype):
+    def __init__(self, lib: ctypes.CDLL, compute: torch.dtype, state: Tensor):
         self.threads = torch.get_num_threads()  # torch's, as for its own ops
+        self.sizes = tuple(state.shape)  # D, B, H
         suffix = "bf16" if compute == torch.bfloat16 else "f32"
-        self._gru_forward = getattr(lib, f"nmt_gru_forward_{suffix}")
-        self._gru_backward = getattr(lib, f"nmt_gru_backward_{suffix}")
-        self._lstm_forward = getattr(lib, f"nmt_lstm_forward_{suffix}")
-        self._lstm_backward = getattr(lib, f"nmt_lstm_backward_{suffix}")
+        self._functions = {name: getattr(lib, f"nmt_{name}_{suffix}") for name in _STEP_ARGUMENTS}
 
-    def gru_forward(
-        self,
-        pre: Tensor,
-        n_in: Tensor,
-        h: Tensor,
-        keep: Tensor | None,
-        n_out: Tensor,
-        h_out: Tensor,
-        prev_out: Tensor | None,
-    ) -> None:
-        directions, batch, hidden = h.shape
-        self._gru_forward(
-            pre.data_ptr(),
-            *_blocks(n_in),
-            *_blocks(h),
-            *_blocks(keep),
-            *_blocks(n_out),
-            *_blocks(h_out),
-            *_blocks(prev_out),
-            directions,
-            batch,
-            hidden,
-            self.threads,
-        )
-
-    def gru_backward(
-        self,
-        carry: Tensor,
-        rec: Tensor,
-        grad_out: Tensor,
-        keep: Tensor | None,
-        pre: Tensor,
-        n: Tensor,
-        h_prev: Tensor,
-        grad_gates: Tensor,
-        grad_n_in: Tensor,
-    ) -> None:
-        directions, batch, hidden = carry.shape
-        self._gru_backward(
-            carry.data_ptr(),
-            rec.data_ptr(),
-            *_blocks(grad_out),
-            *_blocks(keep),
-            pre.data_ptr(),
-            *_blocks(n),
-            *_blocks(h_prev),
-            *_blocks(grad_gates),
-            *_blocks(grad_n_in),
-            directions,
-            batch,
-            hidden,
-            self.threads,
-        )
-
-    def lstm_forward(
-        self,
-        pre: Tensor,
-        c: Tensor,
-        h: Tensor,
-        keep: Tensor | None,
-        act_out: Tensor,
-        tanh_c_out: Tensor,
-        c_out: Tensor,
-        h_out: Tensor,
-        prev_out: Tensor | None,
-    ) -> None:
-        directions, batch, hidden = h.shape
-        self._lstm_forward(
-            pre.data_ptr(),
-            *_blocks(c),
-            *_blocks(h),
-            *_blocks(keep),
-            *_blocks(act_out),
-            *_blocks(tanh_c_out),
-            *_blocks(c_out),
-            *_blocks(h_out),
-            *_blocks(prev_out),
-            directions,
-            batch,
-            hidden,
-            self.threads,
-        )
-
-    def lstm_backward(
-        self,
-        carry: Tensor,
-        rec: Tensor,
-        grad_out: Tensor,
-        keep: Tensor | None,
-        dc: Tensor,
-        act: Tensor,
-        tanh_c: Tensor,
-        c_prev: Tensor,
-        grad_gates: Tensor,
-    ) -> None:
-        directions, batch, hidden = carry.shape
-        self._lstm_backward(
-            carry.data_ptr(),
-            rec.data_ptr(),
-            *_blocks(grad_out),
-            *_blocks(keep),
-            dc.data_ptr(),
-            *_blocks(act),
-            *_blocks(tanh_c),
-            *_blocks(c_prev),
-            *_blocks(grad_gates),
-            directions,
-            batch,
-            hidden,
-            self.threads,
-        )
+    def run(self, name: str, *tensors: Tensor | None) -> None:
+        """kernels.c's ``nmt_<name>`` on ``tensors``, in its order (see kernels.c)."""
+        arguments: list[int | None] = []
+        for kind, tensor in zip(_STEP_ARGUMENTS[name], tensors, strict=True):
+            if kind == "c":
+                arguments.append(None if tensor is None else tensor.data_ptr())
+            else:
+                arguments.extend(_blocks(tensor))
+        self._functions[name](*arguments, *self.sizes, self.threads)
 
 
 def rnn_kernels(compute: torch.dtype, state: Tensor) -> StepKernels | None:
     """The step kernels for an RNN whose matmuls run in ``compute`` and whose states are like
-    ``state``, or None where torch ops must run (no library, another device or dtype)."""
+    ``state`` (D, B, H), or None where torch ops must run (no library, another device or
+    dtype)."""
     if state.device.type != "cpu" or state.dtype != torch.float32:
         return None
     if compute not in (torch.bfloat16, torch.float32):
         return None
     lib = library()
-    return None if lib is None else StepKernels(lib, compute)
+    return None if lib is None else StepKernels(lib, compute, state)
 
 
 def softmax_xent(

@@ -1,7 +1,8 @@
 /* nmt's fused CPU kernels: the elementwise work of one RNN time step (GRU and LSTM, forward
- * and backward, all directions at once) in one pass over its tensors, where torch runs 9 to 15
- * small ops. nmt.native compiles this file with the machine's C compiler on first use and
- * calls it through ctypes; nmt.rnn runs torch ops instead where no compiler is found.
+ * and backward, all directions at once) in one pass over its tensors, where torch runs a small
+ * op for each operation. nmt.fast.compiled compiles this file with the machine's C compiler on
+ * first use and calls it through ctypes; nmt.fast.gru and nmt.fast.lstm run torch ops instead
+ * where no compiler is found or their model's FastPaths says so.
  *
  * Layout: every (D, B, F) argument is D blocks of B contiguous rows of F floats, block d
  * starting at ptr + d * <name>_ds elements (the loop's buffers hold all steps, so one step's
@@ -24,21 +25,6 @@
 
 typedef uint16_t bf16;
 
-static inline float from_bf16(bf16 v) {
-    uint32_t u = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* Round to nearest even, as torch rounds float32 to bfloat16 (NaN -> 0x7fc0). */
-static inline bf16 to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (bf16)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
-}
-
 static inline float as_float(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
@@ -49,6 +35,15 @@ static inline uint32_t as_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u;
+}
+
+static inline float from_bf16(bf16 v) { return as_float((uint32_t)v << 16); }
+
+/* Round to nearest even, as torch rounds float32 to bfloat16 (NaN -> 0x7fc0). */
+static inline bf16 to_bf16(float f) {
+    uint32_t u = as_bits(f);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (bf16)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
 }
 
 /* exp(x): x = k ln 2 + r with |r| <= ln(2) / 2 (ln 2 split in two for an exact k ln 2), a
@@ -109,6 +104,22 @@ static inline float tanh_approx(float x) { return 2.0f * sigmoid(2.0f * x) - 1.0
 STORE_ROW(bf16, bf16)
 STORE_ROW(f32, float)
 
+/* The arguments of the step kernels: a (D, B, F) argument strided over the directions is its
+ * pointer and the stride between its direction blocks (STRIDED); in a kernel's row loop,
+ * AT(name, F) is row b of direction d of it, ROW(name, F) that of a contiguous one, and GOING
+ * whether sentence b of direction d takes the step. The kernels end with the sizes and the
+ * thread count (SIZES). */
+#define STRIDED(TYPE, name) TYPE name, int64_t name##_ds
+#define AT(name, F) ((name) + d * name##_ds + b * (F))
+#define AT_OR_NULL(name, F) ((name) == NULL ? NULL : AT(name, F))
+#define ROW(name, F) ((name) + (d * B + b) * (F))
+#define GOING (keep == NULL || keep[d * keep_ds + b] != 0.0f)
+#define SIZES int64_t D, int64_t B, int64_t H, int32_t threads
+/* What both forward steps take and write around their own arguments: h (and keep) in; h' out,
+ * in float and, unless NULL, in the matmul dtype for the next step's matmul (prev_out). */
+#define STATE_IN STRIDED(const float *, h), STRIDED(const float *, keep)
+#define STATE_OUT(MM) STRIDED(float *, h_out), STRIDED(MM *, prev_out), SIZES
+
 /* ------------------------------------------------------------------------------------ GRU */
 
 #define GRU(SUFFIX, MM)                                                                        \
@@ -126,19 +137,12 @@ STORE_ROW(f32, float)
     }                                                                                          \
                                                                                                \
     /* pre (D, B, 3H) mm, contiguous: a_r, a_z, a_n; n_in, h (D, B, H) -> n_out, h_out and,    \
-     * unless NULL, prev_out: h' in the matmul dtype for the next step's matmul. */            \
-    void nmt_gru_forward_##SUFFIX(const MM *pre, const float *n_in, int64_t n_in_ds,           \
-                                  const float *h, int64_t h_ds, const float *keep,             \
-                                  int64_t keep_ds, float *n_out, int64_t n_out_ds,             \
-                                  float *h_out, int64_t h_out_ds, MM *prev_out,                \
-                                  int64_t prev_ds, int64_t D, int64_t B, int64_t H,            \
-                                  int32_t threads) {                                           \
+     * unless NULL, prev_out. */                                                               \
+    void nmt_gru_forward_##SUFFIX(const MM *pre, STRIDED(const float *, n_in), STATE_IN,       \
+                                  STRIDED(float *, n_out), STATE_OUT(MM)) {                    \
         ROWS(D, B, H,                                                                          \
-             gru_forward_row_##SUFFIX(                                                         \
-                 pre + (d * B + b) * 3 * H, n_in + d * n_in_ds + b * H, h + d * h_ds + b * H,  \
-                 keep == NULL || keep[d * keep_ds + b] != 0.0f, n_out + d * n_out_ds + b * H,  \
-                 h_out + d * h_out_ds + b * H,                                                 \
-                 prev_out == NULL ? NULL : prev_out + d * prev_ds + b * H, H))                 \
+             gru_forward_row_##SUFFIX(ROW(pre, 3 * H), AT(n_in, H), AT(h, H), GOING,           \
+                                      AT(n_out, H), AT(h_out, H), AT_OR_NULL(prev_out, H), H)) \
     }                                                                                          \
                                                                                                \
     static NOINLINE void gru_backward_row_##SUFFIX(                                            \
@@ -166,20 +170,16 @@ STORE_ROW(f32, float)
      * next step's gate gradients; zeros at the last step); grad_out: dL/dh' from the outputs; \
      * pre, n, h_prev as the forward step had them -> grad_gates (D, B, 3H) mm: the gradients  \
      * at a_r, a_z (pre-activations) and at a_n; grad_n_in (D, B, H) mm: at n_in. */            \
-    void nmt_gru_backward_##SUFFIX(float *carry, const MM *rec, const float *grad_out,         \
-                                   int64_t grad_out_ds, const float *keep, int64_t keep_ds,    \
-                                   const MM *pre, const float *n, int64_t n_ds,                \
-                                   const float *h_prev, int64_t h_prev_ds, MM *grad_gates,     \
-                                   int64_t grad_gates_ds, MM *grad_n_in, int64_t grad_n_in_ds, \
-                                   int64_t D, int64_t B, int64_t H, int32_t threads) {         \
+    void nmt_gru_backward_##SUFFIX(float *carry, const MM *rec, STRIDED(const float *, grad_out), \
+                                   STRIDED(const float *, keep), const MM *pre,                \
+                                   STRIDED(const float *, n), STRIDED(const float *, h_prev),  \
+                                   STRIDED(MM *, grad_gates), STRIDED(MM *, grad_n_in),        \
+                                   SIZES) {                                                    \
         ROWS(D, B, H,                                                                          \
-             gru_backward_row_##SUFFIX(                                                        \
-                 carry + (d * B + b) * H, rec + (d * B + b) * H,                               \
-                 grad_out + d * grad_out_ds + b * H,                                           \
-                 (keep == NULL || keep[d * keep_ds + b] != 0.0f) ? 1.0f : 0.0f,                \
-                 pre + (d * B + b) * 3 * H, n + d * n_ds + b * H,                              \
-                 h_prev + d * h_prev_ds + b * H, grad_gates + d * grad_gates_ds + b * 3 * H,   \
-                 grad_n_in + d * grad_n_in_ds + b * H, H))                                     \
+             gru_backward_row_##SUFFIX(ROW(carry, H), ROW(rec, H), AT(grad_out, H),            \
+                                       GOING ? 1.0f : 0.0f, ROW(pre, 3 * H), AT(n, H),         \
+                                       AT(h_prev, H), AT(grad_gates, 3 * H),                   \
+                                       AT(grad_n_in, H), H))                                   \
     }
 
 GRU(bf16, bf16)
@@ -212,20 +212,13 @@ GRU(f32, float)
                                                                                                \
     /* pre (D, B, 4H) mm, contiguous: a_i, a_f, a_g, a_o; c, h (D, B, H) -> act_out (D, B,     \
      * 4H): i, f, g, o; tanh_c_out: tanh(c'); c_out, h_out; prev_out as for the GRU. */        \
-    void nmt_lstm_forward_##SUFFIX(const MM *pre, const float *c, int64_t c_ds,                \
-                                   const float *h, int64_t h_ds, const float *keep,            \
-                                   int64_t keep_ds, float *act_out, int64_t act_ds,            \
-                                   float *tanh_c_out, int64_t tanh_c_ds, float *c_out,         \
-                                   int64_t c_out_ds, float *h_out, int64_t h_out_ds,           \
-                                   MM *prev_out, int64_t prev_ds, int64_t D, int64_t B,        \
-                                   int64_t H, int32_t threads) {                               \
+    void nmt_lstm_forward_##SUFFIX(const MM *pre, STRIDED(const float *, c), STATE_IN,         \
+                                   STRIDED(float *, act_out), STRIDED(float *, tanh_c_out),    \
+                                   STRIDED(float *, c_out), STATE_OUT(MM)) {                   \
         ROWS(D, B, H,                                                                          \
-             lstm_forward_row_##SUFFIX(                                                        \
-                 pre + (d * B + b) * 4 * H, c + d * c_ds + b * H, h + d * h_ds + b * H,        \
-                 keep == NULL || keep[d * keep_ds + b] != 0.0f,                                \
-                 act_out + d * act_ds + b * 4 * H, tanh_c_out + d * tanh_c_ds + b * H,         \
-                 c_out + d * c_out_ds + b * H, h_out + d * h_out_ds + b * H,                   \
-                 prev_out == NULL ? NULL : prev_out + d * prev_ds + b * H, H))                 \
+             lstm_forward_row_##SUFFIX(ROW(pre, 4 * H), AT(c, H), AT(h, H), GOING,             \
+                                       AT(act_out, 4 * H), AT(tanh_c_out, H), AT(c_out, H),    \
+                                       AT(h_out, H), AT_OR_NULL(prev_out, H), H))              \
     }                                                                                          \
                                                                                                \
     static NOINLINE void lstm_backward_row_##SUFFIX(                                           \
@@ -251,21 +244,17 @@ GRU(f32, float)
     /* carry, rec, grad_out as for the GRU; dc (D, B, H) float, contiguous: dL/dc', updated in \
      * place to dL/dc; act, tanh_c, c_prev as the forward step had them -> grad_gates (D, B,   \
      * 4H) mm: the gradients at a_i, a_f, a_g, a_o. */                                         \
-    void nmt_lstm_backward_##SUFFIX(float *carry, const MM *rec, const float *grad_out,        \
-                                    int64_t grad_out_ds, const float *keep, int64_t keep_ds,   \
-                                    float *dc, const float *act, int64_t act_ds,               \
-                                    const float *tanh_c, int64_t tanh_c_ds,                    \
-                                    const float *c_prev, int64_t c_prev_ds, MM *grad_gates,    \
-                                    int64_t grad_gates_ds, int64_t D, int64_t B, int64_t H,    \
-                                    int32_t threads) {                                         \
+    void nmt_lstm_backward_##SUFFIX(float *carry, const MM *rec,                               \
+                                    STRIDED(const float *, grad_out),                          \
+                                    STRIDED(const float *, keep), float *dc,                   \
+                                    STRIDED(const float *, act), STRIDED(const float *, tanh_c), \
+                                    STRIDED(const float *, c_prev), STRIDED(MM *, grad_gates), \
+                                    SIZES) {                                                   \
         ROWS(D, B, H,                                                                          \
-             lstm_backward_row_##SUFFIX(                                                       \
-                 carry + (d * B + b) * H, rec + (d * B + b) * H,                               \
-                 grad_out + d * grad_out_ds + b * H,                                           \
-                 (keep == NULL || keep[d * keep_ds + b] != 0.0f) ? 1.0f : 0.0f,                \
-                 dc + (d * B + b) * H, act + d * act_ds + b * 4 * H,                           \
-                 tanh_c + d * tanh_c_ds + b * H, c_prev + d * c_prev_ds + b * H,               \
-                 grad_gates + d * grad_gates_ds + b * 4 * H, H))                               \
+             lstm_backward_row_##SUFFIX(ROW(carry, H), ROW(rec, H), AT(grad_out, H),           \
+                                        GOING ? 1.0f : 0.0f, ROW(dc, H), AT(act, 4 * H),       \
+                                        AT(tanh_c, H), AT(c_prev, H), AT(grad_gates, 4 * H),   \
+                                        H))                                                    \
     }
 
 LSTM(bf16, bf16)

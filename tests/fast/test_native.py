@@ -1,6 +1,7 @@
-"""nmt.native: the compiled CPU step kernels against the float64 equations (through run_rnn,
-with padding), against the torch-op steps they replace, their sigmoid and tanh against float64
-on the whole float range, their bfloat16 rounding against torch's, and the loader's fallbacks."""
+"""nmt.fast.compiled: the compiled CPU step kernels against the float64 equations (through
+run_rnn, with padding), against the torch-op steps they replace, their sigmoid and tanh against
+float64 on the whole float range, their bfloat16 rounding against torch's, the loader's
+fallbacks, and FastPaths.native_kernels as the one switch (NMT_NATIVE_KERNELS its default)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 from test_rnn import LENGTHS, _inputs, _rnn, _split, _state, reference
 
-import nmt.fast.recurrence
+from nmt.fast import FastPaths
 from nmt.fast import compiled as native
 from nmt.fast.recurrence import run_rnn
 
@@ -25,7 +26,7 @@ CASES = list(itertools.product(["gru", "lstm"], [False, True], [1, 2]))
 IDS = [f"{cell}-{'bi' if bi else 'uni'}-L{layers}" for cell, bi, layers in CASES]
 
 
-def _run(cell, bidirectional, layers, compiled: bool, autocast: bool, monkeypatch):
+def _run(cell, bidirectional, layers, compiled: bool, autocast: bool):
     """run_rnn in float32 on ragged lengths -> outputs, final h (and c), the gradients of a
     random projection of them w.r.t. inputs, initial state and weights, and the inputs."""
     torch.manual_seed(0)
@@ -36,28 +37,23 @@ def _run(cell, bidirectional, layers, compiled: bool, autocast: bool, monkeypatc
         if tensor is not None:
             tensor.requires_grad_(True)
     mask = torch.arange(x.size(1))[None] < lengths[:, None]
-    with monkeypatch.context() as patch:
-        if not compiled:
-            patch.setattr(nmt.fast.recurrence, "rnn_kernels", lambda compute, state: None)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            outputs, final = run_rnn(rnn, x, mask, _state(h0, c0))
-        hidden, cell_state = _split(final)
-        results = [outputs, hidden] + ([cell_state] if cell_state is not None else [])
-        torch.manual_seed(1)
-        loss = sum((r * torch.randn_like(r)).sum() for r in results)
-        wrt = [x, h0] + ([c0] if c0 is not None else []) + list(rnn.parameters())
-        grads = torch.autograd.grad(loss, wrt)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        outputs, final = run_rnn(rnn, x, mask, _state(h0, c0), native=compiled)
+    hidden, cell_state = _split(final)
+    results = [outputs, hidden] + ([cell_state] if cell_state is not None else [])
+    torch.manual_seed(1)
+    loss = sum((r * torch.randn_like(r)).sum() for r in results)
+    wrt = [x, h0] + ([c0] if c0 is not None else []) + list(rnn.parameters())
+    grads = torch.autograd.grad(loss, wrt)
     assert (outputs[~mask] == 0).all()  # nothing past a sentence's end
     return [r.detach() for r in results], grads, (rnn, x, lengths, h0, c0)
 
 
 @needs_kernels
 @pytest.mark.parametrize(("cell", "bidirectional", "layers"), CASES, ids=IDS)
-def test_compiled_steps_match_equations_and_torch_ops(cell, bidirectional, layers, monkeypatch):
-    results, grads, (rnn, x, lengths, h0, c0) = _run(
-        cell, bidirectional, layers, True, False, monkeypatch
-    )
-    eager_results, eager_grads, _ = _run(cell, bidirectional, layers, False, False, monkeypatch)
+def test_compiled_steps_match_equations_and_torch_ops(cell, bidirectional, layers):
+    results, grads, (rnn, x, lengths, h0, c0) = _run(cell, bidirectional, layers, True, False)
+    eager_results, eager_grads, _ = _run(cell, bidirectional, layers, False, False)
     # the float64 equations, sentence by sentence over the real tokens
     with torch.no_grad():
         ref = reference(rnn.double(), x.double(), lengths, h0.double(), _double(c0))
@@ -75,11 +71,11 @@ def _double(tensor):
 
 @needs_kernels
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
-def test_compiled_steps_under_bf16_autocast_match_torch_ops(cell, monkeypatch):
+def test_compiled_steps_under_bf16_autocast_match_torch_ops(cell):
     """bf16 matmuls: the same roundings as the torch-op steps, up to a rare flip of the
     last bf16 bit where the float32 values straddle a rounding boundary."""
-    results, grads, _ = _run(cell, True, 2, True, True, monkeypatch)
-    eager_results, eager_grads, _ = _run(cell, True, 2, False, True, monkeypatch)
+    results, grads, _ = _run(cell, True, 2, True, True)
+    eager_results, eager_grads, _ = _run(cell, True, 2, False, True)
     for ours, eager in zip([*results, *grads], [*eager_results, *eager_grads], strict=True):
         torch.testing.assert_close(ours, eager, rtol=2e-2, atol=2e-2)
         assert (ours - eager).abs().mean() <= 1e-3 * eager.abs().mean() + 1e-6
@@ -90,7 +86,7 @@ def _gru_step(pre: torch.Tensor, n_in: torch.Tensor, h: torch.Tensor, prev: torc
     kernels = native.rnn_kernels(pre.dtype, h)
     assert kernels is not None
     n_out, h_out = torch.empty_like(h), torch.empty_like(h)
-    kernels.gru_forward(pre, n_in, h, None, n_out, h_out, prev)
+    kernels.run("gru_forward", pre, n_in, h, None, n_out, h_out, prev)
     return n_out, h_out
 
 
@@ -140,20 +136,72 @@ def _fresh_library(monkeypatch) -> None:
     monkeypatch.delenv(native.SWITCH, raising=False)
 
 
-def test_switched_off_runs_torch_ops(monkeypatch, caplog):
+def test_the_switch_sets_the_default_and_builds_nothing(monkeypatch, tmp_path, caplog):
     _fresh_library(monkeypatch)
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path))
+    assert FastPaths().native_kernels
     monkeypatch.setenv(native.SWITCH, "0")
-    with caplog.at_level(logging.WARNING, logger="nmt.native"):
-        assert native.rnn_kernels(torch.float32, torch.zeros(1)) is None
-    assert native.status() == f"off: {native.SWITCH}=0"
+    assert not FastPaths().native_kernels
+    assert FastPaths(native_kernels=True).native_kernels  # an explicit choice wins
+    with caplog.at_level(logging.WARNING, logger="nmt.fast.compiled"):
+        assert native.status() == f"off: {native.SWITCH}=0"
     assert "torch ops run instead" in caplog.text
+    assert list(tmp_path.iterdir()) == []  # switched off: not even built
+
+
+def _count_kernel_calls(monkeypatch) -> list[str]:
+    """Record every call of a compiled kernel (letting it run)."""
+    calls: list[str] = []
+    run, softmax_xent = native.StepKernels.run, native.softmax_xent
+
+    def counted_run(self, name, *tensors):
+        calls.append(name)
+        run(self, name, *tensors)
+
+    def counted_softmax(*args):
+        calls.append("softmax_xent")
+        return softmax_xent(*args)
+
+    monkeypatch.setattr(native.StepKernels, "run", counted_run)
+    monkeypatch.setattr(native, "softmax_xent", counted_softmax)
+    return calls
+
+
+@needs_kernels
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_fast_paths_field_decides_whether_the_kernels_run(cell, monkeypatch):
+    """FastPaths.native_kernels, not the environment, decides: the same training step of the
+    recurrence and the loss runs the compiled kernels with it and none without it (with the
+    environment saying the opposite each time), to the same results."""
+    calls = _count_kernel_calls(monkeypatch)
+    torch.manual_seed(7)
+    rnn = _rnn(cell, True, 1, torch.float32).train()
+    x, lengths, h0, c0 = _inputs(2, 1, cell == "lstm", torch.float32)
+    weight = torch.randn(11, 2 * rnn.hidden_size, requires_grad=True)
+    results = []
+    for use, environment in [(True, "0"), (False, "1")]:
+        monkeypatch.setenv(native.SWITCH, environment)
+        fast = FastPaths(native_kernels=use)
+        calls.clear()
+        outputs, _ = fast.recurrence(rnn, x, lengths, _state(h0, c0), training=True)
+        features = outputs.reshape(-1, outputs.size(-1))
+        target = torch.randint(
+            0, 11, (features.size(0),), generator=torch.Generator().manual_seed(8)
+        )
+        loss, _ = fast.output_loss(features, weight, target, 0.1, training=True)
+        grads = torch.autograd.grad(loss, [weight, *rnn.parameters()])
+        expected = {f"{cell}_forward", f"{cell}_backward", "softmax_xent"} if use else set()
+        assert set(calls) == expected
+        results.append([loss.detach(), *grads])
+    for ours, eager in zip(*results, strict=True):
+        torch.testing.assert_close(ours, eager, rtol=1e-4, atol=1e-5)
 
 
 def test_a_failing_compiler_falls_back_to_torch_ops(monkeypatch, tmp_path, caplog):
     _fresh_library(monkeypatch)
     monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", shutil.which("false") or "false")
-    with caplog.at_level(logging.WARNING, logger="nmt.native"):
+    with caplog.at_level(logging.WARNING, logger="nmt.fast.compiled"):
         assert native.library() is None
     assert native.status().startswith("off: could not build them")
     assert list(tmp_path.glob("*.so")) == []  # nothing half-written left behind
@@ -161,7 +209,7 @@ def test_a_failing_compiler_falls_back_to_torch_ops(monkeypatch, tmp_path, caplo
     rnn = _rnn("gru", True, 1, torch.float32)
     x, lengths, h0, _ = _inputs(2, 1, False, torch.float32, LENGTHS)
     mask = torch.arange(x.size(1))[None] < lengths[:, None]
-    outputs, _ = run_rnn(rnn, x, mask, h0)  # the torch-op steps
+    outputs, _ = run_rnn(rnn, x, mask, h0, native=True)  # the torch-op steps
     with torch.no_grad():
         ref, _, _ = reference(rnn.double(), x.double(), lengths, h0.double(), None)
     torch.testing.assert_close(outputs.double(), ref, rtol=0, atol=2e-6)

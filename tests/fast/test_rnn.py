@@ -117,7 +117,7 @@ def test_matches_equations_and_packed_torch(cell, bidirectional, layers, kind) -
             tensor.requires_grad_(True)
     mask = torch.arange(x.size(1))[None] < lengths[:, None]
 
-    outputs, final = run_rnn(rnn, x, mask, _state(h0, c0))
+    outputs, final = run_rnn(rnn, x, mask, _state(h0, c0), native=True)
     hidden, cell_state = _split(final)
     ref_out, ref_h, ref_c = reference(rnn, x, lengths, h0, c0)
     packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
@@ -148,7 +148,7 @@ def test_without_mask_and_state_equals_unpacked_torch(cell) -> None:
     torch.manual_seed(1)
     rnn = _rnn(cell, False, 2)
     x = torch.randn(3, 4, INPUT, dtype=torch.float64, requires_grad=True)
-    outputs, final = run_rnn(rnn, x, None, None)
+    outputs, final = run_rnn(rnn, x, None, None, native=True)
     torch_out, torch_final = rnn(x)
     torch.testing.assert_close(outputs, torch_out, rtol=0, atol=1e-12)
     for ours, theirs in zip(_split(final), _split(torch_final), strict=True):
@@ -168,7 +168,7 @@ class _Run(nn.Module):
         self.rnn = rnn
 
     def forward(self, x, mask, state):
-        return run_rnn(self.rnn, x, mask, state)
+        return run_rnn(self.rnn, x, mask, state, native=True)
 
 
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
@@ -197,9 +197,9 @@ def test_bf16_autocast_stays_close_to_float32(cell) -> None:
     x, lengths, h0, c0 = _inputs(2, 2, cell == "lstm", torch.float32)
     x.requires_grad_(True)
     mask = torch.arange(x.size(1))[None] < lengths[:, None]
-    ref_out, ref_final = run_rnn(rnn, x, mask, _state(h0, c0))
+    ref_out, ref_final = run_rnn(rnn, x, mask, _state(h0, c0), native=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out, final = run_rnn(rnn, x, mask, _state(h0, c0))
+        out, final = run_rnn(rnn, x, mask, _state(h0, c0), native=True)
     assert out.dtype == torch.float32  # states are kept in the weights' dtype
     torch.testing.assert_close(out, ref_out, rtol=0, atol=3e-2)
     torch.testing.assert_close(_split(final)[0], _split(ref_final)[0], rtol=0, atol=3e-2)
@@ -219,12 +219,12 @@ def test_dropout_between_layers_only_in_training() -> None:
     x, lengths, _, _ = _inputs(2, 2, False)
     mask = torch.arange(x.size(1))[None] < lengths[:, None]
     rnn.eval()
-    evaluated, _ = run_rnn(rnn, x, mask, None)
+    evaluated, _ = run_rnn(rnn, x, mask, None, native=True)
     rnn.dropout = 0.0
-    undropped, _ = run_rnn(rnn, x, mask, None)
+    undropped, _ = run_rnn(rnn, x, mask, None, native=True)
     torch.testing.assert_close(evaluated, undropped, rtol=0, atol=0)
     rnn.dropout = 0.5
     rnn.train()
-    dropped, _ = run_rnn(rnn, x, mask, None)
+    dropped, _ = run_rnn(rnn, x, mask, None, native=True)
     assert (dropped - undropped).abs().max() > 1e-3
     assert (dropped[~mask] == 0).all()  # padding stays zero

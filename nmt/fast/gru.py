@@ -1,0 +1,205 @@
+"""A GRU layer over a whole sequence as one autograd function (nmt.fast.recurrence), and its
+step kernels: the compiled one and the torch ops.
+
+Torch's equations and gate order (s the logistic sigmoid):
+
+    r = s(W_ir x + b_ir + W_hr h + b_hr)      z = s(W_iz x + b_iz + W_hz h + b_hz)
+    n = tanh(W_in x + b_in + r * (W_hn h + b_hn))      h' = (1 - z) * n + z * h
+
+The step's matmul forms a = (W_hr h + W_ir x + b_r, W_hz h + W_iz x + b_z, W_hn h + b_hn); the
+input part of n, n_in = W_in x + b_in, is kept apart in float32, since r scales W_hn h + b_hn
+but not W_in x + b_in.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt.fast import layer
+from nmt.fast.compiled import StepKernels
+from nmt.fast.layer import Grads, Record, StepKernel
+
+
+@dataclass
+class GRURecord(Record):
+    """The GRU's part of the record (nmt.fast.layer)."""
+
+    pre: Tensor  # (T, D, B, 3H), the step's matmul output a (see above) in the matmul dtype:
+    # laid out so that the matmul writes it in place; the backward pass takes r and z from it
+    # again, which costs less than storing them in float32
+    n: Tensor  # (D, T, B, H)
+    n_in: Tensor | None  # (D, T, B, H) W_in x + b_in: the forward pass's only, not kept
+
+
+class GRULayer(torch.autograd.Function):
+    """One GRU layer, all directions: inputs (B, T, I), h0 (D, B, H), weights (w_ih, w_hh, b_ih,
+    b_hh) stacked over directions -> outputs (B, T, D*H), h_n (D, B, H)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, loop: layer.Loop, inputs: Tensor, h0: Tensor, *weights: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        w_ih, w_hh, b_ih, b_hh = weights
+        keep, compute = loop.keep, loop.compute
+        directions, _, hidden = w_hh.shape
+        x = layer.loop_inputs(inputs, directions, compute)  # (D, T, B, I)
+        w_i, w_h = w_ih.to(compute), w_hh.to(compute)  # (D, 3H, I), (D, 3H, H)
+        bias = b_ih.clone()  # (D, 3H); b_hn stays inside r * (W_hn h + b_hn)
+        bias[:, : 2 * hidden] += b_hh[:, : 2 * hidden]
+        gates_in = layer.input_gates(x, w_i, bias)  # (D, T, B, 3H)
+        n_in = gates_in[..., 2 * hidden :].to(h0.dtype, copy=True)  # (D, T, B, H)
+        gates_in[..., 2 * hidden :] = b_hh[:, None, None, 2 * hidden :]  # joins W_hn h
+        _, steps, batch, _ = x.shape
+        record = GRURecord(
+            x,
+            keep,
+            h0,
+            w_i,
+            w_h,
+            *layer.state_buffers(h0, steps, compute),
+            pre=gates_in.new_empty(steps, directions, batch, 3 * hidden),
+            n=h0.new_empty(directions, steps, batch, hidden),
+            n_in=n_in,
+        )
+        kernel = layer.step_kernel(CompiledGRU, TorchGRU, loop.native, record, None)
+        layer.run_forward(kernel, gates_in, record)
+        layer.keep_for_backward(ctx, replace(record, n_in=None), loop, inputs, w_hh)
+        return layer.time_order(record.states, keep), record.states[:, -1].clone()
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_outputs: Tensor, grad_h: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        record = GRURecord(*ctx.saved_tensors)
+        grads = layer.start_grads(grad_outputs, grad_h, record, ctx.compute)
+        grads.n_in = grad_n_in = torch.empty_like(record.n, dtype=ctx.compute)
+        kernel = layer.step_kernel(CompiledGRU, TorchGRU, ctx.native, record, grads)
+        dh0, _ = layer.run_backward(kernel, grads, record)
+        input_grads = functools.partial(_input_grads, record.w_i, grad_n_in)
+        grad_x, *grad_weights = layer.gradients(ctx, record, grads.gates, input_grads)
+        return None, grad_x, dh0, *grad_weights
+
+
+def _input_grads(
+    w_i: Tensor, grad_n_in: Tensor, x: Tensor, grad_rec: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """x (D, T*B, I), the gate gradients (D, T*B, 3H) and n_in's (D, T, B, H) -> the gradients
+    at x, W_i and b_i. Only the n gate differs from the LSTM's: r scales W_hn h + b_hn, not
+    W_in x + b_in. r's and z's part is read in place, by one direction's matmul at a time
+    (the strided batched matmul, and joining the parts, cost more: docs/benchmarks.md); addmm,
+    not addmm_, so that the benchmark's FLOP counter sees the product."""
+    directions, rows, features = x.shape
+    hidden = grad_n_in.size(-1)
+    grad_n_in = grad_n_in.view(directions, rows, hidden)
+    grad_rz = grad_rec[..., : 2 * hidden]
+    grad_w_ih = x.new_empty(directions, 3 * hidden, features)
+    grad_x = x.new_empty(directions, rows, features)
+    for d in range(directions):
+        torch.mm(grad_rz[d].t(), x[d], out=grad_w_ih[d, : 2 * hidden])
+        torch.mm(grad_n_in[d].t(), x[d], out=grad_w_ih[d, 2 * hidden :])
+        part = torch.mm(grad_rz[d], w_i[d, : 2 * hidden])
+        torch.addmm(part, grad_n_in[d], w_i[d, 2 * hidden :], out=grad_x[d])
+    grad_b_ih = torch.cat([grad_rz.sum(1), grad_n_in.sum(1)], dim=-1)
+    return grad_x, grad_w_ih, grad_b_ih
+
+
+class _GRUSteps(StepKernel):
+    """The GRU's buffers, for one pass (grads None in the forward pass)."""
+
+    record: GRURecord
+
+    def pre(self, t: int) -> Tensor:
+        return self.record.pre[t]
+
+    def n_in(self, t: int) -> Tensor:
+        assert self.record.n_in is not None, "a backward pass's record has no n_in"
+        return self.record.n_in[:, t]
+
+    def grad_n_in(self, t: int) -> Tensor:
+        assert self.grads.n_in is not None
+        return self.grads.n_in[:, t]
+
+
+class CompiledGRU(_GRUSteps):
+    """The GRU's steps as kernels.c's nmt_gru_forward and nmt_gru_backward."""
+
+    def forward(self, t: int, keep: Tensor | None, prev_out: Tensor | None) -> None:
+        record = self.record
+        h, n, h_out = record.h_before(t), record.n[:, t], record.states[:, t]
+        self.kernels.run("gru_forward", record.pre[t], self.n_in(t), h, keep, n, h_out, prev_out)
+
+    def backward(self, t: int, keep: Tensor | None, recurrent: Tensor) -> None:
+        record = self.record
+        n, h_prev, grad_gates = record.n[:, t], record.h_before(t), self.grads.gates[:, t]
+        cell = record.pre[t], n, h_prev, grad_gates, self.grad_n_in(t)
+        self.compiled_backward("gru_backward", t, keep, recurrent, *cell)
+
+    def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
+        return self.grads.dh.add_(recurrent), None
+
+
+class TorchGRU(_GRUSteps):
+    """The GRU's steps as torch ops, each writing into the loop's buffers with few, fused ops:
+    on the small per-step tensors each op costs about as much as its arithmetic. torch.compile
+    fuses them into one loop, but its per-call overhead costs more than that saves
+    (docs/benchmarks.md), so they run eagerly."""
+
+    def __init__(self, record: GRURecord, grads: Grads | None, kernels: StepKernels | None):
+        super().__init__(record, grads, kernels)
+        directions, batch, hidden = record.h0.shape
+        self.gates = record.h0.new_empty(directions, batch, 3 * hidden)  # r, z, W_hn h + b_hn
+        self.scratch = record.h0.new_empty(directions, batch, 2 * hidden)
+        self.ones = torch.ones((), dtype=record.h0.dtype)
+        self.dropped = None if grads is None or record.keep is None else 1 - record.keep
+        self.carry: Tensor | None = None  # the part of dL/dh that does not pass through W_h
+
+    def _gates(self, t: int) -> Tensor:
+        """a -> r, z and W_hn h + b_hn in float32 (D, B, 3H)."""
+        hidden = self.gates.size(-1) // 3
+        torch.sigmoid_(self.gates.copy_(self.record.pre[t])[..., : 2 * hidden])
+        return self.gates
+
+    def forward(self, t: int, keep: Tensor | None, prev_out: Tensor | None) -> None:
+        gates, h, h_out = self._gates(t), self.record.h_before(t), self.record.states[:, t]
+        hidden = h.size(-1)
+        gate_z = gates[..., hidden : 2 * hidden]
+        n = torch.addcmul(
+            self.n_in(t), gates[..., :hidden], gates[..., 2 * hidden :], out=self.record.n[:, t]
+        )
+        layer.tanh(n, n)
+        if keep is None:  # (1 - z) n + z h
+            torch.lerp(n, h, gate_z, out=h_out)
+        else:  # lerp is exact for weights 0 and 1: a finished sentence keeps its state
+            torch.lerp(h, torch.lerp(n, h, gate_z), keep, out=h_out)
+        if prev_out is not None:
+            prev_out.copy_(h_out)
+
+    def backward(self, t: int, keep: Tensor | None, recurrent: Tensor) -> None:
+        dh = layer.torch_dh(t, self.grads, self.carry, recurrent)
+        n, h_prev = self.record.n[:, t], self.record.h_before(t)
+        act, grads_out, scratch = self._gates(t), self.grads.gates[:, t], self.scratch
+        hidden = h_prev.size(-1)
+        dh += self.grads.outputs[:, t]
+        dh_step = dh if keep is None else dh * keep
+        gates = act[..., : 2 * hidden]
+        gate_r, gate_z, h_n = act.split(hidden, dim=-1)
+        dn = torch.addcmul(dh_step, dh_step, gate_z, value=-1)  # dh (1 - z)
+        dn *= torch.addcmul(self.ones, n, n, value=-1)  # at n's pre-activation: (1 - n^2)
+        torch.mul(dn, h_n, out=scratch[..., :hidden])  # dr = dn h_n
+        torch.sub(h_prev, n, out=scratch[..., hidden:]).mul_(dh_step)  # dz = dh (h - n)
+        slopes = torch.addcmul(gates, gates, gates, value=-1)  # s'(r), s'(z)
+        torch.mul(scratch, slopes, out=grads_out[..., : 2 * hidden])
+        torch.mul(dn, gate_r, out=grads_out[..., 2 * hidden :])
+        self.grad_n_in(t).copy_(dn)
+        self.carry = dh_step * gate_z
+        if keep is not None:
+            assert self.dropped is not None
+            self.carry.addcmul_(dh, self.dropped[:, t])  # a finished sentence passes dh through
+
+    def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
+        return layer.torch_dh(-1, self.grads, self.carry, recurrent), None

@@ -1,0 +1,195 @@
+"""An LSTM layer over a whole sequence as one autograd function (nmt.fast.recurrence), and its
+step kernels: the compiled one and the torch ops.
+
+Torch's equations and gate order (s the logistic sigmoid):
+
+    i, f, g, o = s, s, tanh, s (W_i* x + b_i* + W_h* h + b_h*)
+    c' = f * c + i * g                                  h' = o * tanh(c')
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt.fast import layer
+from nmt.fast.compiled import StepKernels
+from nmt.fast.layer import Grads, Record, StepKernel
+
+
+@dataclass
+class LSTMRecord(Record):
+    """The LSTM's part of the record (nmt.fast.layer)."""
+
+    c0: Tensor  # (D, B, H)
+    gates: Tensor  # (D, T, B, 4H): i, f, g, o
+    tanh_c: Tensor  # (D, T, B, H): tanh(c')
+    cells: Tensor  # (D, T, B, H): c after each step
+
+    def c_before(self, t: int) -> Tensor:
+        """c before step t (D, B, H)."""
+        return self.c0 if t == 0 else self.cells[:, t - 1]
+
+
+class LSTMLayer(torch.autograd.Function):
+    """One LSTM layer, all directions: inputs (B, T, I), h0 and c0 (D, B, H), weights (w_ih,
+    w_hh, b_ih, b_hh) stacked over directions -> outputs (B, T, D*H), h_n, c_n (D, B, H)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, loop: layer.Loop, inputs: Tensor, h0: Tensor, c0: Tensor, *weights: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        w_ih, w_hh, b_ih, b_hh = weights
+        keep, compute = loop.keep, loop.compute
+        directions, gate_size, hidden = w_hh.shape
+        x = layer.loop_inputs(inputs, directions, compute)  # (D, T, B, I)
+        w_i, w_h = w_ih.to(compute), w_hh.to(compute)  # (D, 4H, I), (D, 4H, H)
+        gates_in = layer.input_gates(x, w_i, b_ih + b_hh)  # (D, T, B, 4H)
+        _, steps, batch, _ = x.shape
+        record = LSTMRecord(
+            x,
+            keep,
+            h0,
+            w_i,
+            w_h,
+            *layer.state_buffers(h0, steps, compute),
+            c0=c0,
+            gates=h0.new_empty(directions, steps, batch, gate_size),
+            tanh_c=h0.new_empty(directions, steps, batch, hidden),
+            cells=h0.new_empty(directions, steps, batch, hidden),
+        )
+        kernel = layer.step_kernel(CompiledLSTM, TorchLSTM, loop.native, record, None)
+        layer.run_forward(kernel, gates_in, record)
+        layer.keep_for_backward(ctx, record, loop, inputs, w_hh)
+        h_n, c_n = record.states[:, -1].clone(), record.cells[:, -1].clone()
+        return layer.time_order(record.states, keep), h_n, c_n
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_outputs: Tensor, grad_h: Tensor | None, grad_c: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        record = LSTMRecord(*ctx.saved_tensors)
+        grads = layer.start_grads(grad_outputs, grad_h, record, ctx.compute)
+        grads.dc = layer.last_grad(grad_c, record.c0)
+        kernel = layer.step_kernel(CompiledLSTM, TorchLSTM, ctx.native, record, grads)
+        dh0, dc0 = layer.run_backward(kernel, grads, record)
+        input_grads = functools.partial(_input_grads, record.w_i)
+        grad_x, *grad_weights = layer.gradients(ctx, record, grads.gates, input_grads)
+        return None, grad_x, dh0, dc0, *grad_weights
+
+
+def _input_grads(w_i: Tensor, x: Tensor, grad_rec: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """x (D, T*B, I) and the gate gradients (D, T*B, 4H) -> the gradients at x, W_i and b_i:
+    W_i x + b_i and W_h h + b_h enter the gates alike."""
+    grad_w_ih = torch.bmm(grad_rec.transpose(1, 2), x)
+    grad_x = torch.bmm(grad_rec, w_i)  # (D, T*B, I)
+    return grad_x, grad_w_ih, grad_rec.sum(1)
+
+
+class _LSTMSteps(StepKernel):
+    """The LSTM's buffers, for one pass (grads None in the forward pass)."""
+
+    record: LSTMRecord
+
+    def __init__(self, record: LSTMRecord, grads: Grads | None, kernels: StepKernels | None):
+        super().__init__(record, grads, kernels)
+        directions, batch, hidden = record.h0.shape
+        # the step's matmul output, W_i x + b_i + W_h h + b_h (D, B, 4H) in the matmul dtype
+        self._pre = record.prev.new_empty(directions, batch, 4 * hidden)
+
+    @property
+    def dc(self) -> Tensor:
+        assert self.grads.dc is not None
+        return self.grads.dc
+
+    def pre(self, t: int) -> Tensor:
+        return self._pre
+
+
+class CompiledLSTM(_LSTMSteps):
+    """The LSTM's steps as kernels.c's nmt_lstm_forward and nmt_lstm_backward."""
+
+    def forward(self, t: int, keep: Tensor | None, prev_out: Tensor | None) -> None:
+        record = self.record
+        self.kernels.run(
+            "lstm_forward",
+            self._pre,
+            record.c_before(t),
+            record.h_before(t),
+            keep,
+            record.gates[:, t],
+            record.tanh_c[:, t],
+            record.cells[:, t],
+            record.states[:, t],
+            prev_out,
+        )
+
+    def backward(self, t: int, keep: Tensor | None, recurrent: Tensor) -> None:
+        record = self.record
+        gates, tanh_c, c_prev = record.gates[:, t], record.tanh_c[:, t], record.c_before(t)
+        cell = self.dc, gates, tanh_c, c_prev, self.grads.gates[:, t]
+        self.compiled_backward("lstm_backward", t, keep, recurrent, *cell)
+
+    def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
+        return self.grads.dh.add_(recurrent), self.dc
+
+
+class TorchLSTM(_LSTMSteps):
+    """The LSTM's steps as torch ops, few and fused as the GRU's (nmt.fast.gru.TorchGRU)."""
+
+    def __init__(self, record: LSTMRecord, grads: Grads | None, kernels: StepKernels | None):
+        super().__init__(record, grads, kernels)
+        directions, batch, hidden = record.h0.shape
+        self.scratch = record.h0.new_empty(directions, batch, 4 * hidden)
+        self.ones = torch.ones((), dtype=record.h0.dtype)
+        self.dropped = None if grads is None or record.keep is None else 1 - record.keep
+        self.carry: Tensor | None = None  # the part of dL/dh that does not pass through W_h
+
+    def forward(self, t: int, keep: Tensor | None, prev_out: Tensor | None) -> None:
+        c, h, h_out = self.record.c_before(t), self.record.h_before(t), self.record.states[:, t]
+        c_out, hidden = self.record.cells[:, t], h.size(-1)
+        act = self.record.gates[:, t].copy_(self._pre)
+        act[..., 2 * hidden : 3 * hidden].mul_(2)
+        torch.sigmoid_(act)  # i, f, o, and g as sigmoid(2x)
+        gate_g = act[..., 2 * hidden : 3 * hidden].mul_(2).sub_(1)  # tanh x = 2 sigmoid(2x) - 1
+        c_new = c_out if keep is None else torch.empty_like(c)
+        torch.mul(act[..., hidden : 2 * hidden], c, out=c_new).addcmul_(act[..., :hidden], gate_g)
+        tanh_c = layer.tanh(c_new, self.record.tanh_c[:, t])
+        if keep is None:
+            torch.mul(act[..., 3 * hidden :], tanh_c, out=h_out)
+        else:  # lerp is exact for weights 0 and 1: a finished sentence keeps its state
+            torch.lerp(c, c_new, keep, out=c_out)
+            torch.lerp(h, act[..., 3 * hidden :] * tanh_c, keep, out=h_out)
+        if prev_out is not None:
+            prev_out.copy_(h_out)
+
+    def backward(self, t: int, keep: Tensor | None, recurrent: Tensor) -> None:
+        dh = layer.torch_dh(t, self.grads, self.carry, recurrent) + self.grads.outputs[:, t]
+        record, dc, scratch = self.record, self.dc, self.scratch
+        act, tanh_c, c_prev = record.gates[:, t], record.tanh_c[:, t], record.c_before(t)
+        hidden = c_prev.size(-1)
+        dh_step = dh if keep is None else dh * keep
+        dc_step = dc if keep is None else dc * keep
+        gate_i, gate_f, gate_g, gate_o = act.split(hidden, dim=-1)
+        dc_new = torch.addcmul(self.ones, tanh_c, tanh_c, value=-1).mul_(gate_o)
+        dc_new = torch.addcmul(dc_step, dh_step, dc_new)  # + dh o (1 - tanh(c)^2)
+        slopes = torch.addcmul(act, act, act, value=-1)  # s'(x) = s (1 - s)
+        torch.addcmul(self.ones, gate_g, gate_g, value=-1, out=slopes[..., 2 * hidden : 3 * hidden])
+        torch.mul(dc_new, gate_g, out=scratch[..., :hidden])
+        torch.mul(dc_new, c_prev, out=scratch[..., hidden : 2 * hidden])
+        torch.mul(dc_new, gate_i, out=scratch[..., 2 * hidden : 3 * hidden])
+        torch.mul(dh_step, tanh_c, out=scratch[..., 3 * hidden :])
+        torch.mul(scratch, slopes, out=self.grads.gates[:, t])
+        self.grads.dc = dc_new * gate_f  # dL/dc before the step
+        self.carry = None
+        if keep is not None:  # a finished sentence passes dh and dc through
+            assert self.dropped is not None
+            self.grads.dc.addcmul_(dc, self.dropped[:, t])
+            self.carry = dh * self.dropped[:, t]
+
+    def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
+        return layer.torch_dh(-1, self.grads, self.carry, recurrent), self.dc
