@@ -107,11 +107,14 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)  # type: ignore[no-untyped-call,no-any-return]
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
+class _Dumper(yaml.SafeDumper):
+    """YAML that _Loader reads back as written: a string such as 1e-3 is quoted."""
+
+
+# YAML 1.2's floats without a dot (1e-3), read as numbers and so written in quotes as strings
+_FLOAT_WITHOUT_DOT = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_WITHOUT_DOT, list("-+0123456789"))
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_WITHOUT_DOT, list("-+0123456789"))
 
 
 def parse_yaml(text: str) -> Any:
@@ -162,7 +165,7 @@ def load(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
 
 def to_yaml(config: Config) -> str:
     """The resolved config, every key included, as YAML."""
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    return yaml.dump(config.model_dump(mode="json"), Dumper=_Dumper, sort_keys=False)
 
 
 def changed_keys(old: Config, new: Config) -> list[str]:
