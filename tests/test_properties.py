@@ -498,8 +498,10 @@ JSONL_BYTES = st.one_of(
 )
 
 
-def _read(fmt: str, files: dict[str, bytes], errors: str, cached: bool) -> int:
-    """read_pairs over the files; returns the pair count, checking the columns agree."""
+def _read(
+    fmt: str, files: dict[str, bytes], errors: str, cached: bool
+) -> tuple[list[str], list[str]]:
+    """read_pairs over the files; returns the sources and targets, checking the columns agree."""
     from nmt.config import DataConfig
     from nmt.data.corpus import read_pairs
 
@@ -516,7 +518,17 @@ def _read(fmt: str, files: dict[str, bytes], errors: str, cached: bool) -> int:
         # string) is the text's own
         ends = {"text": src + trg, "tsv": trg, "jsonl": []}[fmt]
         assert not any(line.endswith("\r") for line in ends)
-        return len(rows)
+        return src, trg
+
+
+def _text_lines(data: bytes) -> list[str]:
+    """The lines nmt reads from a file, decoded with replacement, without \\n or a final \\r."""
+    lines = data.decode("utf-8", "replace").split("\n")
+    if data.endswith(b"\n") or not data:
+        lines.pop()
+    if lines and lines[0].startswith("\ufeff"):
+        lines[0] = lines[0][1:]
+    return [line.rstrip("\r") for line in lines]
 
 
 def _lines(data: bytes) -> int:
@@ -538,7 +550,7 @@ def test_any_text_pair_reads_or_is_a_data_error(
     src: bytes, trg: bytes, errors: str, cached: bool
 ) -> None:
     try:
-        count = _read("text", {"train.es": src, "train.en": trg}, errors, cached)
+        count = len(_read("text", {"train.es": src, "train.en": trg}, errors, cached)[0])
     except DataError:  # only for a reason: unequal line counts or (strict) invalid UTF-8
         strict_failure = errors == "strict" and not (_utf8(src) and _utf8(trg))
         assert _lines(src) != _lines(trg) or strict_failure
@@ -549,25 +561,84 @@ def test_any_text_pair_reads_or_is_a_data_error(
 @SETTINGS
 @given(CORPUS_BYTES, st.booleans())
 def test_text_with_replace_never_fails_on_encoding(data: bytes, cached: bool) -> None:
-    assert _read("text", {"train.es": data, "train.en": data}, "replace", cached) == _lines(data)
+    sources, _ = _read("text", {"train.es": data, "train.en": data}, "replace", cached)
+    assert len(sources) == _lines(data)
 
 
 @SETTINGS
 @given(CORPUS_BYTES, st.sampled_from(["strict", "replace"]), st.booleans())
 def test_any_tsv_reads_or_is_a_data_error(data: bytes, errors: str, cached: bool) -> None:
+    lines = _text_lines(data)
+    fields = [line.split("\t") for line in lines]
     try:
-        _read("tsv", {"train.tsv": data}, errors, cached)
-    except DataError:
-        pass
+        src, trg = _read("tsv", {"train.tsv": data}, errors, cached)
+    except DataError as exc:
+        if "not valid UTF-8" in str(exc):
+            assert errors == "strict" and not _utf8(data)
+        else:  # a line that is not blank has no tab or several
+            assert "expected 2 tab-separated fields" in str(exc)
+            assert any(len(f) != 2 and line.strip() for f, line in zip(fields, lines, strict=True))
+    else:
+        assert errors == "replace" or _utf8(data)
+        assert all(len(f) == 2 or not line.strip() for f, line in zip(fields, lines, strict=True))
+        assert src == [f[0] for f in fields]
+        assert trg == [f[1] if len(f) == 2 else "" for f in fields]
+
+
+TEXTS = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
+BLANK = st.sampled_from(["", " ", "\t", " \r"])  # lines that hold no pair
+FIELDS = TEXTS.map(lambda text: re.sub("[\t\n\r\ufeff]", "", text))
+
+
+@SETTINGS
+@given(st.lists(st.one_of(st.tuples(FIELDS, FIELDS), BLANK), max_size=5), st.booleans())
+def test_valid_tsv_reads_as_written(lines: list, cached: bool) -> None:
+    """A blank line is a source of its own whitespace and an empty target."""
+    lines = [line.replace("\t", "") if isinstance(line, str) else line for line in lines]
+    data = "".join((line if isinstance(line, str) else "\t".join(line)) + "\n" for line in lines)
+    pairs = [(line.rstrip("\r"), "") if isinstance(line, str) else line for line in lines]
+    src, trg = _read("tsv", {"train.tsv": data.encode("utf-8")}, "strict", cached)
+    assert list(zip(src, trg, strict=True)) == pairs
+
+
+def _jsonl_record(pair: tuple[str, str, bool]) -> dict:
+    source, target, nested = pair
+    return {"translation": {"es": source, "en": target}} if nested else {"es": source, "en": target}
+
+
+@SETTINGS
+@given(
+    st.lists(st.one_of(st.tuples(TEXTS, TEXTS, st.booleans()).map(_jsonl_record), BLANK)),
+    st.sampled_from(["strict", "replace"]),
+    st.booleans(),
+)
+def test_valid_jsonl_reads_as_written(lines: list, errors: str, cached: bool) -> None:
+    data = "\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines)
+    pairs = [line.get("translation", line) for line in lines if isinstance(line, dict)]
+    src, trg = _read("jsonl", {"train.jsonl": data.encode("utf-8")}, errors, cached)
+    assert src == [pair["es"] for pair in pairs] and trg == [pair["en"] for pair in pairs]
+
+
+JSONL_ERRORS = (
+    "not valid UTF-8",
+    "not valid JSON",
+    "expected a JSON object",
+    "no fields 'es' and 'en'",
+    "expected a string",
+    "unpaired surrogate escape",
+)
 
 
 @SETTINGS
 @given(JSONL_BYTES, st.sampled_from(["strict", "replace"]), st.booleans())
 def test_any_jsonl_reads_or_is_a_data_error(data: bytes, errors: str, cached: bool) -> None:
     try:
-        _read("jsonl", {"train.jsonl": data}, errors, cached)
-    except DataError:
-        pass
+        src, _ = _read("jsonl", {"train.jsonl": data}, errors, cached)
+    except DataError as exc:  # names the line and what is wrong with it
+        assert re.match(r".*train\.jsonl:[0-9]+: ", str(exc)), str(exc)
+        assert any(reason in str(exc) for reason in JSONL_ERRORS), str(exc)
+    else:  # a pair from each line that is not blank
+        assert len(src) == sum(1 for line in _text_lines(data) if line.strip())
 
 
 @SETTINGS
