@@ -20,41 +20,45 @@ from nmt.config.schema import Config
 from nmt.errors import ConfigError
 
 
-def _section_fields(path: tuple[str, ...]) -> list[str]:
-    """Field names valid at a dotted location, for did-you-mean suggestions."""
-    model: Any = Config
-    for part in path:
-        field = model.model_fields.get(part)
-        if field is None or not isinstance(field.annotation, type):
-            return []
-        model = field.annotation
-        if not issubclass(model, BaseModel):
-            return []
-    return list(model.model_fields)
+def load(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load a YAML config file, apply ``--override`` values and validate."""
+    raw = read_yaml(path)
+    for override in overrides:
+        apply_override(raw, override)
+    if not raw:
+        raise ConfigError(
+            f"{path}: the config is empty; a config names at least its data (data.train, "
+            f"data.dev) and its run directory (run.dir): start from configs/demo.yaml"
+        )
+    return from_dict(raw, str(path))
 
 
-def _describe(error: Mapping[str, Any]) -> str:
-    loc = tuple(str(p) for p in error["loc"])
-    where = ".".join(loc)
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        known = _section_fields(loc[:-1])
-        close = difflib.get_close_matches(loc[-1], known, n=1)
-        hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(known)}"
-        return f"{where}: unknown key; {hint}"
-    message = error["msg"]
-    if kind == "value_error":
-        message = message.removeprefix("Value error, ")
-        return message if not where else f"{'.'.join(loc)}.{message}"
-    got = error.get("input")
-    if isinstance(got, dict):
-        return f"{where}: expected a mapping of keys; {message.lower()}"
-    return f"{where}: got {got!r}; {message[0].lower()}{message[1:]}"
-
-
-def _format_errors(exc: ValidationError, source: str) -> ConfigError:
-    lines = [_describe(e) for e in exc.errors()]
-    return ConfigError(f"{source}: " + "; ".join(lines))
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping, with file and line in the error."""
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory; give the YAML config file inside it")
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file; see configs/ for examples")
+    try:
+        raw = parse_yaml(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8"
+        ) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise ConfigError(f"{path}{line}: not valid YAML: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    return raw
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:
@@ -86,6 +90,26 @@ def from_dict(raw: dict[str, Any], source: str = "config") -> Config:
         return Config.model_validate(raw)
     except ValidationError as exc:
         raise _format_errors(exc, source) from None
+
+
+def to_yaml(config: Config) -> str:
+    """The resolved config, every key included, as YAML."""
+    return yaml.dump(config.model_dump(mode="json"), Dumper=_Dumper, sort_keys=False)
+
+
+def changed_keys(old: Config, new: Config) -> list[str]:
+    """Dotted keys whose values differ between two configs."""
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, prefix: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in a:
+                walk(a[key], b.get(key), f"{prefix}{key}.")
+        elif a != b:
+            out.append(prefix.rstrip("."))
+
+    walk(old.model_dump(mode="json"), new.model_dump(mode="json"), "")
+    return out
 
 
 class _Loader(yaml.SafeLoader):
@@ -122,62 +146,39 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML mapping, with file and line in the error."""
-    if path.is_dir():
-        raise ConfigError(f"{path}: is a directory; give the YAML config file inside it")
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such config file; see configs/ for examples")
-    try:
-        raw = parse_yaml(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8"
-        ) from None
-    except RecursionError:
-        raise ConfigError(f"{path}: nested too deeply to be a config") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "not valid YAML"
-        raise ConfigError(f"{path}{line}: not valid YAML: {problem}") from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
-    return raw
+def _format_errors(exc: ValidationError, source: str) -> ConfigError:
+    lines = [_describe(e) for e in exc.errors()]
+    return ConfigError(f"{source}: " + "; ".join(lines))
 
 
-def load(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load a YAML config file, apply ``--override`` values and validate."""
-    raw = read_yaml(path)
-    for override in overrides:
-        apply_override(raw, override)
-    if not raw:
-        raise ConfigError(
-            f"{path}: the config is empty; a config names at least its data (data.train, "
-            f"data.dev) and its run directory (run.dir): start from configs/demo.yaml"
-        )
-    return from_dict(raw, str(path))
+def _describe(error: Mapping[str, Any]) -> str:
+    """One pydantic error as one line: the dotted key, the value and what is wrong."""
+    loc = tuple(str(p) for p in error["loc"])
+    where = ".".join(loc)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        known = _section_fields(loc[:-1])
+        close = difflib.get_close_matches(loc[-1], known, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(known)}"
+        return f"{where}: unknown key; {hint}"
+    message = error["msg"]
+    if kind == "value_error":
+        message = message.removeprefix("Value error, ")
+        return message if not where else f"{'.'.join(loc)}.{message}"
+    got = error.get("input")
+    if isinstance(got, dict):
+        return f"{where}: expected a mapping of keys; {message.lower()}"
+    return f"{where}: got {got!r}; {message[0].lower()}{message[1:]}"
 
 
-def to_yaml(config: Config) -> str:
-    """The resolved config, every key included, as YAML."""
-    return yaml.dump(config.model_dump(mode="json"), Dumper=_Dumper, sort_keys=False)
-
-
-def changed_keys(old: Config, new: Config) -> list[str]:
-    """Dotted keys whose values differ between two configs."""
-    out: list[str] = []
-
-    def walk(a: Any, b: Any, prefix: str) -> None:
-        if isinstance(a, dict) and isinstance(b, dict):
-            for key in a:
-                walk(a[key], b.get(key), f"{prefix}{key}.")
-        elif a != b:
-            out.append(prefix.rstrip("."))
-
-    walk(old.model_dump(mode="json"), new.model_dump(mode="json"), "")
-    return out
+def _section_fields(path: tuple[str, ...]) -> list[str]:
+    """Field names valid at a dotted location, for did-you-mean suggestions."""
+    model: Any = Config
+    for part in path:
+        field = model.model_fields.get(part)
+        if field is None or not isinstance(field.annotation, type):
+            return []
+        model = field.annotation
+        if not issubclass(model, BaseModel):
+            return []
+    return list(model.model_fields)

@@ -1,7 +1,8 @@
 """The config's sections besides the model's, and ``Config``, the whole of them.
 
-Each section checks its own keys; a rule between keys of one section lives with it, and a rule
-between sections with ``Config``, which reports every problem at once.
+Each section checks its own keys. A rule between keys is a method of the section whose keys it
+reads, or of ``Config`` where it reads several; ``Config`` runs them all, in one order, and
+reports every problem at once.
 """
 
 from __future__ import annotations
@@ -308,6 +309,8 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _compatible(self) -> Config:
+        """The rules between keys, run once every key is valid and reported together, one
+        message for all. Each lives with the section it reads, or here if it reads several."""
         model, training = self.model, self.training
         problems = [
             *model.attention_problems(),
@@ -326,7 +329,7 @@ class Config(Section):
         return self
 
     def _freeze_problems(self) -> list[str]:
-        """Something must train: a frozen model trains only its alignment head."""
+        """Freezing every part leaves nothing to train, unless there is an alignment head."""
         if len(set(self.training.freeze)) == 4 and not self.model.alignment_head:
             return [
                 "training.freeze: every part is frozen and nothing would train; leave at least "
