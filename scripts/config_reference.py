@@ -1,4 +1,4 @@
-"""Write docs/config.md, the reference of every config key, from the schema in nmt/config.py.
+"""Write docs/config.md, the reference of every config key, from the schema in nmt/config/.
 
 .venv/bin/python scripts/config_reference.py            # rewrite docs/config.md
 .venv/bin/python scripts/config_reference.py --check    # exit 1 if it is out of date
@@ -20,7 +20,7 @@ OUT = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 HEADER = """# Config reference
 
 Every key of an `nmt` config, its type, its default and what it does. This file is generated
-from the schema in `nmt/config.py` by `scripts/config_reference.py`; a test keeps the two in
+from the schema in `nmt/config/` by `scripts/config_reference.py`; a test keeps the two in
 step. Set any key from the command line with `--override section.key=value`.
 """
 

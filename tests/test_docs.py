@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,12 +27,31 @@ def test_config_reference_is_up_to_date() -> None:
     )
 
 
+def _schema_keys(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInfo]:
+    """Dotted key -> field, for every leaf key of every section."""
+    keys: dict[str, FieldInfo] = {}
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            keys.update(_schema_keys(annotation, f"{prefix}{name}."))
+        else:
+            keys[f"{prefix}{name}"] = field
+    return keys
+
+
 def test_every_key_of_the_schema_is_in_the_reference() -> None:
     from nmt.config import Config
 
+    keys = _schema_keys(Config)
+    assert {key.split(".")[0] for key in keys} == set(Config.model_fields)
+    assert {"model.attention.score", "model.encoder.hidden_size", "run.fast_kernels"} <= set(keys)
     text = (ROOT / "docs" / "config.md").read_text(encoding="utf-8")
-    for key in Config().model_dump(mode="json")["training"]:
-        assert f"`training.{key}`" in text
+    documented = re.findall(r"^\| `([a-z0-9_.]+)` \|", text, flags=re.MULTILINE)
+    assert sorted(documented) == sorted(keys), "docs/config.md lists other keys than the schema"
+    for key, field in keys.items():
+        description = field.description or ""
+        assert description.strip(), f"{key} has no description"
+        assert f"| `{key}` |" in text and description in text, key
 
 
 def test_readme_opens_with_the_two_commands() -> None:

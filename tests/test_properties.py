@@ -1,10 +1,10 @@
-"""Property-based tests of the two readers of user input: the config loader and the corpus
-reader. Whatever they are given, they return a result or raise their one error type
-(ConfigError, DataError), never another exception."""
+"""Property-based tests of the config loader: valid configs and overrides load with their
+values and round-trip through YAML; whatever else it is given, it raises ConfigError (one line,
+naming the problem), never another exception. The corpus readers have their own, in
+tests/data/test_corpus_properties.py."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import re
@@ -20,9 +20,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from nmt.config import CONTENT_SCORES, SCORES, Config, apply_override, from_dict, load, to_yaml
+from nmt.config import (
+    CONTENT_SCORES,
+    DECODER_STYLES,
+    SCORES,
+    Config,
+    apply_override,
+    from_dict,
+    load,
+    to_yaml,
+)
 from nmt.config import ConfigError as _ConfigError  # the same class as nmt.errors.ConfigError
-from nmt.errors import ConfigError, DataError
+from nmt.errors import ConfigError
 
 assert _ConfigError is ConfigError
 
@@ -72,19 +81,50 @@ def _bounds(field: typing.Any) -> dict[str, typing.Any]:
     return bounds
 
 
-def _valid_value(key: str, field: typing.Any) -> st.SearchStrategy:
+# Strings that YAML would read as something else unless quoted.
+TRICKY = st.sampled_from(["1e3", "-2E-5", "1_000", "0x1F", "null", "~", "yes", "2020-01-01", ""])
+SPLIT_NAMES = st.from_regex(r"[A-Za-z0-9_-]{1,8}", fullmatch=True).filter(
+    lambda name: name not in ("train", "dev", "test")
+)
+# The keys that rules between keys read (Config's checks); a draw of the others always loads.
+CROSS_KEYS = {
+    *(f"model.attention.{k}" for k in ("score", "local_score", "heads", "scale", "coverage")),
+    *(f"model.encoder.{k}" for k in ("hidden_size", "bidirectional", "layers")),
+    *(f"model.decoder.{k}" for k in ("hidden_size", "layers", "init", "style", "output_size")),
+    *(f"model.{k}" for k in ("embedding_size", "tie_embeddings", "alignment_head")),
+    *(f"model.{k}" for k in ("alignment_head_joint", "alignment_head_context")),
+    *(f"tokenizer.{k}" for k in ("type", "sampling_alpha", "sampling_nbest", "model")),
+    *(f"training.{k}" for k in ("freeze", "guided_alignment", "decay_hold", "schedule")),
+    "training.init_from",
+    "data.format",
+    "data.hub_name",
+}
+
+
+def _valid_value(
+    key: str, field: typing.Any, text: st.SearchStrategy[str] = TEXT
+) -> st.SearchStrategy:
     """Values the schema accepts for one key (cross-field rules aside)."""
-    if key == "model.attention.score":
-        return st.sampled_from(SCORES)
-    if key == "model.attention.local_score":
-        return st.sampled_from(CONTENT_SCORES)
+    names = {
+        "model.attention.score": SCORES,
+        "model.attention.local_score": CONTENT_SCORES,
+        "model.decoder.style": DECODER_STYLES,
+    }
+    if key in names:
+        return st.sampled_from(names[key])
     annotation = field.annotation
     optional = type(None) in typing.get_args(annotation)
     if optional:
         annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
     bounds = _bounds(field)
-    if typing.get_origin(annotation) is typing.Literal:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
         strategy: st.SearchStrategy = st.sampled_from(typing.get_args(annotation))
+    elif origin is list:
+        (item,) = typing.get_args(annotation)
+        strategy = st.lists(st.sampled_from(typing.get_args(item)), max_size=4)
+    elif origin is dict:
+        strategy = st.dictionaries(SPLIT_NAMES, st.one_of(text, TRICKY), max_size=3)
     elif annotation is bool:
         strategy = st.booleans()
     elif annotation is int:
@@ -94,22 +134,57 @@ def _valid_value(key: str, field: typing.Any) -> st.SearchStrategy:
     elif annotation is float:
         strategy = st.floats(allow_nan=False, allow_infinity=False, **bounds)
     else:
-        strategy = TEXT
+        assert annotation is str, key
+        strategy = st.one_of(text, TRICKY)
     return st.one_of(st.none(), strategy) if optional else strategy
 
 
+def _nested(key: str, value: object) -> dict:
+    *sections, name = key.split(".")
+    raw: dict = {name: value}
+    for section in reversed(sections):
+        raw = {section: raw}
+    return raw
+
+
+def _value_at(config: Config, key: str) -> object:
+    value: typing.Any = config
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
 @st.composite
-def valid_raw_configs(draw: st.DrawFn) -> dict:
+def valid_raw_configs(draw: st.DrawFn, keys: typing.Sequence[str] = sorted(SCHEMA)) -> dict:
     """Nested dicts of some keys, each with a value its type and range allow."""
-    keys = draw(st.lists(st.sampled_from(sorted(SCHEMA)), max_size=12, unique=True))
+    chosen = draw(st.lists(st.sampled_from(keys), max_size=12, unique=True))
     raw: dict = {}
-    for key in keys:
+    for key in chosen:
         node = raw
         *sections, name = key.split(".")
         for section in sections:
             node = node.setdefault(section, {})
         node[name] = draw(_valid_value(key, SCHEMA[key]))
     return raw
+
+
+FREE_KEYS = sorted(set(SCHEMA) - CROSS_KEYS)
+
+
+def loadable_configs() -> st.SearchStrategy[dict]:
+    """Nested dicts that every rule accepts: valid values of keys no rule between keys reads."""
+    return valid_raw_configs(FREE_KEYS)
+
+
+def _leaves(raw: dict, prefix: str = "") -> dict[str, object]:
+    """Dotted key -> value of a nested dict of sections."""
+    out: dict[str, object] = {}
+    for name, value in raw.items():
+        if f"{prefix}{name}" in SCHEMA:
+            out[f"{prefix}{name}"] = value
+        else:
+            out.update(_leaves(value, f"{prefix}{name}."))
+    return out
 
 
 SCALARS = st.one_of(
@@ -185,6 +260,10 @@ YAML_TEXTS = st.one_of(
 )
 
 
+def _one_line_error(exc: ConfigError, source: str) -> None:
+    assert str(exc).startswith(f"{source}:") and "\n" not in str(exc).strip()
+
+
 @SETTINGS
 @given(YAML_TEXTS)
 def test_any_yaml_text_loads_or_is_a_config_error(text: str) -> None:
@@ -194,32 +273,58 @@ def test_any_yaml_text_loads_or_is_a_config_error(text: str) -> None:
         try:
             config = load(path)
         except ConfigError as exc:
-            assert str(exc).startswith(str(path)) and "\n" not in str(exc).strip()
+            _one_line_error(exc, str(path))
         else:
             assert isinstance(config, Config)
 
 
 @SETTINGS
-@given(st.binary(max_size=200))
+@given(st.one_of(st.binary(max_size=200), st.text(" \n#", max_size=5).map(str.encode)))
 def test_any_bytes_load_or_are_a_config_error(data: bytes) -> None:
     with workdir() as root:
         path = root / "config.yaml"
         path.write_bytes(data)
         try:
-            load(path)
-        except ConfigError:
-            pass
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            expected = (
+                f"{path}: not UTF-8 text ({bad.reason} at byte {bad.start}); save it as UTF-8"
+            )
+            with pytest.raises(ConfigError, match=f"^{re.escape(expected)}$"):
+                load(path)
+            return
+        if re.fullmatch(r"[ \n#]*", text):  # blank lines and comments
+            with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: the config is empty"):
+                load(path)
+            return
+        try:
+            config = load(path)
+        except ConfigError as exc:
+            _one_line_error(exc, str(path))
+        else:
+            assert isinstance(config, Config)
+
+
+@SETTINGS
+@given(loadable_configs())
+def test_valid_configs_load_with_their_values(raw: dict) -> None:
+    config = from_dict(raw)
+    for key, value in _leaves(raw).items():
+        assert _value_at(config, key) == value, key
 
 
 @SETTINGS
 @given(RAW_DICTS)
 def test_any_nested_dict_validates_or_is_a_config_error(raw: dict) -> None:
+    unknown = [key for key in raw if isinstance(key, str) and key not in Config.model_fields]
     try:
         config = from_dict(raw)
     except ConfigError as exc:
-        assert str(exc).startswith("config: ")
+        _one_line_error(exc, "config")
+        for key in unknown:  # each named, with a suggestion or the valid keys
+            assert re.search(rf"(^config: |; ){re.escape(key)}: unknown key; ", str(exc)), key
     else:
-        assert isinstance(config, Config)
+        assert isinstance(config, Config) and not unknown
 
 
 OVERRIDE_KEYS = st.one_of(
@@ -236,6 +341,8 @@ OVERRIDES = st.one_of(
     st.tuples(OVERRIDE_KEYS, OVERRIDE_VALUES).map("=".join),
     TEXT,
 )
+# What a command line carries: no control characters, which YAML refuses in a stream.
+PRINTABLE = st.text(st.characters(categories=("L", "M", "N", "P", "S", "Zs")), max_size=12)
 
 
 @SETTINGS
@@ -245,19 +352,46 @@ def test_any_overrides_apply_or_are_a_config_error(raw: dict, overrides: list[st
         for override in overrides:
             apply_override(raw, override)
         config = from_dict(raw)
-    except ConfigError:
-        pass
+    except ConfigError as exc:
+        assert str(exc).startswith(("--override ", "config: ")), str(exc)
     else:
         assert isinstance(config, Config)
 
 
 @SETTINGS
-@given(valid_raw_configs())
-def test_resolved_config_round_trips_through_yaml(raw: dict) -> None:
-    try:
-        config = from_dict(raw)
-    except ConfigError:  # a cross-field rule (sizes, scores) the draw did not respect
+@given(loadable_configs(), st.data())
+def test_valid_overrides_set_their_keys(raw: dict, data: st.DataObject) -> None:
+    keys = data.draw(st.lists(st.sampled_from(FREE_KEYS), min_size=1, max_size=4, unique=True))
+    values = {key: data.draw(_valid_value(key, SCHEMA[key], PRINTABLE)) for key in keys}
+    for key, value in values.items():  # JSON is YAML 1.2, as overrides are read
+        apply_override(raw, f"{key}={json.dumps(value, ensure_ascii=False)}")
+    config = from_dict(raw)
+    for key, value in values.items():
+        assert _value_at(config, key) == value, key
+
+
+@SETTINGS
+@given(st.one_of(TEXT.filter(lambda text: "=" not in text), TEXT.map(lambda text: f" ={text}")))
+def test_an_override_without_a_key_is_an_error(override: str) -> None:
+    expected = f"--override {override!r}: expected dotted.key=value"
+    with pytest.raises(ConfigError, match=f"^{re.escape(expected)}$"):
+        apply_override({}, override)
+
+
+@SETTINGS
+@given(st.lists(st.sampled_from([*NAMES[:5], "", " "]), min_size=2, max_size=4), TEXT)
+def test_an_override_with_an_empty_part_is_an_error(parts: list[str], value: str) -> None:
+    key = ".".join(parts)
+    if all(part.strip() for part in parts):
         return
+    with pytest.raises(ConfigError, match="has an empty part; expected dotted.key=value"):
+        apply_override({}, f"{key}={value}")
+
+
+@SETTINGS
+@given(loadable_configs())
+def test_resolved_config_round_trips_through_yaml(raw: dict) -> None:
+    config = from_dict(raw)
     text = to_yaml(config)
     assert from_dict(yaml.safe_load(text)) == config
     with workdir() as root:
@@ -276,14 +410,6 @@ FLOAT_KEYS = [
     for key in NUMERIC_KEYS
     if float in {SCHEMA[key].annotation, *typing.get_args(SCHEMA[key].annotation)}
 ]
-
-
-def _nested(key: str, value: object) -> dict:
-    *sections, name = key.split(".")
-    raw: dict = {name: value}
-    for section in reversed(sections):
-        raw = {section: raw}
-    return raw
 
 
 @SETTINGS
@@ -321,134 +447,3 @@ def test_a_key_twice_in_a_mapping_is_an_error_naming_its_line(
         path.write_text("\n".join(doubled) + "\n", encoding="utf-8")
         with pytest.raises(ConfigError, match=rf"{re.escape(str(path))}:{len(lines) + 1}:"):
             load(path)
-
-
-# ----------------------------------------------------------------------------- corpora
-
-LINE_PIECES = [
-    b"\n",
-    b"\r\n",
-    b"\r",
-    b"\t",
-    b" ",
-    b"hola",
-    b"\xc3\xa1",  # a valid two-byte character
-    b"\xc3",  # half of one
-    b"\xff",
-    b"\xef\xbb\xbf",  # a byte-order mark
-    b"\xe2\x80\xa8",  # U+2028, a line separator that is not a line end
-    b"\x00",
-    b"{",
-    b"}",
-    b'"es"',
-    b'"en"',
-    b'"translation"',
-    b":",
-    b",",
-    b'"x"',
-    b'"\\ud800"',  # a JSON escape of a lone surrogate
-    b"null",
-    b"1",
-    b"[",
-    b"]",
-]
-CORPUS_BYTES = st.one_of(
-    st.binary(max_size=120),
-    st.lists(st.sampled_from(LINE_PIECES), max_size=30).map(b"".join),
-)
-JSON_VALUES = st.recursive(
-    st.one_of(st.none(), st.integers(), st.text(max_size=8), st.booleans()),
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=2),
-        st.dictionaries(st.sampled_from(["es", "en", "translation", "x"]), inner, max_size=3),
-    ),
-    max_leaves=6,
-)
-JSONL_BYTES = st.one_of(
-    CORPUS_BYTES,
-    st.lists(JSON_VALUES.map(json.dumps), max_size=5).map(
-        lambda lines: "\n".join(lines).encode("utf-8", "surrogatepass")
-    ),
-)
-
-
-def _read(fmt: str, files: dict[str, bytes], errors: str, cached: bool) -> int:
-    """read_pairs over the files; returns the pair count, checking the columns agree."""
-    from nmt.config import DataConfig
-    from nmt.data.corpus import read_pairs
-
-    with workdir() as root:
-        for name, data in files.items():
-            (root / name).write_bytes(data)
-        split = str(root / ("train" if fmt == "text" else f"train.{fmt}"))
-        cfg = DataConfig(format=fmt, utf8_errors=errors, train=split)
-        rows = read_pairs(cfg, split, root / "cache" if cached else None)
-        src, trg = list(rows["src"]), list(rows["trg"])
-        assert len(src) == len(trg) == len(rows)
-        assert all(isinstance(s, str) and isinstance(t, str) for s, t in zip(src, trg, strict=True))
-        # a CRLF line's \r goes; a \r inside a line (before a TSV tab, or escaped in a JSON
-        # string) is the text's own
-        ends = {"text": src + trg, "tsv": trg, "jsonl": []}[fmt]
-        assert not any(line.endswith("\r") for line in ends)
-        return len(rows)
-
-
-def _lines(data: bytes) -> int:
-    """Lines as nmt counts them: ended by \\n, plus a last one without it."""
-    return data.count(b"\n") + (bool(data) and not data.endswith(b"\n"))
-
-
-def _utf8(data: bytes) -> bool:
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-@SETTINGS
-@given(CORPUS_BYTES, CORPUS_BYTES, st.sampled_from(["strict", "replace"]), st.booleans())
-def test_any_text_pair_reads_or_is_a_data_error(
-    src: bytes, trg: bytes, errors: str, cached: bool
-) -> None:
-    try:
-        count = _read("text", {"train.es": src, "train.en": trg}, errors, cached)
-    except DataError:  # only for a reason: unequal line counts or (strict) invalid UTF-8
-        strict_failure = errors == "strict" and not (_utf8(src) and _utf8(trg))
-        assert _lines(src) != _lines(trg) or strict_failure
-    else:
-        assert count == _lines(src) == _lines(trg)  # a line ends at \\n and nowhere else
-
-
-@SETTINGS
-@given(CORPUS_BYTES, st.booleans())
-def test_text_with_replace_never_fails_on_encoding(data: bytes, cached: bool) -> None:
-    assert _read("text", {"train.es": data, "train.en": data}, "replace", cached) == _lines(data)
-
-
-@SETTINGS
-@given(CORPUS_BYTES, st.sampled_from(["strict", "replace"]), st.booleans())
-def test_any_tsv_reads_or_is_a_data_error(data: bytes, errors: str, cached: bool) -> None:
-    try:
-        _read("tsv", {"train.tsv": data}, errors, cached)
-    except DataError:
-        pass
-
-
-@SETTINGS
-@given(JSONL_BYTES, st.sampled_from(["strict", "replace"]), st.booleans())
-def test_any_jsonl_reads_or_is_a_data_error(data: bytes, errors: str, cached: bool) -> None:
-    try:
-        _read("jsonl", {"train.jsonl": data}, errors, cached)
-    except DataError:
-        pass
-
-
-@SETTINGS
-@given(st.binary(max_size=80), st.booleans())
-def test_any_gzip_member_reads_or_is_a_data_error(data: bytes, compress: bool) -> None:
-    payload = gzip.compress(data) if compress else data
-    try:
-        _read("text", {"train.es.gz": payload, "train.en": data}, "replace", False)
-    except DataError:
-        assert not compress  # a real gzip file of any bytes reads (errors: replace)
