@@ -197,11 +197,7 @@ def bench_config(name: str, options: Options) -> Config:
     parts = CONFIGS[name]
     data = Path(options.data)
     raw = {
-        "data": {
-            "train": str(data / "train"),
-            "dev": str(data / "dev"),
-            "test": str(data / "test"),
-        },
+        "data": {split: str(data / split) for split in ("train", "dev", "test")},
         "tokenizer": {"type": "unigram", "vocab_size": sizes["vocab"], "joint": True},
         "model": {
             "embedding_size": sizes["embedding"],
@@ -359,7 +355,7 @@ def matmul_rates(
     device: torch.device, precision: str, quick: bool, size: int = MATMUL_SIZE
 ) -> dict[str, MatmulRate]:
     """fp32 and the training precision (on a GPU also bf16 and fp16). A CPU that trains in
-    fp32 skips bf16: emulated bf16 takes minutes at this size, and the precision probe has
+    fp32 skips bf16: emulated bf16 is far slower at this size, and the precision probe has
     already timed it at the model's own shapes."""
     dtypes = {"fp32": torch.float32}
     if precision == "bf16" or device.type == "cuda":
