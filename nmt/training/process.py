@@ -7,12 +7,7 @@ from __future__ import annotations
 import os
 
 from nmt.config import Config
-from nmt.fast.allocator import (
-    limit_kernel_cache,
-    restart_with_malloc_tunables,
-    tune_allocator,
-    wants_malloc_tunables,
-)
+from nmt.fast import allocator
 from nmt.runtime import choose_device, set_threads
 
 
@@ -24,10 +19,10 @@ def setup_process(config: Config, restart: bool = False) -> None:
     command, a benchmark's training subprocess) such a process first starts itself again
     with glibc's tcache off, which can only be set as a process starts.
     """
-    limit_kernel_cache()
+    allocator.limit_kernel_cache()
     device = choose_device(config.run.device, int(os.environ.get("LOCAL_RANK", "0")))
-    if restart and wants_malloc_tunables(device.type, config.run.fast_kernels):
-        restart_with_malloc_tunables()
+    if restart and allocator.wants_malloc_tunables(device.type, config.run.fast_kernels):
+        allocator.restart_with_malloc_tunables()
     set_threads(config.run.threads)
     if config.run.fast_kernels and device.type == "cpu":
-        tune_allocator()
+        allocator.tune_allocator()
