@@ -115,6 +115,7 @@ MATMUL_SIZE = 2048
 TINY_MATMUL_SIZE = 256
 DECODE_SETTINGS = ((1, 1), (1, 64), (5, 1), (5, 64))  # (beam size, batch size)
 CONSTRAINT_COUNTS = (1, 3)  # constraint words per sentence, beam 5, batch 64
+PARTS = ("matmul", "train", "decode", "translate")  # what a run measures (--parts)
 GIB = 2.0**30
 T = TypeVar("T")
 
@@ -1221,11 +1222,7 @@ def parser() -> argparse.ArgumentParser:
         help="run dir or checkpoint to decode with; 'untrained' for a fresh bench model "
         "(default: runs/demo when it exists)",
     )
-    add(
-        "--parts",
-        default="matmul,train,decode,translate",
-        help="comma list of: matmul, train, decode, translate",
-    )
+    add("--parts", default=",".join(PARTS), help=f"comma list of: {', '.join(PARTS)}")
     add(
         "--env",
         action="append",
@@ -1265,7 +1262,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     if lengths.warmup < 1:
         command_line.error("--warmup: at least 1 (the FLOPs are counted on the warm-up steps)")
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = set(parts) - {"matmul", "train", "decode", "translate"}
+    unknown = set(parts) - set(PARTS)
     if unknown:
         command_line.error(f"--parts: unknown {', '.join(sorted(unknown))}")
     values = {k: v for k, v in vars(args).items() if k not in vars(lengths)}

@@ -1,4 +1,6 @@
-"""The training loop, written out: forward, backward, clip, step, validate, checkpoint.
+"""The training loop, written out: epochs of batches, each update a ``train_step`` (forward,
+backward, clip, step; ``step.py``), validation and checkpoints at their intervals, and the
+reasons to stop. The run it works on is assembled by ``Run.build`` (``run.py``).
 
 One process trains on one device, a GPU when there is one. Several GPUs, on one machine or
 several, train one model with PyTorch DistributedDataParallel when torchrun starts the
@@ -58,6 +60,7 @@ def train(
     run_dir: Path | None = None,
     resume: bool = False,
     quiet: bool = False,
+    *,
     restart: bool = False,
 ) -> Path:
     """Train a model as configured (one process, or one rank under torchrun); returns the
