@@ -6,10 +6,9 @@ line on stderr and exit status 2 (``--debug`` shows the traceback).
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 import typer
 
@@ -21,9 +20,6 @@ except ImportError:  # pragma: no cover - older typer on click
 from nmt import __version__
 from nmt.errors import ConfigError, NMTError
 from nmt.fast.allocator import limit_kernel_cache
-
-if TYPE_CHECKING:
-    from nmt.config import Config
 
 Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -87,10 +83,8 @@ def train(
     from nmt.training import train as run_training
 
     cfg = load(config, override or [])
-    if _state["may_restart"]:
-        _restart_for_cpu_training(cfg)
     try:
-        run_training(cfg, run_dir, resume=resume, quiet=quiet)
+        run_training(cfg, run_dir, resume=resume, quiet=quiet, restart=_state["may_restart"])
     except KeyboardInterrupt:
         where = Path(run_dir or cfg.run.dir)
         if (where / "last.pt").is_file():
@@ -529,21 +523,10 @@ def eval_(
     typer.echo(report.to_json() if json_out else report.to_table())
 
 
-def _restart_for_cpu_training(cfg: Config) -> None:
-    """Start this `nmt train` again with glibc's tcache off (nmt.fast.allocator) when it will
-    train on a CPU with run.fast_kernels; it has written nothing yet."""
-    from nmt.fast.allocator import restart_with_malloc_tunables, wants_malloc_tunables
-    from nmt.runtime import choose_device
-
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = choose_device(cfg.run.device, local_rank)
-    if wants_malloc_tunables(device.type, cfg.run.fast_kernels):
-        restart_with_malloc_tunables()
-
-
 def command() -> None:
     """The `nmt` command (console script and ``python -m nmt``): ``main``, allowed to start
-    itself again with other malloc settings before it trains on a CPU."""
+    itself again with other malloc settings before it trains on a CPU
+    (``nmt.training.process.setup_process``)."""
     _state["may_restart"] = True
     main()
 

@@ -10,10 +10,11 @@ batches of 4,000, the demo corpus ``data/bible``) differ only in the decoder:
     luong-nofeed       the same without input feeding (the decoder RNN runs in one call)
     luong-nofeed-lstm  the same with an LSTM encoder and decoder
 
-For each config, in a subprocess of its own (so that its peak memory is its own), the
-benchmark trains on real length-bucketed batches of the training split, the same batches in
-the same order for every config, with the project's own step (``nmt.training.step.forward_backward``
-and ``nmt.training.step.apply_update``: ``model.loss``, backward, clip, Adam, under
+For each config, in a subprocess of its own (so that its peak memory is its own) set up as
+``nmt train`` sets itself up (``nmt.training.process.setup_process``), the benchmark trains
+on real length-bucketed batches of the training split, the same batches in the same order
+for every config, with the model and step of ``nmt train`` (``nmt.training.run.allocate_model``,
+``nmt.training.step.train_step``: ``model.loss``, backward, clip, Adam, under
 ``nmt.runtime.autocast``): a few warm-up steps whose matmul FLOPs are counted, then timed
 windows of steps, each giving target and source+target tokens/s. It also measures the
 machine's matmul rate (a 2048^3 matmul in fp32 and bf16), the padding fraction of the batches,
@@ -22,7 +23,7 @@ exists), and the whole ``nmt translate --beam 5`` command on the test set, start
 
 Usage::
 
-    .venv/bin/python scripts/bench.py                          # all configs, CPU: ~6 min
+    .venv/bin/python scripts/bench.py                          # all configs
     .venv/bin/python scripts/bench.py --configs luong-nofeed --quick
     .venv/bin/python scripts/bench.py --device cuda --markdown > results.md
     .venv/bin/python scripts/bench.py --configs luong-nofeed \\
@@ -50,10 +51,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -69,24 +70,16 @@ from nmt.data.corpus import read_pairs  # noqa: E402
 from nmt.data.prepare import load_corpora  # noqa: E402
 from nmt.data.tokenizer import Tokenizer  # noqa: E402
 from nmt.decoding.translator import Steered, Translator  # noqa: E402
-from nmt.fast import FastPaths, compiled  # noqa: E402
-from nmt.fast.allocator import (  # noqa: E402
-    MALLOC_TUNABLES,
-    limit_kernel_cache,
-    tune_allocator,
-    wants_malloc_tunables,
-)
+from nmt.fast import compiled  # noqa: E402
+from nmt.fast.allocator import limit_kernel_cache  # noqa: E402
 from nmt.fast.precision import choose_precision  # noqa: E402
-from nmt.model import build_model, count_parameters  # noqa: E402
+from nmt.model import Seq2Seq, build_model, count_parameters  # noqa: E402
 from nmt.runtime import choose_device, cpu_name, seed_everything, set_threads  # noqa: E402
+from nmt.training.distributed import Distributed  # noqa: E402
+from nmt.training.process import setup_process  # noqa: E402
+from nmt.training.run import allocate_model  # noqa: E402
 from nmt.training.rundir import project_commit  # noqa: E402
-from nmt.training.step import (  # noqa: E402
-    TrainingLoss,
-    apply_update,
-    build_optimizer,
-    forward_backward,
-    grad_scaler,
-)
+from nmt.training.step import Updater, train_step  # noqa: E402
 
 # The decoder (and its RNN) of each named config; everything else is shared.
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -122,7 +115,9 @@ MATMUL_SIZE = 2048
 TINY_MATMUL_SIZE = 256
 DECODE_SETTINGS = ((1, 1), (1, 64), (5, 1), (5, 64))  # (beam size, batch size)
 CONSTRAINT_COUNTS = (1, 3)  # constraint words per sentence, beam 5, batch 64
+PARTS = ("matmul", "train", "decode", "translate")  # what a run measures (--parts)
 GIB = 2.0**30
+T = TypeVar("T")
 
 
 def log(message: str) -> None:
@@ -130,20 +125,80 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+# ----------------------------------------------------------------------------- options
+
+
+@dataclass
+class Lengths:
+    """How much each part runs."""
+
+    warmup: int
+    windows: int
+    steps: int
+    decode_sentences: int
+
+
+@dataclass(kw_only=True)
+class Options:
+    """The command line, parsed and defaulted once (``parse_args``)."""
+
+    configs: str  # comma list of CONFIGS names
+    device: str
+    precision: str  # --precision; once decided for the configs, what they train in
+    threads: int | None
+    work_dir: str
+    data: str
+    json: str | None
+    markdown: bool
+    quick: bool
+    tiny: bool
+    lengths: Lengths
+    translate_sentences: int | None
+    model: str | None
+    parts: list[str]
+    env: dict[str, str]
+    overrides: list[str]
+    in_process: bool
+    report: str | None
+    verbose: bool
+    one: str | None  # this process trains that one config (a per-config subprocess)
+    one_json: str | None
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return SIZES["tiny" if self.tiny else "bench"]
+
+
+def omitted_when_none() -> Any:
+    """A result's field that the JSON leaves out when it was not measured."""
+    return field(default=None, metadata={"omit_none": True})
+
+
+def to_json(value: Any) -> Any:
+    """A result (dataclasses, lists, dicts) as JSON values, fields in their order."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: to_json(getattr(value, f.name))
+            for f in fields(value)
+            if getattr(value, f.name) is not None or not f.metadata.get("omit_none")
+        }
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    return value
+
+
 # ----------------------------------------------------------------------------- configs
 
 
-def bench_config(name: str, args: argparse.Namespace) -> Config:
+def bench_config(name: str, options: Options) -> Config:
     """The named config at bench (or tiny) sizes, validated by the project's schema."""
-    sizes = SIZES["tiny" if args.tiny else "bench"]
+    sizes = options.sizes
     parts = CONFIGS[name]
-    data = Path(args.data)
+    data = Path(options.data)
     raw = {
-        "data": {
-            "train": str(data / "train"),
-            "dev": str(data / "dev"),
-            "test": str(data / "test"),
-        },
+        "data": {split: str(data / split) for split in ("train", "dev", "test")},
         "tokenizer": {"type": "unigram", "vocab_size": sizes["vocab"], "joint": True},
         "model": {
             "embedding_size": sizes["embedding"],
@@ -155,10 +210,10 @@ def bench_config(name: str, args: argparse.Namespace) -> Config:
             "decoder": {**parts["decoder"], "rnn": parts["rnn"], "hidden_size": sizes["decoder"]},
             "attention": parts["attention"],
         },
-        "training": {"batch_tokens": sizes["batch"], "precision": args.precision, "seed": SEED},
-        "run": {"device": args.device, "threads": args.threads},
+        "training": {"batch_tokens": sizes["batch"], "precision": options.precision, "seed": SEED},
+        "run": {"device": options.device, "threads": options.threads},
     }
-    for override in args.override:
+    for override in options.overrides:
         apply_override(raw, override)
     return from_dict(raw, f"bench config {name}")
 
@@ -240,6 +295,15 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed(device: torch.device, work: Callable[[], T]) -> tuple[T, float]:
+    """``work()`` and its wall clock in seconds, the device's queue drained on both ends."""
+    synchronize(device)
+    start = time.perf_counter()
+    out = work()
+    synchronize(device)
+    return out, time.perf_counter() - start
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident set size (ru_maxrss is KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -256,44 +320,43 @@ def current_rss_bytes() -> int | None:
     return None
 
 
-def spread(values: list[float]) -> dict[str, Any]:
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "values": values,
-    }
+@dataclass
+class Spread:
+    median: float
+    min: float
+    max: float
+    values: list[float]
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread:
+        return cls(statistics.median(values), min(values), max(values), values)
+
+
+@dataclass
+class MatmulRate:
+    seconds: float  # the median
+    gflops: float
+    gflops_best: float
 
 
 def matmul_rate(
     device: torch.device, dtype: torch.dtype, repeats: int, size: int = MATMUL_SIZE
-) -> dict[str, Any]:
+) -> MatmulRate:
     """Median time of a size^3 matmul (2048^3; smaller with --tiny, for the tests on CPUs
     without native bf16) -> GFLOP/s (2 n^3 floating-point operations)."""
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
-    times = []
-    for attempt in range(repeats + 2):  # two untimed warm-up runs
-        synchronize(device)
-        start = time.perf_counter()
-        torch.mm(a, b)
-        synchronize(device)
-        if attempt >= 2:
-            times.append(time.perf_counter() - start)
-    flop = 2 * size**3
+    times = [timed(device, lambda: torch.mm(a, b))[1] for _ in range(repeats + 2)][2:]
+    flop = 2 * size**3  # the first two runs warm up, untimed
     seconds = statistics.median(times)
-    return {
-        "seconds": seconds,
-        "gflops": flop / seconds / 1e9,
-        "gflops_best": flop / min(times) / 1e9,
-    }
+    return MatmulRate(seconds, flop / seconds / 1e9, flop / min(times) / 1e9)
 
 
 def matmul_rates(
     device: torch.device, precision: str, quick: bool, size: int = MATMUL_SIZE
-) -> dict[str, Any]:
+) -> dict[str, MatmulRate]:
     """fp32 and the training precision (on a GPU also bf16 and fp16). A CPU that trains in
-    fp32 skips bf16: emulated bf16 takes minutes at this size, and the precision probe has
+    fp32 skips bf16: emulated bf16 is far slower at this size, and the precision probe has
     already timed it at the model's own shapes."""
     dtypes = {"fp32": torch.float32}
     if precision == "bf16" or device.type == "cuda":
@@ -383,37 +446,84 @@ Step = Callable[[np.ndarray], tuple[float, int, int]]  # -> loss/token, target, 
 
 
 @dataclass
-class Lengths:
-    """How much each part runs."""
+class Warmup:
+    """The counted warm-up steps."""
 
-    warmup: int
-    windows: int
-    steps: int
-    decode_sentences: int
+    flops_per_step: float
+    flops_per_target_token: float
+    flops_counted_on: str
+    rnn_flops_added_analytically: list[str]
+    rss_after_warmup_gib: float
 
 
-def make_step(config: Config, model: nn.Module, corpus: Any, device: torch.device) -> Step:
-    """One training step of ``nmt train`` on a batch of corpus indices:
-    -> (loss per target token, target tokens, source tokens)."""
-    cfg = config.training
-    optimizer = build_optimizer(config, model)
-    scaler = grad_scaler(cfg.precision, device)
-    loss_module = TrainingLoss(model, cfg.label_smoothing)
+@dataclass
+class Window:
+    """One timed window of steps."""
+
+    seconds: float
+    target_tokens: int
+    source_tokens: int
+    loss: float  # per target token
+    rss_gib: float
+
+
+@dataclass
+class Sampling:
+    alpha: float | None  # tokenizer.sampling_alpha
+    seconds_per_epoch: float
+    target_tokens_per_epoch: int
+
+
+@dataclass(kw_only=True)
+class TrainingResult:
+    """One config's training figures."""
+
+    config: dict[str, Any]  # its model section
+    batch_tokens: int
+    parameters: int
+    vocab_size: int
+    steps: dict[str, int]
+    target_tokens_per_s: Spread
+    tokens_per_s: Spread  # source and target
+    windows: list[Window]
+    padding_fraction: float
+    subword_sampling: Sampling
+    peak_rss_gib: float
+    glibc_tunables: str | None
+    native_kernels: str | None
+    peak_gpu_memory_gib: float | None
+    flops_per_step: float
+    flops_per_target_token: float
+    flops_counted_on: str
+    rnn_flops_added_analytically: list[str]
+    rss_after_warmup_gib: float
+    achieved_gflops: float
+    matmul_gflops: float | None = omitted_when_none()  # the matmul rate in its precision
+    fraction_of_matmul: float | None = omitted_when_none()
+
+
+@dataclass
+class Failed:
+    """A part that did not run to its end: its subprocess's exit status and last line."""
+
+    error: str
+
+
+def make_step(config: Config, model: Seq2Seq, corpus: Any, device: torch.device) -> Step:
+    """One training step of ``nmt train`` (``nmt.training.step.train_step``) on a batch of
+    corpus indices: -> (loss per target token, target tokens, source tokens)."""
+    updater = Updater.build(config, model, config.training.precision, device, Distributed())
 
     def step(indices: np.ndarray) -> tuple[float, int, int]:
         batch = corpus.batch(indices).to(device)
         tokens = int(corpus.trg_lengths[indices].sum())
-        optimizer.zero_grad(set_to_none=True)
-        loss, _ = forward_backward(loss_module, batch, 1.0 / tokens, device, cfg.precision, scaler)
-        apply_update(model, optimizer, scaler, cfg.clip_grad_norm)
-        return loss / tokens, tokens, int(corpus.src_lengths[indices].sum())
+        result = train_step(updater, [batch], tokens)
+        return result.loss / tokens, tokens, int(corpus.src_lengths[indices].sum())
 
     return step
 
 
-def counted_warmup(
-    model: nn.Module, step: Step, batches: list[np.ndarray], corpus: Any
-) -> dict[str, Any]:
+def counted_warmup(model: nn.Module, step: Step, batches: list[np.ndarray], corpus: Any) -> Warmup:
     """Warm-up steps, each under the FLOP counter."""
     flops, tokens, analytic = 0, 0, set()
     for indices in batches:
@@ -421,45 +531,39 @@ def counted_warmup(
         flops += step_flops
         tokens += int(corpus.trg_lengths[indices].sum())
         analytic.update(added)
-    return {
-        "flops_per_step": flops / len(batches),
-        "flops_per_target_token": flops / tokens,
-        "flops_counted_on": f"{len(batches)} warm-up steps, {tokens} target tokens",
-        "rnn_flops_added_analytically": sorted(analytic),
-        "rss_after_warmup_gib": (current_rss_bytes() or 0) / GIB,
-    }
+    return Warmup(
+        flops_per_step=flops / len(batches),
+        flops_per_target_token=flops / tokens,
+        flops_counted_on=f"{len(batches)} warm-up steps, {tokens} target tokens",
+        rnn_flops_added_analytically=sorted(analytic),
+        rss_after_warmup_gib=(current_rss_bytes() or 0) / GIB,
+    )
 
 
-def timed_window(step: Step, batches: list[np.ndarray], device: torch.device) -> dict[str, Any]:
+def timed_window(step: Step, batches: list[np.ndarray], device: torch.device) -> Window:
     """Wall clock of consecutive steps, batch building included, as in ``nmt train``."""
-    synchronize(device)
-    start = time.perf_counter()
-    results = [step(indices) for indices in batches]
-    synchronize(device)
-    seconds = time.perf_counter() - start
+    results, seconds = timed(device, lambda: [step(indices) for indices in batches])
     target = sum(r[1] for r in results)
-    return {
-        "seconds": seconds,
-        "target_tokens": target,
-        "source_tokens": sum(r[2] for r in results),
-        "loss": sum(r[0] * r[1] for r in results) / target,  # per target token
-        "rss_gib": (current_rss_bytes() or 0) / GIB,
-    }
+    return Window(
+        seconds=seconds,
+        target_tokens=target,
+        source_tokens=sum(r[2] for r in results),
+        loss=sum(r[0] * r[1] for r in results) / target,
+        rss_gib=(current_rss_bytes() or 0) / GIB,
+    )
 
 
-def bench_training(name: str, args: argparse.Namespace, lengths: Lengths) -> dict[str, Any]:
-    """Train one config: counted warm-up steps, then timed windows."""
-    config = bench_config(name, args)
+def bench_training(name: str, options: Options) -> TrainingResult:
+    """Train one config as ``nmt train`` does (its process setup, model and step): counted
+    warm-up steps, then timed windows."""
+    config = bench_config(name, options)
+    setup_process(config, restart=options.one is not None)  # a subprocess of its own
     device = choose_device(config.run.device)
-    set_threads(config.run.threads)
-    fast = FastPaths(cpu_kernels=config.run.fast_kernels)
-    if fast.cpu_kernels and device.type == "cpu":
-        tune_allocator()  # as nmt train does
-    corpora, tokenizer = load_data(config, Path(args.work_dir))
-    corpus, sampling_s = sampled_epoch(corpora, Path(args.work_dir))
+    work_dir, lengths = Path(options.work_dir), options.lengths
+    corpora, tokenizer = load_data(config, work_dir)
+    corpus, sampling_s = sampled_epoch(corpora, work_dir)
     seed_everything(SEED)
-    model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size, fast)
-    model.to(device).train()
+    model = allocate_model(config, tokenizer, device).train()
     step = make_step(config, model, corpus, device)
     total = lengths.warmup + lengths.windows * lengths.steps
     batches = training_batches(corpus, config.training.batch_tokens, total)
@@ -470,102 +574,148 @@ def bench_training(name: str, args: argparse.Namespace, lengths: Lengths) -> dic
     for w in range(lengths.windows):
         first = lengths.warmup + w * lengths.steps
         windows.append(timed_window(step, batches[first : first + lengths.steps], device))
-        rate = windows[-1]["target_tokens"] / windows[-1]["seconds"]
+        rate = windows[-1].target_tokens / windows[-1].seconds
         log(f"{name}: window {w + 1}/{lengths.windows}: {rate:,.0f} target tok/s")
-    target_rates = [w["target_tokens"] / w["seconds"] for w in windows]
-    return {
-        "config": config.model.model_dump(mode="json"),
-        "batch_tokens": config.training.batch_tokens,
-        "parameters": count_parameters(model),
-        "vocab_size": tokenizer.trg_vocab_size,
-        "steps": {
-            "warmup": lengths.warmup,
-            "windows": lengths.windows,
-            "per_window": lengths.steps,
-        },
-        "target_tokens_per_s": spread(target_rates),
-        "tokens_per_s": spread(
-            [(w["target_tokens"] + w["source_tokens"]) / w["seconds"] for w in windows]
+    target_rates = [w.target_tokens / w.seconds for w in windows]
+    return TrainingResult(
+        config=config.model.model_dump(mode="json"),
+        batch_tokens=config.training.batch_tokens,
+        parameters=count_parameters(model),
+        vocab_size=tokenizer.trg_vocab_size,
+        steps={"warmup": lengths.warmup, "windows": lengths.windows, "per_window": lengths.steps},
+        target_tokens_per_s=Spread.of(target_rates),
+        tokens_per_s=Spread.of([(w.target_tokens + w.source_tokens) / w.seconds for w in windows]),
+        windows=windows,
+        padding_fraction=padding_fraction(batches, corpus.src_lengths, corpus.trg_lengths),
+        subword_sampling=Sampling(
+            config.tokenizer.sampling_alpha, sampling_s, int(corpus.trg_lengths.sum())
         ),
-        "windows": windows,
-        "padding_fraction": padding_fraction(batches, corpus.src_lengths, corpus.trg_lengths),
-        "subword_sampling": {
-            "alpha": config.tokenizer.sampling_alpha,
-            "seconds_per_epoch": sampling_s,
-            "target_tokens_per_epoch": int(corpus.trg_lengths.sum()),
-        },
+        **_process_figures(config, device),
+        **vars(warmup),
+        achieved_gflops=warmup.flops_per_target_token * statistics.median(target_rates) / 1e9,
+    )
+
+
+def _process_figures(config: Config, device: torch.device) -> dict[str, Any]:
+    """The training process's peak memory, malloc settings and RNN step kernels."""
+    gpu = device.type == "cuda"
+    return {
         "peak_rss_gib": peak_rss_bytes() / GIB,
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
-        "native_kernels": compiled.status()
-        if device.type == "cpu" and config.run.fast_kernels
-        else None,
-        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(device) / GIB
-        if device.type == "cuda"
-        else None,
-        **warmup,
-        "achieved_gflops": warmup["flops_per_target_token"] * statistics.median(target_rates) / 1e9,
+        "native_kernels": compiled.status() if not gpu and config.run.fast_kernels else None,
+        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(device) / GIB if gpu else None,
     }
 
 
-def child_arguments(args: argparse.Namespace) -> list[str]:
+def child_arguments(options: Options) -> list[str]:
     """The settings a per-config subprocess needs, as command-line arguments."""
-    out = ["--device", args.device, "--precision", args.precision, "--work-dir", args.work_dir]
-    out += ["--data", args.data, "--warmup", str(args.warmup), "--windows", str(args.windows)]
-    out += ["--steps", str(args.steps)]
-    if args.threads:
-        out += ["--threads", str(args.threads)]
-    if args.tiny:
+    lengths = options.lengths
+    out = ["--device", options.device, "--precision", options.precision]
+    out += ["--work-dir", options.work_dir, "--data", options.data]
+    out += ["--warmup", str(lengths.warmup), "--windows", str(lengths.windows)]
+    out += ["--steps", str(lengths.steps)]
+    if options.threads:
+        out += ["--threads", str(options.threads)]
+    if options.tiny:
         out.append("--tiny")
-    for override in args.override:
+    for override in options.overrides:
         out += ["--override", override]
     return out
 
 
-def child_environment(args: argparse.Namespace) -> dict[str, str]:
-    env = {**os.environ, **dict(args.env)}
-    if args.threads:
-        env.setdefault("OMP_NUM_THREADS", str(args.threads))
+def child_environment(options: Options) -> dict[str, str]:
+    env = {**os.environ, **options.env}
+    if options.threads:
+        env.setdefault("OMP_NUM_THREADS", str(options.threads))
     return env
 
 
-def run_config(name: str, args: argparse.Namespace, lengths: Lengths) -> dict[str, Any]:
-    """``bench_training`` in a subprocess of its own (or in this process with --in-process)."""
-    if args.in_process:
-        return bench_training(name, args, lengths)
+def run_config(name: str, options: Options) -> TrainingResult | Failed:
+    """``bench_training`` in a subprocess of its own (or in this process with --in-process);
+    the subprocess sets itself up as ``nmt train`` does, restart included."""
+    if options.in_process:
+        return bench_training(name, options)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         command = [sys.executable, __file__, "--one", name, "--one-json", str(out)]
-        env = child_environment(args)
-        config = bench_config(name, args)
-        device = choose_device(config.run.device)
-        if "GLIBC_TUNABLES" not in env and wants_malloc_tunables(
-            device.type, config.run.fast_kernels
-        ):
-            env["GLIBC_TUNABLES"] = MALLOC_TUNABLES  # as `nmt train` restarts itself with
         proc = subprocess.run(
-            command + child_arguments(args),
-            env=env,
+            command + child_arguments(options),
+            env=child_environment(options),
             stdout=subprocess.DEVNULL,
-            stderr=None if args.verbose else subprocess.PIPE,
+            stderr=None if options.verbose else subprocess.PIPE,
             text=True,
         )
         if proc.returncode or not out.is_file():
             tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
-            return {"error": f"exit status {proc.returncode}: {tail[0]}"}
-        return json.loads(out.read_text())
+            return Failed(f"exit status {proc.returncode}: {tail[0]}")
+        return training_from_json(json.loads(out.read_text()))
+
+
+def training_from_json(data: dict[str, Any]) -> TrainingResult:
+    """A training result back from its subprocess's JSON."""
+    data = {**data, "windows": [Window(**w) for w in data["windows"]]}
+    data["subword_sampling"] = Sampling(**data["subword_sampling"])
+    for key in ("target_tokens_per_s", "tokens_per_s"):
+        data[key] = Spread(**data[key])
+    return TrainingResult(**data)
 
 
 # ----------------------------------------------------------------------------- decoding
 
 
-def untrained_checkpoint(args: argparse.Namespace) -> Path:
+@dataclass(kw_only=True)
+class DecodeRow:
+    """One search setting's speed on the test sentences."""
+
+    search: str
+    beam_size: int
+    batch_size: int
+    constraints_per_sentence: int | None = omitted_when_none()
+    sentences: int
+    seconds: float
+    sentences_per_s: float
+    target_tokens_per_s: float
+    mean_output_tokens: float
+
+
+@dataclass(kw_only=True)
+class DecodingModel:
+    """The checkpoint decoded, and whether it was trained."""
+
+    model: str
+    trained: bool
+    note: str
+
+
+@dataclass(kw_only=True)
+class DecodingResult(DecodingModel):
+    test_set: str
+    precision: str  # as nmt translate decides it
+    results: list[DecodeRow]
+
+
+@dataclass(kw_only=True)
+class TranslateCommand(DecodingModel):
+    """The whole ``nmt translate`` command; ``error`` instead of the figures if it failed."""
+
+    error: str | None = omitted_when_none()
+    command: str | None = omitted_when_none()
+    sentences: int | None = omitted_when_none()
+    output_lines: int | None = omitted_when_none()
+    seconds: float | None = omitted_when_none()
+    sentences_per_s: float | None = omitted_when_none()
+    peak_rss_gib: float | None = omitted_when_none()
+
+
+def untrained_checkpoint(options: Options) -> Path:
     """A freshly initialised bench model saved as a checkpoint, so decoding and the translate
     command can run without a trained model."""
-    config = bench_config(UNTRAINED_CONFIG, args)
-    _, tokenizer = load_data(config, Path(args.work_dir))
+    config = bench_config(UNTRAINED_CONFIG, options)
+    _, tokenizer = load_data(config, Path(options.work_dir))
     seed_everything(SEED)
     model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
-    path = Path(args.work_dir) / f"untrained-{'tiny-' if args.tiny else ''}{UNTRAINED_CONFIG}"
+    tiny = "tiny-" if options.tiny else ""
+    path = Path(options.work_dir) / f"untrained-{tiny}{UNTRAINED_CONFIG}"
     path.mkdir(parents=True, exist_ok=True)
     state = {
         "model": model.state_dict(),
@@ -576,94 +726,76 @@ def untrained_checkpoint(args: argparse.Namespace) -> Path:
     return path
 
 
-def decoding_model(args: argparse.Namespace) -> tuple[Path, bool]:
+def decoding_model(options: Options) -> tuple[Path, bool]:
     """(run directory or checkpoint, trained?): --model, else runs/demo, else untrained."""
-    if args.model and args.model != "untrained":
-        if not Path(args.model).exists():
-            sys.exit(f"--model {args.model}: no such run directory or checkpoint")
-        return Path(args.model), True
+    if options.model and options.model != "untrained":
+        if not Path(options.model).exists():
+            sys.exit(f"--model {options.model}: no such run directory or checkpoint")
+        return Path(options.model), True
     demo = ROOT / "runs" / "demo"
-    if args.model is None and any((demo / n).is_file() for n in ("best.pt", "last.pt")):
+    if options.model is None and any((demo / n).is_file() for n in ("best.pt", "last.pt")):
         return demo, True
-    return untrained_checkpoint(args), False
+    return untrained_checkpoint(options), False
+
+
+def decode_row(
+    translator: Translator,
+    src_ids: list[list[int]],
+    device: torch.device,
+    setting: tuple[int, int],
+    constrained: tuple[int, Steered] | None = None,
+) -> DecodeRow:
+    """The test sentences decoded with one (beam size, batch size), timed; ``constrained``:
+    (constraints per sentence, the constraints)."""
+    beam_size, batch_size = setting
+    decoding = translator.config.decoding.model_copy(
+        update={"beam_size": beam_size, "batch_size": batch_size}
+    )
+    count, steered = constrained or (None, None)
+    hypotheses, seconds = timed(
+        device, lambda: translator.decode_ids(src_ids, decoding, steered=steered)
+    )
+    tokens = sum(len(nbest[0].tokens) + 1 for nbest in hypotheses if nbest)  # with EOS
+    search = "greedy" if beam_size == 1 else f"beam {beam_size}"
+    if count is not None:
+        search += f", {count} constraint{'s' if count > 1 else ''}"
+    log(f"decoding {search}, batch {batch_size}: {len(src_ids) / seconds:.1f} sentences/s")
+    return DecodeRow(
+        search=search,
+        beam_size=beam_size,
+        batch_size=batch_size,
+        constraints_per_sentence=count,
+        sentences=len(src_ids),
+        seconds=seconds,
+        sentences_per_s=len(src_ids) / seconds,
+        target_tokens_per_s=tokens / seconds,
+        mean_output_tokens=tokens / len(src_ids),
+    )
 
 
 def bench_decoding(
     model_path: Path, sources: list[str], references: list[str], device: torch.device
-) -> dict[str, Any]:
+) -> tuple[str, list[DecodeRow]]:
     """Greedy and beam 5, batch sizes 1 and 64, through ``Translator.decode_ids``; then beam 5
-    (batch 64) with 1 and 3 constraints per sentence, words of its reference. In the precision
-    ``nmt translate`` decides (``--precision auto``)."""
+    (batch 64) with 1 and 3 constraints per sentence, words of its reference (Post & Vilar's
+    search). In the precision ``nmt translate`` decides (``--precision auto``); returns it
+    and the rows."""
     translator = Translator.from_checkpoint(model_path, device.type, "auto")
     src_ids = translator.tokenizer.encode_src(sources)
     warm = translator.config.decoding.model_copy(update={"beam_size": 1, "batch_size": 4})
     translator.decode_ids(src_ids[:4], warm)
-    results = []
-    for beam_size, batch_size in DECODE_SETTINGS:
-        decoding = translator.config.decoding.model_copy(
-            update={"beam_size": beam_size, "batch_size": batch_size}
-        )
-        synchronize(device)
-        start = time.perf_counter()
-        hypotheses = translator.decode_ids(src_ids, decoding)
-        synchronize(device)
-        seconds = time.perf_counter() - start
-        tokens = sum(len(nbest[0].tokens) + 1 for nbest in hypotheses)  # with EOS
-        results.append(
-            {
-                "search": "greedy" if beam_size == 1 else f"beam {beam_size}",
-                "beam_size": beam_size,
-                "batch_size": batch_size,
-                "sentences": len(sources),
-                "seconds": seconds,
-                "sentences_per_s": len(sources) / seconds,
-                "target_tokens_per_s": tokens / seconds,
-                "mean_output_tokens": tokens / len(sources),
-            }
-        )
-        rate = len(sources) / seconds
-        log(f"decoding {results[-1]['search']}, batch {batch_size}: {rate:.1f} sentences/s")
+    rows = [decode_row(translator, src_ids, device, setting) for setting in DECODE_SETTINGS]
     for count in CONSTRAINT_COUNTS:
-        results.append(bench_constrained(translator, src_ids, references, count, device))
+        phrases = reference_constraints(references, count)
+        steered = Steered(
+            constraints=[
+                [translator.target_ids(p, f"reference {n}") for p in row]
+                for n, row in enumerate(phrases, start=1)
+            ]
+        )
+        rows.append(decode_row(translator, src_ids, device, (5, 64), (count, steered)))
     precision = f"{translator.precision} ({translator.precision_reason}, as nmt translate)"
-    return {"precision": precision, "results": results}
-
-
-def bench_constrained(
-    translator: Translator,
-    src_ids: list[list[int]],
-    references: list[str],
-    count: int,
-    device: torch.device,
-) -> dict[str, Any]:
-    """Beam 5, batch 64, ``count`` constraint words per sentence (Post & Vilar's search)."""
-    phrases = reference_constraints(references, count)
-    steered = Steered(
-        constraints=[
-            [translator.target_ids(p, f"reference {n}") for p in row]
-            for n, row in enumerate(phrases, start=1)
-        ]
-    )
-    decoding = translator.config.decoding.model_copy(update={"beam_size": 5, "batch_size": 64})
-    synchronize(device)
-    start = time.perf_counter()
-    hypotheses = translator.decode_ids(src_ids, decoding, steered=steered)
-    synchronize(device)
-    seconds = time.perf_counter() - start
-    tokens = sum(len(nbest[0].tokens) + 1 for nbest in hypotheses if nbest)
-    search = f"beam 5, {count} constraint{'s' if count > 1 else ''}"
-    log(f"decoding {search}, batch 64: {len(src_ids) / seconds:.1f} sentences/s")
-    return {
-        "search": search,
-        "beam_size": 5,
-        "batch_size": 64,
-        "constraints_per_sentence": count,
-        "sentences": len(src_ids),
-        "seconds": seconds,
-        "sentences_per_s": len(src_ids) / seconds,
-        "target_tokens_per_s": tokens / seconds,
-        "mean_output_tokens": tokens / len(src_ids),
-    }
+    return precision, rows
 
 
 def nmt_command() -> list[str]:
@@ -672,19 +804,19 @@ def nmt_command() -> list[str]:
 
 
 def bench_translate_command(
-    args: argparse.Namespace, model_path: Path, sources: list[str], device: torch.device
-) -> dict[str, Any]:
+    options: Options, model: DecodingModel, sources: list[str], device: torch.device
+) -> TranslateCommand:
     """Wall clock of the whole ``nmt translate --beam 5`` command, start-up included."""
-    work_dir = Path(args.work_dir)
+    work_dir = Path(options.work_dir)
     input_path = work_dir / f"translate-input-{len(sources)}.txt"
     output_path = work_dir / "translate-output.txt"
     input_path.write_text("".join(line + "\n" for line in sources), encoding="utf-8")
-    command = [*nmt_command(), "translate", "--model", str(model_path), "--beam", "5"]
+    command = [*nmt_command(), "translate", "--model", model.model, "--beam", "5"]
     command += ["--input", str(input_path), "--output", str(output_path)]
     command += ["--device", device.type]
     start = time.perf_counter()
     proc = subprocess.Popen(
-        command, env=child_environment(args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        command, env=child_environment(options), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     assert proc.stderr is not None
     with proc.stderr:
@@ -694,146 +826,192 @@ def bench_translate_command(
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         tail = stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        return {"error": f"exit status {proc.returncode}: {tail[0]}"}
-    lines = output_path.read_text(encoding="utf-8").count("\n")
-    return {
-        "command": " ".join(["nmt", *command[len(nmt_command()) :]]),
-        "sentences": len(sources),
-        "output_lines": lines,
-        "seconds": seconds,
-        "sentences_per_s": len(sources) / seconds,
-        "peak_rss_gib": usage.ru_maxrss * 1024 / GIB,
-    }
+        return TranslateCommand(**vars(model), error=f"exit status {proc.returncode}: {tail[0]}")
+    return TranslateCommand(
+        **vars(model),
+        command=" ".join(["nmt", *command[len(nmt_command()) :]]),
+        sentences=len(sources),
+        output_lines=output_path.read_text(encoding="utf-8").count("\n"),
+        seconds=seconds,
+        sentences_per_s=len(sources) / seconds,
+        peak_rss_gib=usage.ru_maxrss * 1024 / GIB,
+    )
 
 
 # ----------------------------------------------------------------------------- the run
 
 
-def machine(device: torch.device, precision: str) -> dict[str, Any]:
+@dataclass(kw_only=True)
+class Machine:
+    device: str
+    device_name: str
+    cpu_count: int | None
+    threads: int
+    torch: str
+    python: str
+    precision: str  # the training precision, once decided
+    environment: dict[str, str]  # the variables that change the figures
+    git_commit: str | None
+
+
+@dataclass(kw_only=True)
+class Settings:
+    sizes: dict[str, int]
+    quick: bool
+    lengths: Lengths
+    env: dict[str, str]
+    overrides: list[str]
+    subprocess_per_config: bool
+
+
+@dataclass(kw_only=True)
+class DataSummary:
+    train: str
+    training_pairs: int
+    vocab_size: int
+    batch_tokens: int
+    batches_per_epoch: int
+    padding_fraction_epoch: float
+    seconds: float  # to prepare it
+
+
+@dataclass(kw_only=True)
+class BenchResult:
+    """Everything one bench run measured: the JSON file, and what the tables show."""
+
+    date: str
+    machine: Machine
+    load_average_start: tuple[float, float, float]
+    settings: Settings
+    data: DataSummary | None = None
+    precision: dict[str, Any] | None = None  # --precision asked and what it became, and why
+    matmul: dict[str, MatmulRate] | None = omitted_when_none()
+    training: dict[str, TrainingResult | Failed] | None = omitted_when_none()
+    decoding: DecodingResult | None = omitted_when_none()
+    translate_command: TranslateCommand | None = omitted_when_none()
+    load_average_end: tuple[float, float, float] | None = None
+    runtime_s: float | None = None
+
+
+def machine(device: torch.device, precision: str) -> Machine:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     watched = ("OMP_NUM_THREADS", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "MALLOC_", "GLIBC_TUNABLES")
-    return {
-        "device": device.type,
-        "device_name": name,
-        "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "precision": precision,
-        "environment": {k: v for k, v in os.environ.items() if k.startswith(watched)},
-        "git_commit": project_commit(describe=True),
-    }
+    return Machine(
+        device=device.type,
+        device_name=name,
+        cpu_count=os.cpu_count(),
+        threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        python=platform.python_version(),
+        precision=precision,
+        environment={k: v for k, v in os.environ.items() if k.startswith(watched)},
+        git_commit=project_commit(describe=True),
+    )
 
 
-def prepare(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+def prepare(options: Options, names: list[str]) -> DataSummary:
     """Train (or load) the tokenizer and tokenise the corpus once, before any subprocess."""
     started = time.perf_counter()
-    config = bench_config(names[0], args)
-    corpora, tokenizer = load_data(config, Path(args.work_dir))
+    config = bench_config(names[0], options)
+    corpora, tokenizer = load_data(config, Path(options.work_dir))
     corpus = corpora.train
     batches = bucket_batches(
         corpus.src_lengths, corpus.trg_lengths, config.training.batch_tokens, SEED, 0
     )
-    return {
-        "train": config.data.train,
-        "training_pairs": len(corpus),
-        "vocab_size": tokenizer.trg_vocab_size,
-        "batch_tokens": config.training.batch_tokens,
-        "batches_per_epoch": len(batches),
-        "padding_fraction_epoch": padding_fraction(batches, corpus.src_lengths, corpus.trg_lengths),
-        "seconds": time.perf_counter() - started,
-    }
-
-
-def run(args: argparse.Namespace, names: list[str], lengths: Lengths) -> dict[str, Any]:
-    started = time.perf_counter()
-    device = choose_device(args.device)
-    set_threads(args.threads)
-    result: dict[str, Any] = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(device, args.precision),
-        "load_average_start": os.getloadavg(),
-        "settings": {
-            "sizes": SIZES["tiny" if args.tiny else "bench"],
-            "quick": args.quick,
-            "lengths": vars(lengths),
-            "env": dict(args.env),
-            "overrides": args.override,
-            "subprocess_per_config": not args.in_process,
-        },
-    }
-    log("preparing data (the first run trains sentencepiece)")
-    result["data"] = prepare(args, names)
-    result["precision"] = resolve_precision(args, names[0], device, result["data"]["vocab_size"])
-    result["machine"]["precision"] = args.precision
-    log(
-        f"precision: {result['precision']['precision']} ({result['precision']['precision_reason']})"
+    return DataSummary(
+        train=config.data.train,
+        training_pairs=len(corpus),
+        vocab_size=tokenizer.trg_vocab_size,
+        batch_tokens=config.training.batch_tokens,
+        batches_per_epoch=len(batches),
+        padding_fraction_epoch=padding_fraction(batches, corpus.src_lengths, corpus.trg_lengths),
+        seconds=time.perf_counter() - started,
     )
-    if "matmul" in args.parts:
+
+
+def run(options: Options, names: list[str]) -> BenchResult:
+    started = time.perf_counter()
+    device = choose_device(options.device)
+    set_threads(options.threads)
+    result = BenchResult(
+        date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        machine=machine(device, options.precision),
+        load_average_start=os.getloadavg(),
+        settings=Settings(
+            sizes=options.sizes,
+            quick=options.quick,
+            lengths=options.lengths,
+            env=options.env,
+            overrides=options.overrides,
+            subprocess_per_config=not options.in_process,
+        ),
+    )
+    log("preparing data (the first run trains sentencepiece)")
+    result.data = prepare(options, names)
+    result.precision, options = resolve_precision(options, names[0], device, result.data.vocab_size)
+    result.machine.precision = options.precision
+    log(f"precision: {options.precision} ({result.precision['precision_reason']})")
+    if "matmul" in options.parts:
         log(f"matmul rate ({MATMUL_SIZE}^3)")
-        size = TINY_MATMUL_SIZE if args.tiny else MATMUL_SIZE
-        result["matmul"] = matmul_rates(device, args.precision, args.quick, size)
-    if "train" in args.parts:
-        result["training"] = {}
+        size = TINY_MATMUL_SIZE if options.tiny else MATMUL_SIZE
+        result.matmul = matmul_rates(device, options.precision, options.quick, size)
+    if "train" in options.parts:
+        result.training = {}
         for name in names:
             log(f"training {name}")
-            result["training"][name] = run_config(name, args, lengths)
+            result.training[name] = run_config(name, options)
         add_matmul_fractions(result)
-    if "decode" in args.parts or "translate" in args.parts:
-        add_decoding(result, args, lengths, device)
-    result["load_average_end"] = os.getloadavg()
-    result["runtime_s"] = time.perf_counter() - started
+    if "decode" in options.parts or "translate" in options.parts:
+        add_decoding(result, options, device)
+    result.load_average_end = os.getloadavg()
+    result.runtime_s = time.perf_counter() - started
     return result
 
 
 def resolve_precision(
-    args: argparse.Namespace, name: str, device: torch.device, vocab_size: int
-) -> dict[str, Any]:
+    options: Options, name: str, device: torch.device, vocab_size: int
+) -> tuple[dict[str, Any], Options]:
     """``--precision`` as nmt train decides it, for the first config's model (the configs share
-    their sizes); every config then trains in the precision chosen (``args.precision``)."""
-    config = bench_config(name, args)
+    their sizes); returns the decision and the options every config then trains with."""
+    config = bench_config(name, options)
     model = build_model(config.model, vocab_size, vocab_size)  # a joint vocabulary
     rows = config.training.batch_tokens // 2  # as nmt train: about a batch's target tokens
-    chosen = choose_precision(args.precision, device, model, rows, source="--precision")
-    args.precision = chosen.name
-    return {"asked": config.training.precision, **chosen.record()}
+    chosen = choose_precision(options.precision, device, model, rows, source="--precision")
+    decided = {"asked": config.training.precision, **chosen.record()}
+    return decided, replace(options, precision=chosen.name)
 
 
-def add_matmul_fractions(result: dict[str, Any]) -> None:
+def add_matmul_fractions(result: BenchResult) -> None:
     """Achieved FLOP/s as a fraction of the matmul rate in the training precision."""
-    rates = result.get("matmul", {})
-    precision = result["machine"]["precision"]
-    peak = rates.get(precision, rates.get("fp32"))
-    for entry in result["training"].values():
-        if "error" not in entry and peak:
-            entry["matmul_gflops"] = peak["gflops"]
-            entry["fraction_of_matmul"] = entry["achieved_gflops"] / peak["gflops"]
+    rates = result.matmul or {}
+    peak = rates.get(result.machine.precision, rates.get("fp32"))
+    for entry in (result.training or {}).values():
+        if isinstance(entry, TrainingResult) and peak:
+            entry.matmul_gflops = peak.gflops
+            entry.fraction_of_matmul = entry.achieved_gflops / peak.gflops
 
 
-def add_decoding(
-    result: dict[str, Any], args: argparse.Namespace, lengths: Lengths, device: torch.device
-) -> None:
-    model_path, trained = decoding_model(args)
-    config = bench_config(UNTRAINED_CONFIG, args)
-    sources, references = test_sentences(config, Path(args.work_dir))
+def add_decoding(result: BenchResult, options: Options, device: torch.device) -> None:
+    model_path, trained = decoding_model(options)
+    config = bench_config(UNTRAINED_CONFIG, options)
+    sources, references = test_sentences(config, Path(options.work_dir))
     note = "trained" if trained else "untrained (outputs run to max length)"
-    info = {"model": str(model_path), "trained": trained, "note": note}
-    if "decode" in args.parts:
-        first = sources[: lengths.decode_sentences]
+    model = DecodingModel(model=str(model_path), trained=trained, note=note)
+    if "decode" in options.parts:
+        first = sources[: options.lengths.decode_sentences]
         log(f"decoding the first {len(first)} test sentences with {model_path} ({note})")
-        result["decoding"] = {
-            **info,
-            "test_set": f"first {len(first)} of {len(sources)} sentences of {config.data.test}",
-            **bench_decoding(model_path, first, references[: len(first)], device),
-        }
-    if "translate" in args.parts:
-        limit = args.translate_sentences or (lengths.decode_sentences if args.quick else None)
-        chosen = sources[:limit]
+        precision, rows = bench_decoding(model_path, first, references[: len(first)], device)
+        result.decoding = DecodingResult(
+            **vars(model),
+            test_set=f"first {len(first)} of {len(sources)} sentences of {config.data.test}",
+            precision=precision,
+            results=rows,
+        )
+    if "translate" in options.parts:
+        quick = options.lengths.decode_sentences if options.quick else None
+        chosen = sources[: options.translate_sentences or quick]
         log(f"nmt translate --beam 5 on {len(chosen)} test sentences")
-        result["translate_command"] = {
-            **info,
-            **bench_translate_command(args, model_path, chosen, device),
-        }
+        result.translate_command = bench_translate_command(options, model, chosen, device)
 
 
 # ----------------------------------------------------------------------------- reports
@@ -1010,7 +1188,7 @@ def environment_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
     )
@@ -1044,11 +1222,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run dir or checkpoint to decode with; 'untrained' for a fresh bench model "
         "(default: runs/demo when it exists)",
     )
-    add(
-        "--parts",
-        default="matmul,train,decode,translate",
-        help="comma list of: matmul, train, decode, translate",
-    )
+    add("--parts", default=",".join(PARTS), help=f"comma list of: {', '.join(PARTS)}")
     add(
         "--env",
         action="append",
@@ -1060,6 +1234,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add(
         "--override",
         action="append",
+        dest="overrides",
         default=[],
         metavar="KEY=VALUE",
         help="config override of every bench config, as nmt train --override (repeatable),\n"
@@ -1070,23 +1245,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--verbose", action="store_true", help="show the subprocesses' stderr")
     add("--one", help=argparse.SUPPRESS)  # internal: train one config in this process
     add("--one-json", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> Options:
+    """The command line as Options, the lengths defaulted (smaller with --quick)."""
+    command_line = parser()
+    args = command_line.parse_args(argv)
     quick = args.quick
-    args.warmup = args.warmup if args.warmup is not None else (1 if quick else 3)
-    args.windows = args.windows or (2 if quick else 5)
-    args.steps = args.steps or (2 if quick else 5)
-    args.decode_sentences = args.decode_sentences or (16 if quick else 200)
-    if args.warmup < 1:
-        parser.error("--warmup: at least 1 (the FLOPs are counted on the warm-up steps)")
-    args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = set(args.parts) - {"matmul", "train", "decode", "translate"}
+    lengths = Lengths(
+        warmup=args.warmup if args.warmup is not None else (1 if quick else 3),
+        windows=args.windows or (2 if quick else 5),
+        steps=args.steps or (2 if quick else 5),
+        decode_sentences=args.decode_sentences or (16 if quick else 200),
+    )
+    if lengths.warmup < 1:
+        command_line.error("--warmup: at least 1 (the FLOPs are counted on the warm-up steps)")
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = set(parts) - set(PARTS)
     if unknown:
-        parser.error(f"--parts: unknown {', '.join(sorted(unknown))}")
-    return args
+        command_line.error(f"--parts: unknown {', '.join(sorted(unknown))}")
+    values = {k: v for k, v in vars(args).items() if k not in vars(lengths)}
+    return Options(**{**values, "lengths": lengths, "parts": parts, "env": dict(args.env)})
 
 
-def config_names(args: argparse.Namespace) -> list[str]:
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+def config_names(options: Options) -> list[str]:
+    names = [n.strip() for n in options.configs.split(",") if n.strip()]
     unknown = [n for n in names if n not in CONFIGS]
     if unknown or not names:
         sys.exit(f"--configs: unknown {', '.join(unknown) or '(none)'}; use {', '.join(CONFIGS)}")
@@ -1095,23 +1279,21 @@ def config_names(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     limit_kernel_cache()  # as `nmt train` and `nmt translate` do, before the first kernel
-    args = parse_args(argv)
-    lengths = Lengths(args.warmup, args.windows, args.steps, args.decode_sentences)
-    if args.report:
-        report(json.loads(Path(args.report).read_text()), args.markdown)
+    options = parse_args(argv)
+    if options.report:
+        report(json.loads(Path(options.report).read_text()), options.markdown)
         return
-    if args.one:
-        result = bench_training(args.one, args, lengths)
-        Path(args.one_json).write_text(json.dumps(result))
+    if options.one:
+        trained = bench_training(options.one, options)
+        Path(str(options.one_json)).write_text(json.dumps(to_json(trained)))
         return
-    names = config_names(args)
-    result = run(args, names, lengths)
+    result = to_json(run(options, config_names(options)))
     device = result["machine"]["device"]
-    path = Path(args.json or Path(args.work_dir) / f"bench-{device}.json")
+    path = Path(options.json or Path(options.work_dir) / f"bench-{device}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     log(f"results: {path}")
-    report(result, args.markdown)
+    report(result, options.markdown)
 
 
 if __name__ == "__main__":

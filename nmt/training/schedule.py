@@ -8,6 +8,8 @@ import logging
 import math
 from dataclasses import dataclass, field
 
+from nmt.config import TrainingConfig
+
 log = logging.getLogger("nmt")
 
 
@@ -71,6 +73,20 @@ class Schedule:
         self.hold = hold
         self.epochs = epochs
         self.epoch_updates = 0  # updates in the epoch under way: set by the loop
+
+    @classmethod
+    def from_config(cls, cfg: TrainingConfig) -> Schedule:
+        """The schedule of the ``training`` section."""
+        return cls(
+            cfg.schedule,
+            cfg.learning_rate,
+            cfg.warmup_steps,
+            cfg.plateau_patience,
+            total=cfg.max_steps,
+            minutes=cfg.max_minutes,
+            hold=cfg.decay_hold,
+            epochs=cfg.epochs,
+        )
 
     def updates(self) -> int | None:
         """The update the decay ends at: max_steps or the end of the last epoch, the nearer

@@ -1,25 +1,29 @@
 """One optimiser update, written out: the loss module, forward and backward (split on
-out-of-memory), unscale, clip and step; the optimiser and the fp16 gradient scaler."""
+out-of-memory), what the ranks agree on, unscale, clip and step; the optimiser and the fp16
+gradient scaler. ``train_step`` is the one step of ``nmt train`` and of scripts/bench.py."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import math
+import signal
+import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from nmt.config import Config
+from nmt.config import Config, TrainingConfig
 from nmt.data.batching import Batch
 from nmt.errors import NMTError
 from nmt.model import Seq2Seq
 from nmt.runtime import autocast
-from nmt.training.distributed import Distributed
+from nmt.training.distributed import Distributed, all_reduce
 from nmt.vocab import PAD_ID
 
 log = logging.getLogger("nmt")
@@ -63,8 +67,8 @@ def loss_for_training(
 
 
 def build_optimizer(config: Config, model: nn.Module) -> torch.optim.Optimizer:
-    """Adam or AdamW; the fused implementation (one kernel over all parameters, several times
-    faster than the per-tensor loop on the CPU) wherever torch has it."""
+    """Adam or AdamW; the fused implementation (one kernel over all parameters instead of a
+    loop over the tensors) wherever torch has it."""
     cfg = config.training
     cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     params = [p for p in model.parameters() if p.requires_grad]  # training.freeze: not these
@@ -221,3 +225,159 @@ def apply_update(
     scaler.step(optimizer)  # skips the update itself when gradients overflowed
     scaler.update()
     return grad_norm, scaler.get_scale() >= scale
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+@dataclass(kw_only=True)
+class Updater:
+    """What one update works on: the model, the module whose forward gives its loss (DDP
+    wraps it under torchrun), the optimiser, the fp16 scaler (None otherwise), the precision,
+    the device, this process's place among the ranks and the training section."""
+
+    model: Seq2Seq
+    loss_module: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: Any
+    precision: str
+    device: torch.device
+    place: Distributed
+    training: TrainingConfig
+
+    @classmethod
+    def build(
+        cls,
+        config: Config,
+        model: Seq2Seq,
+        precision: str,
+        device: torch.device,
+        place: Distributed,
+    ) -> Updater:
+        """The optimiser, scaler and loss module of ``model`` as ``config.training`` says."""
+        cfg = config.training
+        guide_weight = cfg.guided_alignment_weight if cfg.guided_alignment else 0.0
+        return cls(
+            model=model,
+            optimizer=build_optimizer(config, model),
+            scaler=grad_scaler(precision, device),
+            loss_module=loss_for_training(model, cfg.label_smoothing, place, guide_weight),
+            precision=precision,
+            device=device,
+            place=place,
+            training=cfg,
+        )
+
+
+class StopFlag:
+    """Ctrl-C / SIGTERM set a flag; the loop saves a checkpoint at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signal = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+@dataclass
+class Clock:
+    """The run's wall clock: this invocation's, data preparation included, and the minutes of
+    the invocations it resumes."""
+
+    started: float  # time.time() at this invocation's start, less the earlier minutes
+    limit: float | None = None  # training.max_minutes
+
+    def minutes(self) -> float:
+        return (time.time() - self.started) / 60
+
+    def out_of_time(self) -> bool:
+        return self.limit is not None and self.minutes() >= self.limit
+
+
+class StepTotals(NamedTuple):
+    """What every rank must know at a step's end, summed over the ranks by one all-reduce
+    (packed in this order into one float64 tensor): the loss sums, the count of ranks with a
+    non-finite loss, with a signal, out of time, and the sum of their clocks."""
+
+    loss: float
+    nll: float
+    nonfinite: float
+    signalled: float
+    out_of_time: float
+    minutes: float
+
+    def summed(self, place: Distributed, device: torch.device) -> StepTotals:
+        """The totals over all ranks (this rank's own without torchrun)."""
+        if not place.enabled:
+            return self
+        return StepTotals(*all_reduce([float(value) for value in self], device))
+
+
+@dataclass
+class StepResult:
+    """One step as every rank sees it: sums over all ranks' batches and agreed flags."""
+
+    loss: float
+    nll: float
+    grad_norm: float
+    status: str  # "applied", "overflow" (fp16 scaler skipped it) or "nonfinite"
+    signal: bool  # some rank was sent SIGINT/SIGTERM
+    out_of_time: bool  # some rank reached training.max_minutes
+    minutes: float  # the run's wall clock so far (Progress.minutes), the mean over ranks
+
+
+def train_step(
+    updater: Updater,
+    batches: list[Batch],
+    global_tokens: int,
+    clock: Clock | None = None,
+    stop: StopFlag | None = None,
+) -> StepResult:
+    """Forward and backward of this rank's ``batches``, agree across ranks, clip, step.
+
+    ``global_tokens``: the target tokens of all ranks' batches, by which the loss sums are
+    divided; ``clock`` and ``stop`` (none in a benchmark): the run's clock and signal flag.
+    """
+    cfg, place = updater.training, updater.place
+    updater.optimizer.zero_grad(set_to_none=True)
+    loss, nll = forward_backward(
+        updater.loss_module,
+        batches,
+        place.world_size / global_tokens,
+        updater.device,
+        updater.precision,
+        updater.scaler,
+        cfg.oom_split,
+        cfg.batch_tokens,
+    )
+    mine = StepTotals(
+        loss,
+        nll,
+        float(not math.isfinite(loss)),
+        float(stop is not None and stop.signal is not None),
+        float(clock is not None and clock.out_of_time()),
+        clock.minutes() if clock is not None else 0.0,
+    )
+    totals = mine.summed(place, updater.device)
+    minutes = totals.minutes / place.world_size
+    signalled, late = bool(totals.signalled), bool(totals.out_of_time)
+    if totals.nonfinite:
+        return StepResult(totals.loss, totals.nll, math.nan, "nonfinite", signalled, late, minutes)
+    grad_norm, applied = apply_update(
+        updater.model, updater.optimizer, updater.scaler, cfg.clip_grad_norm
+    )
+    status = "applied" if applied else "overflow" if updater.scaler is not None else "nonfinite"
+    return StepResult(totals.loss, totals.nll, grad_norm, status, signalled, late, minutes)

@@ -17,6 +17,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -27,7 +28,7 @@ from nmt.data.batching import bucket_batches
 from nmt.data.prepare import Corpora
 from nmt.data.store import TokenizedCorpus
 from nmt.data.textfiles import existing
-from nmt.data.tokenizer import Tokenizer, piece_words
+from nmt.data.tokenizer import piece_words
 from nmt.decoding.alignment import (
     ReferenceLinks,
     attention_links,
@@ -45,6 +46,9 @@ from nmt.model import Seq2Seq
 from nmt.runtime import autocast, eval_mode
 from nmt.training.distributed import Distributed, all_reduce
 from nmt.training.tracking import Tracker
+
+if TYPE_CHECKING:
+    from nmt.training.run import Run
 
 log = logging.getLogger("nmt")
 
@@ -164,20 +168,13 @@ def _reference_image(
     tracker.image(step, "dev/attention_reference", image)
 
 
-def validate(
-    model: Seq2Seq,
-    tokenizer: Tokenizer,
-    config: Config,
-    corpora: Corpora,
-    device: torch.device,
-    precision: str,
-    tracker: Tracker,
-    step: int,
-    alignment: DevAlignment | None = None,
-) -> dict[str, float]:
+def validate(run: Run) -> dict[str, float]:
     """Dev loss and perplexity (teacher forcing), BLEU and chrF of greedy translations, and
-    with ``alignment`` the attention's dev AER."""
+    with ``data.dev_alignment`` the attention's dev AER."""
     started = time.time()
+    config, corpora, tracker, step = run.config, run.corpora, run.tracker, run.progress.step
+    model, device, precision = run.updater.model, run.updater.device, run.updater.precision
+    tokenizer, alignment = run.tokenizer, run.dev_alignment
     loss = dev_loss(model, corpora.dev, config.training.batch_tokens, device, precision)
     translator = Translator(model, tokenizer, config, device, precision)
     greedy = config.decoding.model_copy(update={"beam_size": 1})

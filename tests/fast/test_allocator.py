@@ -104,12 +104,11 @@ def test_users_malloc_settings_win(monkeypatch) -> None:
 def test_only_cpu_training_with_fast_kernels_tunes_malloc(
     tiny_config: Path, tmp_path: Path, monkeypatch
 ) -> None:
-    import nmt.training.loop as loop
     from nmt.config import load
     from nmt.training import train
 
     calls = []
-    monkeypatch.setattr(loop, "tune_allocator", lambda: calls.append(1) or True)
+    monkeypatch.setattr(allocator, "tune_allocator", lambda: calls.append(1) or True)
     train(load(tiny_config, ["run.fast_kernels=false"]), tmp_path / "plain", quiet=True)
     assert calls == []
     train(load(tiny_config), tmp_path / "fast", quiet=True)

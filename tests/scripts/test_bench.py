@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,10 @@ from pathlib import Path
 from nmt.fast import compiled as native
 
 ROOT = Path(__file__).resolve().parents[2]
+FP32_REASONS = (
+    "auto: this CPU has no native bf16",
+    "auto: the model's matmuls are too small for bf16 to pay",
+)
 WORDS = "sol luna mar rio casa perro gato libro agua fuego tierra aire".split()
 
 
@@ -58,32 +64,60 @@ def test_quick_tiny_run_writes_every_figure(tmp_path: Path) -> None:
     ]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "| luong-nofeed |" in proc.stdout  # the Markdown table
 
     result = json.loads(out.read_text())
     machine = result["machine"]
-    assert machine["device"] == "cpu" and machine["threads"] == 1
-    # --precision auto, decided as nmt train does: the tiny model is too small for bf16
-    assert result["precision"]["asked"] == "auto"
-    assert result["precision"]["precision"] == machine["precision"] == "fp32"
-    assert "too small" in result["precision"]["precision_reason"] and machine["torch"]
+    assert machine["device"] == "cpu" and machine["threads"] == 1 and machine["torch"]
+    # --precision auto, decided as nmt train decides it: fp32 for a model this small, on a
+    # CPU with native bf16 or without
+    chosen = result["precision"]
+    assert chosen["asked"] == "auto" and chosen["precision_probe"] is None
+    assert chosen["precision_reason"] in FP32_REASONS
+    assert chosen["precision"] == machine["precision"] == "fp32"
+    assert f"--precision auto: fp32 ({chosen['precision_reason']})" in proc.stdout
+    assert result["decoding"]["precision"] in {
+        f"fp32 ({r}, as nmt translate)" for r in FP32_REASONS
+    }
     assert result["data"]["training_pairs"] == 400
     assert 0 <= result["data"]["padding_fraction_epoch"] < 1
-    assert positive(result["matmul"]["fp32"]["gflops"])
-    assert "bf16" not in result["matmul"]  # a CPU that trains in fp32 skips bf16's rate
-    assert "--precision auto: fp32 (auto: " in proc.stdout  # the summary says it too
-    assert result["decoding"]["precision"].startswith("fp32 (auto: ")
+    rate = result["matmul"]["fp32"]
+    assert positive(rate["gflops"]) and rate["gflops"] <= rate["gflops_best"]
+    assert set(result["matmul"]) == {"fp32"}  # a CPU that trains in fp32 skips bf16's rate
 
     train = result["training"]["luong-nofeed"]
     assert "error" not in train, train
-    for key in ("target_tokens_per_s", "tokens_per_s"):
+    assert train["steps"] == {"warmup": 1, "windows": 2, "per_window": 2}  # --quick
+    assert train["vocab_size"] == result["data"]["vocab_size"]
+    windows = train["windows"]
+    assert len(windows) == 2
+    for key, tokens in (
+        ("target_tokens_per_s", [w["target_tokens"] for w in windows]),
+        ("tokens_per_s", [w["target_tokens"] + w["source_tokens"] for w in windows]),
+    ):
         stats = train[key]
-        assert len(stats["values"]) == 2  # --quick: two timed windows
-        assert 0 < stats["min"] <= stats["median"] <= stats["max"]
-    assert train["tokens_per_s"]["median"] > train["target_tokens_per_s"]["median"]
-    for key in ("peak_rss_gib", "flops_per_step", "flops_per_target_token", "achieved_gflops"):
+        assert stats["values"] == [
+            t / w["seconds"] for t, w in zip(tokens, windows, strict=True)
+        ], key
+        assert stats["median"] == statistics.median(stats["values"])
+        assert (stats["min"], stats["max"]) == (min(stats["values"]), max(stats["values"]))
+    # an untrained model's loss per target token: about log(vocabulary), and finite
+    for window in windows:
+        assert 0 < window["loss"] < math.log(train["vocab_size"]) + 1, window
+    for key in ("peak_rss_gib", "flops_per_step", "flops_per_target_token"):
         assert positive(train[key]), key
-    assert 0 < train["fraction_of_matmul"] < 1
+    warmup_tokens = int(train["flops_counted_on"].split(", ")[1].split()[0])
+    assert math.isclose(train["flops_per_step"], train["flops_per_target_token"] * warmup_tokens)
+    median_rate = train["target_tokens_per_s"]["median"]
+    assert train["achieved_gflops"] == train["flops_per_target_token"] * median_rate / 1e9
+    assert train["matmul_gflops"] == rate["gflops"]
+    assert train["fraction_of_matmul"] == train["achieved_gflops"] / rate["gflops"]
+    # the Markdown table shows the JSON's figures
+    target = train["target_tokens_per_s"]
+    table_row = (
+        f"| luong-nofeed | {target['median']:,.0f} | {target['min']:,.0f}-{target['max']:,.0f} "
+        f"| {train['tokens_per_s']['median']:,.0f} | {train['peak_rss_gib']:,.2f} |"
+    )
+    assert table_row in proc.stdout
     if sys.platform.startswith("linux") and "GLIBC_TUNABLES" not in os.environ:
         from nmt.fast.allocator import MALLOC_TUNABLES, _glibc
 
@@ -95,16 +129,30 @@ def test_quick_tiny_run_writes_every_figure(tmp_path: Path) -> None:
 
     decoding = result["decoding"]
     assert decoding["trained"] is False and "untrained" in decoding["note"]
-    searches = {(r["beam_size"], r["batch_size"]) for r in decoding["results"]}
-    assert searches == {(1, 1), (1, 64), (5, 1), (5, 64)}
-    constrained = [r.get("constraints_per_sentence") for r in decoding["results"]]
-    assert [c for c in constrained if c] == [1, 3]
+    searches = [
+        (r["search"], r["beam_size"], r["batch_size"], r.get("constraints_per_sentence"))
+        for r in decoding["results"]
+    ]
+    assert searches == [
+        ("greedy", 1, 1, None),
+        ("greedy", 1, 64, None),
+        ("beam 5", 5, 1, None),
+        ("beam 5", 5, 64, None),
+        ("beam 5, 1 constraint", 5, 64, 1),
+        ("beam 5, 3 constraints", 5, 64, 3),
+    ]
     for row in decoding["results"]:
-        assert row["sentences"] == 16
-        assert positive(row["sentences_per_s"]) and positive(row["target_tokens_per_s"])
+        assert row["sentences"] == 16 and positive(row["seconds"])
+        assert row["sentences_per_s"] == 16 / row["seconds"]
+        tokens = row["mean_output_tokens"] * 16
+        assert math.isclose(row["target_tokens_per_s"], tokens / row["seconds"])
+        assert 1 <= row["mean_output_tokens"]  # every output has at least its EOS
     command_result = result["translate_command"]
     assert "error" not in command_result, command_result
     assert command_result["output_lines"] == command_result["sentences"] == 16
+    assert command_result["command"].startswith("nmt translate --model ")
+    assert command_result["model"] == decoding["model"]
+    assert command_result["sentences_per_s"] == 16 / command_result["seconds"]
     assert positive(command_result["sentences_per_s"])
 
 

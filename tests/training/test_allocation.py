@@ -10,7 +10,7 @@ import pytest
 import torch
 from clirun import corpus, nmt, tiny_config, write_config  # noqa: F401 - corpus is a fixture
 
-import nmt.training.loop as loop
+import nmt.training.run as run_module
 
 GIB = 1024**3
 
@@ -63,7 +63,7 @@ def test_an_out_of_memory_error_names_the_sizes(
     def out_of_memory(*args: object, **kwargs: object) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    monkeypatch.setattr(loop, "build_model", out_of_memory)
+    monkeypatch.setattr(run_module, "build_model", out_of_memory)
     result = nmt("train", str(_config(tmp_path, corpus, 8)), "--quiet")
     assert result.code == 2
     assert "does not fit in the memory of cpu" in result.error
@@ -79,6 +79,6 @@ def test_other_runtime_errors_are_not_disguised(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a bug somewhere else")
 
-    monkeypatch.setattr(loop, "build_model", broken)
+    monkeypatch.setattr(run_module, "build_model", broken)
     with pytest.raises(RuntimeError, match="a bug somewhere else"):
         nmt("train", str(_config(tmp_path, corpus, 8)), "--quiet")

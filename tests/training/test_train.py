@@ -223,13 +223,13 @@ def test_a_signal_on_a_validation_step_still_resumes_exactly(
     """The signal arrives during step 40, which is also due for validation: the run validates
     (as the uninterrupted run did), then saves and stops."""
     flags: list[Any] = []
-    enter = train_module._StopFlag.__enter__
+    enter = step_module.StopFlag.__enter__
 
     def remember(self: Any) -> Any:
         flags.append(self)
         return enter(self)
 
-    monkeypatch.setattr(train_module._StopFlag, "__enter__", remember)
+    monkeypatch.setattr(step_module.StopFlag, "__enter__", remember)
     real_loss, calls = Seq2Seq.loss, [0]
 
     def loss(self: Seq2Seq, *tensors: Any) -> Any:
