@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,20 +19,20 @@ except ImportError:  # pragma: no cover - older typer on click
     from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[assignment,no-redef]
 
 from nmt import __version__
-from nmt.errors import ConfigError, NMTError
+from nmt.config import DecodingConfig, RunConfig, TrainingConfig
+from nmt.errors import NMTError
 from nmt.fast.allocator import limit_kernel_cache
 
 if TYPE_CHECKING:
     from nmt.config import Config
 
-Device = Literal["auto", "cpu", "cuda"]
-Precision = Literal["auto", "fp32", "bf16", "fp16"]
-EnsembleAverage = Literal["linear", "log_linear"]
-PRECISION_OPTION = typer.Option(
-    "--precision",
-    help="auto (bf16 on a GPU with native bf16, else fp16; on a CPU bf16 only where it has "
-    "native bf16 and a probe finds it faster, else fp32), fp32, bf16 or fp16 autocast.",
-)
+    Device = str
+    Precision = str
+    EnsembleAverage = str
+else:  # the config's own choices (Literal types), which Typer lists in the help and checks
+    Device = RunConfig.model_fields["device"].annotation
+    Precision = TrainingConfig.model_fields["precision"].annotation
+    EnsembleAverage = DecodingConfig.model_fields["ensemble_average"].annotation
 
 app = typer.Typer(
     help="Attention-based RNN encoder-decoder machine translation: train, translate, evaluate.",
@@ -103,15 +103,26 @@ def train(
         raise typer.Exit(130) from None
 
 
-MODELS_HELP = (
-    "Run directory (uses best.pt) or checkpoint file; repeat for an ensemble of models that "
-    "share a tokenizer."
-)
-# options that several commands share, spelled once
-Models = Annotated[list[Path], typer.Option("--model", "-m", help=MODELS_HELP)]
+# Options that several commands share, each declared once.
+ModelsOption = Annotated[
+    list[Path],
+    typer.Option(
+        "--model",
+        "-m",
+        help="Run directory (uses best.pt) or checkpoint file; repeat for an ensemble of models "
+        "that share a tokenizer.",
+    ),
+]
 OutputOption = Annotated[str, typer.Option("--output", "-o", help="Output file; - for stdout.")]
 DeviceOption = Annotated[Device, typer.Option("--device", help="auto, cpu or cuda.")]
-PrecisionOption = Annotated[Precision, PRECISION_OPTION]
+PrecisionOption = Annotated[
+    Precision,
+    typer.Option(
+        "--precision",
+        help="auto (bf16 on a GPU with native bf16, else fp16; on a CPU bf16 only where it has "
+        "native bf16 and a probe finds it faster, else fp32), fp32, bf16 or fp16 autocast.",
+    ),
+]
 SourceOption = Annotated[
     str | None, typer.Option("--input", "-i", help="Source sentences, one a line; - for stdin.")
 ]
@@ -125,21 +136,68 @@ TsvOption = Annotated[
         "--tsv", help="source<TAB>target lines instead of -i/-t; - for stdin (the default)."
     ),
 ]
+AttentionDirOption = Annotated[
+    Path | None,
+    typer.Option("--attention-dir", help="Write a heatmap PNG plus .npy/.json per sentence here."),
+]
+
+# The decoding flags, each declared once. A command's parameter for one is named after its
+# DecodingConfig key, so that `_decoding` finds it; None keeps the run's value.
+BeamSize = Annotated[
+    int | None,
+    typer.Option(
+        "--beam", "-b", min=1, help="Beam size (1: greedy); default from the run's config."
+    ),
+]
+BatchSize = Annotated[
+    int | None, typer.Option("--batch-size", min=1, help="Sentences (or pairs) per batch.")
+]
+MaxLenRatio = Annotated[
+    float | None,
+    typer.Option("--max-len-ratio", min=0.01, help="Max output length per source piece."),
+]
+MaxLenOffset = Annotated[
+    int | None,
+    typer.Option("--max-len-offset", min=0, help="Added to the max output length."),
+]
+LengthPenalty = Annotated[
+    float | None,
+    typer.Option("--length-penalty", min=0.0, help="GNMT alpha of the normalised score."),
+]
+CoveragePenalty = Annotated[
+    float | None,
+    typer.Option(
+        "--coverage-penalty", min=0.0, help="GNMT beta: coverage penalty weight (0: off)."
+    ),
+]
+NoRepeatNgram = Annotated[
+    int | None,
+    typer.Option("--no-repeat-ngram", min=0, help="Forbid repeating n-grams of this size."),
+]
+EnsembleAverageOption = Annotated[
+    EnsembleAverage | None,
+    typer.Option(
+        "--ensemble-average",
+        help="Several --model: average their probabilities (linear) or log-probabilities "
+        "(log_linear).",
+    ),
+]
+
+
+def _decoding(parameters: dict[str, Any]) -> dict[str, Any]:
+    """A command's decoding flags (its ``locals()`` before anything else is assigned) by
+    their DecodingConfig keys: the overrides of the run's decoding section."""
+    return {key: parameters[key] for key in DecodingConfig.model_fields if key in parameters}
 
 
 @app.command()
 def translate(
-    model: Models,
+    model: ModelsOption,
     input: Annotated[
         str, typer.Option("--input", "-i", help="Input text, one sentence a line; - for stdin.")
     ] = "-",
     output: OutputOption = "-",
-    beam: Annotated[
-        int | None,
-        typer.Option(
-            "--beam", "-b", min=1, help="Beam size (1: greedy); default from the run's config."
-        ),
-    ] = None,
+    beam_size: BeamSize = None,
     n_best: Annotated[
         int,
         typer.Option(
@@ -152,41 +210,17 @@ def translate(
             "--scores", help="Prefix each line with its length-normalised score and a tab."
         ),
     ] = False,
-    batch_size: Annotated[
-        int | None, typer.Option("--batch-size", min=1, help="Sentences per batch.")
-    ] = None,
+    batch_size: BatchSize = None,
     batch_tokens: Annotated[
         int | None,
         typer.Option("--batch-tokens", min=1, help="Also cap padded source tokens per batch."),
     ] = None,
-    max_len_ratio: Annotated[
-        float | None,
-        typer.Option("--max-len-ratio", min=0.01, help="Max output length per source piece."),
-    ] = None,
-    max_len_offset: Annotated[
-        int | None,
-        typer.Option("--max-len-offset", min=0, help="Added to the max output length."),
-    ] = None,
-    length_penalty: Annotated[
-        float | None, typer.Option("--length-penalty", min=0.0, help="GNMT alpha.")
-    ] = None,
-    coverage_penalty: Annotated[
-        float | None,
-        typer.Option(
-            "--coverage-penalty", min=0.0, help="GNMT beta: coverage penalty weight (0: off)."
-        ),
-    ] = None,
-    no_repeat_ngram: Annotated[
-        int | None,
-        typer.Option("--no-repeat-ngram", min=0, help="Forbid repeating n-grams of this size."),
-    ] = None,
-    ensemble_average: Annotated[
-        EnsembleAverage | None,
-        typer.Option(
-            "--ensemble-average",
-            help="Several --model: average probabilities (linear) or log-probabilities.",
-        ),
-    ] = None,
+    max_len_ratio: MaxLenRatio = None,
+    max_len_offset: MaxLenOffset = None,
+    length_penalty: LengthPenalty = None,
+    coverage_penalty: CoveragePenalty = None,
+    no_repeat_ngram: NoRepeatNgram = None,
+    ensemble_average: EnsembleAverageOption = None,
     prefix: Annotated[
         Path | None,
         typer.Option(
@@ -203,12 +237,7 @@ def translate(
             "empty or []: none): each output contains every phrase.",
         ),
     ] = None,
-    attention_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--attention-dir", help="Write a heatmap PNG plus .npy/.json per sentence here."
-        ),
-    ] = None,
+    attention_dir: AttentionDirOption = None,
     alignments: Annotated[
         Path | None,
         typer.Option(
@@ -229,35 +258,24 @@ def translate(
     precision: PrecisionOption = "auto",
 ) -> None:
     """Translate text: exactly one output line per input line (empty in, empty out)."""
-    from nmt.commands.translate import translate_command
+    from nmt.commands.common import Models
+    from nmt.commands.translate import TranslateRequest, translate_command
 
-    overrides = {
-        "beam_size": beam,
-        "batch_size": batch_size,
-        "max_len_ratio": max_len_ratio,
-        "max_len_offset": max_len_offset,
-        "length_penalty": length_penalty,
-        "coverage_penalty": coverage_penalty,
-        "no_repeat_ngram": no_repeat_ngram,
-        "ensemble_average": ensemble_average,
-    }
-    translate_command(
-        model,
-        input,
-        output,
-        overrides,
-        n_best,
-        scores,
-        batch_tokens,
-        device,
-        attention_dir,
-        precision=precision,
+    request = TranslateRequest(
+        models=Models(model, device, precision),
+        input=input,
+        output=output,
+        decoding=_decoding(locals()),
+        n_best=n_best,
+        scores=scores,
+        batch_tokens=batch_tokens,
         prefix=prefix,
         constraints=constraints,
-        unbuffered=unbuffered,
-        warn=_warn,
+        attention_dir=attention_dir,
         alignments=alignments,
+        unbuffered=unbuffered,
     )
+    translate_command(request, warn=_warn)
 
 
 def _warn(message: str) -> None:
@@ -266,7 +284,7 @@ def _warn(message: str) -> None:
 
 @app.command()
 def score(
-    model: Models,
+    model: ModelsOption,
     input: SourceOption = None,
     target: TargetOption = None,
     tsv: TsvOption = None,
@@ -285,21 +303,10 @@ def score(
             "--tokens", help="Add each target piece's log-probability and the pieces (EOS last)."
         ),
     ] = False,
-    length_penalty: Annotated[
-        float | None,
-        typer.Option("--length-penalty", min=0.0, help="GNMT alpha of the normalised score."),
-    ] = None,
-    coverage_penalty: Annotated[
-        float | None,
-        typer.Option("--coverage-penalty", min=0.0, help="GNMT beta (0: off)."),
-    ] = None,
-    ensemble_average: Annotated[
-        EnsembleAverage | None,
-        typer.Option("--ensemble-average", help="Several --model: linear or log_linear."),
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option("--batch-size", min=1, help="Pairs per batch.")
-    ] = None,
+    length_penalty: LengthPenalty = None,
+    coverage_penalty: CoveragePenalty = None,
+    ensemble_average: EnsembleAverageOption = None,
+    batch_size: BatchSize = None,
     attention_dir: Annotated[
         Path | None,
         typer.Option("--attention-dir", help="Write the attention over each given target here."),
@@ -317,33 +324,27 @@ def score(
 ) -> None:
     """Score given translations: per line, log P(target | source) and the length-normalised
     score (as translate ranks), tab-separated."""
-    from nmt.commands.score import score_command
+    from nmt.commands.common import Models
+    from nmt.commands.score import ScoreRequest, score_command
 
-    overrides = {
-        "length_penalty": length_penalty,
-        "coverage_penalty": coverage_penalty,
-        "ensemble_average": ensemble_average,
-        "batch_size": batch_size,
-    }
-    score_command(
-        model,
-        input,
-        target,
-        tsv,
-        n_best,
-        output,
-        overrides,
-        tokens,
-        attention_dir,
-        device,
-        precision,
+    request = ScoreRequest(
+        models=Models(model, device, precision),
+        input=input,
+        target=target,
+        tsv=tsv,
+        n_best=n_best,
+        output=output,
+        decoding=_decoding(locals()),
+        tokens=tokens,
+        attention_dir=attention_dir,
         align_ref=align_ref,
     )
+    score_command(request)
 
 
 @app.command()
 def align(
-    model: Models,
+    model: ModelsOption,
     input: SourceOption = None,
     target: TargetOption = None,
     tsv: TsvOption = None,
@@ -374,20 +375,12 @@ def align(
 ) -> None:
     """Word alignments (Pharaoh: source-target word indices, 0-based) from the model's
     attention (or its alignment head) while it reads the given translations."""
-    from nmt.commands.align import align_command
+    from nmt.commands.align import AlignRequest, Extraction, align_command
+    from nmt.commands.common import Models
 
-    align_command(
-        model,
-        input,
-        target,
-        tsv,
-        output,
-        extract,
-        threshold,
-        device,
-        precision,
-        use_attention=attention,
-    )
+    extraction = Extraction(extract, threshold, attention)
+    models = Models(model, device, precision)
+    align_command(AlignRequest(models, input, target, tsv, output, extraction))
 
 
 @app.command()
@@ -440,25 +433,14 @@ def eval_(
             help="With --model: dev, test, train or a data.eval_splits name (the demo: books).",
         ),
     ] = "test",
-    beam: Annotated[
-        int | None, typer.Option("--beam", "-b", min=1, help="With --model: beam size.")
-    ] = None,
+    beam_size: BeamSize = None,
     save_hypotheses: Annotated[
         Path | None,
         typer.Option("--save-hypotheses", help="With --model: write the translations here."),
     ] = None,
-    length_penalty: Annotated[
-        float | None,
-        typer.Option("--length-penalty", min=0.0, help="With --model: GNMT alpha."),
-    ] = None,
-    coverage_penalty: Annotated[
-        float | None,
-        typer.Option("--coverage-penalty", min=0.0, help="With --model: GNMT beta (0: off)."),
-    ] = None,
-    ensemble_average: Annotated[
-        EnsembleAverage | None,
-        typer.Option("--ensemble-average", help="With several --model: linear or log_linear."),
-    ] = None,
+    length_penalty: LengthPenalty = None,
+    coverage_penalty: CoveragePenalty = None,
+    ensemble_average: EnsembleAverageOption = None,
     significance: Annotated[
         str,
         typer.Option(
@@ -497,35 +479,27 @@ def eval_(
     device: DeviceOption = "auto",
     precision: PrecisionOption = "auto",
 ) -> None:
-    """Score with sacrebleu (BLEU, chrF, TER and their signatures)."""
+    """Score with sacrebleu (BLEU, chrF, TER and their signatures).
 
-    if align is not None or align_ref is not None:
-        if align is None or align_ref is None or hypotheses or model:
-            raise ConfigError("give --align HYP with --align-ref GOLD (and no other systems)")
-        from nmt.commands.align import evaluate_alignments
+    With --model, the decoding options (--beam, --length-penalty, ...) apply to its
+    translation of the split."""
+    from nmt.commands.common import Models
+    from nmt.commands.evaluate import EvalRequest, evaluate_command
 
-        alignment = evaluate_alignments(align, align_ref, align_src, align_trg)
-        typer.echo(alignment.to_json() if json_out else alignment.to_table())
-        return
-    if model:
-        if hypotheses:
-            raise ConfigError("give either hypothesis files or --model, not both")
-        from nmt.commands.evaluate import evaluate_split
-
-        options = {
-            "beam_size": beam,
-            "length_penalty": length_penalty,
-            "coverage_penalty": coverage_penalty,
-            "ensemble_average": ensemble_average,
-        }
-        report = evaluate_split(model, split, options, device, save_hypotheses, precision=precision)
-    else:
-        from nmt.evaluate import score_files
-
-        if not hypotheses or not ref:
-            raise ConfigError("give hypothesis file(s) and --ref, or --model RUN --split test")
-        test = None if significance == "none" else significance
-        report = score_files(list(hypotheses), list(ref), significance=test)
+    request = EvalRequest(
+        hypotheses=list(hypotheses or []),
+        references=list(ref or []),
+        models=Models(model, device, precision) if model else None,
+        split=split,
+        decoding=_decoding(locals()),
+        save_hypotheses=save_hypotheses,
+        significance=significance,
+        align=align,
+        align_ref=align_ref,
+        align_src=align_src,
+        align_trg=align_trg,
+    )
+    report = evaluate_command(request)
     typer.echo(report.to_json() if json_out else report.to_table())
 
 

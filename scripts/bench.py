@@ -68,7 +68,8 @@ from nmt.data.batching import bucket_batches, padding_fraction  # noqa: E402
 from nmt.data.corpus import read_pairs  # noqa: E402
 from nmt.data.prepare import load_corpora  # noqa: E402
 from nmt.data.tokenizer import Tokenizer  # noqa: E402
-from nmt.decoding.translator import Steered, Translator  # noqa: E402
+from nmt.decoding.steering import Steering  # noqa: E402
+from nmt.decoding.translator import Translator  # noqa: E402
 from nmt.fast import FastPaths, compiled  # noqa: E402
 from nmt.fast.allocator import (  # noqa: E402
     MALLOC_TUNABLES,
@@ -638,7 +639,7 @@ def bench_constrained(
 ) -> dict[str, Any]:
     """Beam 5, batch 64, ``count`` constraint words per sentence (Post & Vilar's search)."""
     phrases = reference_constraints(references, count)
-    steered = Steered(
+    steering = Steering(
         constraints=[
             [translator.target_ids(p, f"reference {n}") for p in row]
             for n, row in enumerate(phrases, start=1)
@@ -647,7 +648,7 @@ def bench_constrained(
     decoding = translator.config.decoding.model_copy(update={"beam_size": 5, "batch_size": 64})
     synchronize(device)
     start = time.perf_counter()
-    hypotheses = translator.decode_ids(src_ids, decoding, steered=steered)
+    hypotheses = translator.decode_ids(src_ids, decoding, steering=steering)
     synchronize(device)
     seconds = time.perf_counter() - start
     tokens = sum(len(nbest[0].tokens) + 1 for nbest in hypotheses if nbest)
