@@ -6,10 +6,11 @@ line on stderr and exit status 2 (``--debug`` shows the traceback).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -24,6 +25,8 @@ from nmt.errors import NMTError
 from nmt.fast.allocator import limit_kernel_cache
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from nmt.config import Config
 
     Device = str
@@ -33,6 +36,8 @@ else:  # the config's own choices (Literal types), which Typer lists in the help
     Device = RunConfig.model_fields["device"].annotation
     Precision = TrainingConfig.model_fields["precision"].annotation
     EnsembleAverage = DecodingConfig.model_fields["ensemble_average"].annotation
+
+Request = TypeVar("Request", bound="DataclassInstance")
 
 app = typer.Typer(
     help="Attention-based RNN encoder-decoder machine translation: train, translate, evaluate.",
@@ -142,7 +147,7 @@ AttentionDirOption = Annotated[
 ]
 
 # The decoding flags, each declared once. A command's parameter for one is named after its
-# DecodingConfig key, so that `_decoding` finds it; None keeps the run's value.
+# DecodingConfig key, as `_request` reads it; None keeps the run's value.
 BeamSize = Annotated[
     int | None,
     typer.Option(
@@ -184,10 +189,17 @@ EnsembleAverageOption = Annotated[
 ]
 
 
-def _decoding(parameters: dict[str, Any]) -> dict[str, Any]:
-    """A command's decoding flags (its ``locals()`` before anything else is assigned) by
-    their DecodingConfig keys: the overrides of the run's decoding section."""
-    return {key: parameters[key] for key in DecodingConfig.model_fields if key in parameters}
+def _request(kind: type[Request], parameters: dict[str, Any], **given: Any) -> Request:
+    """A command's request (a dataclass of nmt.commands) from the command's parameters (its
+    ``locals()`` before it assigns anything): each field from the parameter of its name,
+    ``decoding`` from the decoding flags (by their DecodingConfig keys; None keeps the run's
+    value), and ``given`` for fields the options only imply."""
+    names = {field.name for field in dataclasses.fields(kind)}
+    values = {name: value for name, value in parameters.items() if name in names}
+    if "decoding" in names:
+        keys = DecodingConfig.model_fields
+        values["decoding"] = {key: parameters[key] for key in keys if key in parameters}
+    return kind(**{**values, **given})
 
 
 @app.command()
@@ -261,21 +273,8 @@ def translate(
     from nmt.commands.common import Models
     from nmt.commands.translate import TranslateRequest, translate_command
 
-    request = TranslateRequest(
-        models=Models(model, device, precision),
-        input=input,
-        output=output,
-        decoding=_decoding(locals()),
-        n_best=n_best,
-        scores=scores,
-        batch_tokens=batch_tokens,
-        prefix=prefix,
-        constraints=constraints,
-        attention_dir=attention_dir,
-        alignments=alignments,
-        unbuffered=unbuffered,
-    )
-    translate_command(request, warn=_warn)
+    models = Models(model, device, precision)
+    translate_command(_request(TranslateRequest, locals(), models=models), warn=_warn)
 
 
 def _warn(message: str) -> None:
@@ -327,19 +326,8 @@ def score(
     from nmt.commands.common import Models
     from nmt.commands.score import ScoreRequest, score_command
 
-    request = ScoreRequest(
-        models=Models(model, device, precision),
-        input=input,
-        target=target,
-        tsv=tsv,
-        n_best=n_best,
-        output=output,
-        decoding=_decoding(locals()),
-        tokens=tokens,
-        attention_dir=attention_dir,
-        align_ref=align_ref,
-    )
-    score_command(request)
+    models = Models(model, device, precision)
+    score_command(_request(ScoreRequest, locals(), models=models))
 
 
 @app.command()
@@ -380,7 +368,7 @@ def align(
 
     extraction = Extraction(extract, threshold, attention)
     models = Models(model, device, precision)
-    align_command(AlignRequest(models, input, target, tsv, output, extraction))
+    align_command(_request(AlignRequest, locals(), models=models, extraction=extraction))
 
 
 @app.command()
@@ -486,20 +474,9 @@ def eval_(
     from nmt.commands.common import Models
     from nmt.commands.evaluate import EvalRequest, evaluate_command
 
-    request = EvalRequest(
-        hypotheses=list(hypotheses or []),
-        references=list(ref or []),
-        models=Models(model, device, precision) if model else None,
-        split=split,
-        decoding=_decoding(locals()),
-        save_hypotheses=save_hypotheses,
-        significance=significance,
-        align=align,
-        align_ref=align_ref,
-        align_src=align_src,
-        align_trg=align_trg,
-    )
-    report = evaluate_command(request)
+    models = Models(model, device, precision) if model else None
+    systems = {"hypotheses": list(hypotheses or []), "references": list(ref or [])}
+    report = evaluate_command(_request(EvalRequest, locals(), models=models, **systems))
     typer.echo(report.to_json() if json_out else report.to_table())
 
 
