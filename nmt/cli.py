@@ -202,70 +202,79 @@ def _request(kind: type[Request], parameters: dict[str, Any], **given: Any) -> R
     return kind(**{**values, **given})
 
 
+# translate's own flags
+TranslateInput = Annotated[
+    str, typer.Option("--input", "-i", help="Input text, one sentence a line; - for stdin.")
+]
+NBest = Annotated[
+    int,
+    typer.Option(
+        "--n-best", min=1, help="Write K hypotheses per line as TSV: line, rank, score, text."
+    ),
+]
+Scores = Annotated[
+    bool,
+    typer.Option("--scores", help="Prefix each line with its length-normalised score and a tab."),
+]
+BatchTokens = Annotated[
+    int | None,
+    typer.Option("--batch-tokens", min=1, help="Also cap padded source tokens per batch."),
+]
+Prefix = Annotated[
+    Path | None,
+    typer.Option(
+        "--prefix",
+        help="Target prefixes, one per input line (empty: none): each output starts with "
+        "its prefix.",
+    ),
+]
+Constraints = Annotated[
+    Path | None,
+    typer.Option(
+        "--constraints",
+        help='JSONL, one list of target phrases per input line (["la casa", "verde"]; '
+        "empty or []: none): each output contains every phrase.",
+    ),
+]
+Alignments = Annotated[
+    Path | None,
+    typer.Option(
+        "--alignments",
+        help="Also write each output's word alignment (Pharaoh i-j, from the attention) "
+        "to this file.",
+    ),
+]
+Unbuffered = Annotated[
+    bool,
+    typer.Option(
+        "--unbuffered",
+        help="Translate each stdin line as it arrives and flush its output (the default "
+        "when stdin is a terminal).",
+    ),
+]
+
+
 @app.command()
 def translate(
     model: ModelsOption,
-    input: Annotated[
-        str, typer.Option("--input", "-i", help="Input text, one sentence a line; - for stdin.")
-    ] = "-",
+    input: TranslateInput = "-",
     output: OutputOption = "-",
     beam_size: BeamSize = None,
-    n_best: Annotated[
-        int,
-        typer.Option(
-            "--n-best", min=1, help="Write K hypotheses per line as TSV: line, rank, score, text."
-        ),
-    ] = 1,
-    scores: Annotated[
-        bool,
-        typer.Option(
-            "--scores", help="Prefix each line with its length-normalised score and a tab."
-        ),
-    ] = False,
+    n_best: NBest = 1,
+    scores: Scores = False,
     batch_size: BatchSize = None,
-    batch_tokens: Annotated[
-        int | None,
-        typer.Option("--batch-tokens", min=1, help="Also cap padded source tokens per batch."),
-    ] = None,
+    batch_tokens: BatchTokens = None,
     max_len_ratio: MaxLenRatio = None,
     max_len_offset: MaxLenOffset = None,
     length_penalty: LengthPenalty = None,
     coverage_penalty: CoveragePenalty = None,
     no_repeat_ngram: NoRepeatNgram = None,
     ensemble_average: EnsembleAverageOption = None,
-    prefix: Annotated[
-        Path | None,
-        typer.Option(
-            "--prefix",
-            help="Target prefixes, one per input line (empty: none): each output starts with "
-            "its prefix.",
-        ),
-    ] = None,
-    constraints: Annotated[
-        Path | None,
-        typer.Option(
-            "--constraints",
-            help='JSONL, one list of target phrases per input line (["la casa", "verde"]; '
-            "empty or []: none): each output contains every phrase.",
-        ),
-    ] = None,
+    prefix: Prefix = None,
+    constraints: Constraints = None,
     attention_dir: AttentionDirOption = None,
-    alignments: Annotated[
-        Path | None,
-        typer.Option(
-            "--alignments",
-            help="Also write each output's word alignment (Pharaoh i-j, from the attention) "
-            "to this file.",
-        ),
-    ] = None,
-    unbuffered: Annotated[
-        bool,
-        typer.Option(
-            "--unbuffered",
-            help="Translate each stdin line as it arrives and flush its output (the default "
-            "when stdin is a terminal).",
-        ),
-    ] = False,
+    alignments: Alignments = None,
+    unbuffered: Unbuffered = False,
     device: DeviceOption = "auto",
     precision: PrecisionOption = "auto",
 ) -> None:
@@ -397,73 +406,81 @@ def average(
     typer.echo(f"{output}: the mean of {len(used)} checkpoints", err=True)
 
 
+# eval's own flags
+Hypotheses = Annotated[
+    list[Path] | None, typer.Argument(help="Hypothesis file(s), one system each.")
+]
+References = Annotated[
+    list[Path] | None,
+    typer.Option("--ref", "-r", help="Reference file (repeat for several)."),
+]
+SplitModels = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Translate a split of this run's data instead (repeat: an ensemble).",
+    ),
+]
+Split = Annotated[
+    str,
+    typer.Option(
+        "--split",
+        help="With --model: dev, test, train or a data.eval_splits name (the demo: books).",
+    ),
+]
+SaveHypotheses = Annotated[
+    Path | None,
+    typer.Option("--save-hypotheses", help="With --model: write the translations here."),
+]
+Significance = Annotated[
+    str,
+    typer.Option(
+        "--significance",
+        help="Paired test against the first system when there are 2+: bootstrap, ar "
+        "(approximate randomisation) or none.",
+    ),
+]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+AlignFile = Annotated[
+    Path | None,
+    typer.Option("--align", help="Score this Pharaoh alignment file (with --align-ref) instead."),
+]
+AlignReference = Annotated[
+    Path | None,
+    typer.Option("--align-ref", help="Reference alignments: i-j sure links, i?j possible ones."),
+]
+AlignSource = Annotated[
+    Path | None,
+    typer.Option(
+        "--align-src",
+        help="With --align: the source text the links index (e.g. test.es.gz), for the "
+        "content-word figures.",
+    ),
+]
+AlignTarget = Annotated[
+    Path | None,
+    typer.Option("--align-trg", help="With --align: the target text (e.g. test.en.gz)."),
+]
+
+
 @app.command("eval")
 def eval_(
-    hypotheses: Annotated[
-        list[Path] | None, typer.Argument(help="Hypothesis file(s), one system each.")
-    ] = None,
-    ref: Annotated[
-        list[Path] | None,
-        typer.Option("--ref", "-r", help="Reference file (repeat for several)."),
-    ] = None,
-    model: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--model",
-            "-m",
-            help="Translate a split of this run's data instead (repeat: an ensemble).",
-        ),
-    ] = None,
-    split: Annotated[
-        str,
-        typer.Option(
-            "--split",
-            help="With --model: dev, test, train or a data.eval_splits name (the demo: books).",
-        ),
-    ] = "test",
+    hypotheses: Hypotheses = None,
+    ref: References = None,
+    model: SplitModels = None,
+    split: Split = "test",
     beam_size: BeamSize = None,
-    save_hypotheses: Annotated[
-        Path | None,
-        typer.Option("--save-hypotheses", help="With --model: write the translations here."),
-    ] = None,
+    save_hypotheses: SaveHypotheses = None,
     length_penalty: LengthPenalty = None,
     coverage_penalty: CoveragePenalty = None,
     ensemble_average: EnsembleAverageOption = None,
-    significance: Annotated[
-        str,
-        typer.Option(
-            "--significance",
-            help="Paired test against the first system when there are 2+: bootstrap, ar "
-            "(approximate randomisation) or none.",
-        ),
-    ] = "bootstrap",
-    json_out: Annotated[
-        bool, typer.Option("--json", help="Print JSON instead of a table.")
-    ] = False,
-    align: Annotated[
-        Path | None,
-        typer.Option(
-            "--align", help="Score this Pharaoh alignment file (with --align-ref) instead."
-        ),
-    ] = None,
-    align_ref: Annotated[
-        Path | None,
-        typer.Option(
-            "--align-ref", help="Reference alignments: i-j sure links, i?j possible ones."
-        ),
-    ] = None,
-    align_src: Annotated[
-        Path | None,
-        typer.Option(
-            "--align-src",
-            help="With --align: the source text the links index (e.g. test.es.gz), for the "
-            "content-word figures.",
-        ),
-    ] = None,
-    align_trg: Annotated[
-        Path | None,
-        typer.Option("--align-trg", help="With --align: the target text (e.g. test.en.gz)."),
-    ] = None,
+    significance: Significance = "bootstrap",
+    json_out: JsonOut = False,
+    align: AlignFile = None,
+    align_ref: AlignReference = None,
+    align_src: AlignSource = None,
+    align_trg: AlignTarget = None,
     device: DeviceOption = "auto",
     precision: PrecisionOption = "auto",
 ) -> None:

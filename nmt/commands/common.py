@@ -1,6 +1,6 @@
 """What the decoding commands share: the models they open (``Models``: --model, --device,
---precision), the checks of what they will write, made before any work, the heatmap of one
-sentence's attention, and the progress policy (a bar on stderr while files are read)."""
+--precision), the checks of what they will write, made before any work, the attention
+heatmaps (``Heatmaps``), and the progress policy (a bar on stderr while files are read)."""
 
 from __future__ import annotations
 
@@ -56,21 +56,29 @@ def check_attention_dir(directory: Path | None) -> None:
         raise DataError(f"--attention-dir {directory}: is a file; give a directory")
 
 
-def write_attention(
-    translator: Translator,
-    directory: Path,
-    index: int,
-    src_ids: list[int],
-    trg_ids: list[int],
-    alphas: Any,
-    links: Sequence[tuple[int, int, bool]] = (),
-) -> None:
-    """Heatmap and raw matrix of one sentence's attention: alphas (|y|+1, |x|); ``links``
-    (target piece, source piece, sure) outline reference links."""
-    tokenizer = translator.tokenizer
-    src = tokenizer.src_pieces(src_ids)
-    trg = tokenizer.trg_pieces_and_eos(trg_ids)
-    save_attention(directory / f"{index:06d}", src, trg, alphas.float().numpy(), links)
+@dataclass(frozen=True)
+class Heatmaps:
+    """--attention-dir: per sentence, a heatmap PNG and the raw matrix (.npy, .json) named
+    by its 0-based line number, with the pieces of the models' tokenizer as labels."""
+
+    translator: Translator
+    directory: Path
+
+    def write(
+        self,
+        index: int,
+        src_ids: list[int],
+        trg_ids: list[int],
+        alphas: Any,
+        links: Sequence[tuple[int, int, bool]] = (),
+    ) -> None:
+        """Sentence ``index``'s attention, alphas (|y|+1, |x|); ``links`` (target piece,
+        source piece, sure) outline reference links."""
+        tokenizer = self.translator.tokenizer
+        src = tokenizer.src_pieces(src_ids)
+        trg = tokenizer.trg_pieces_and_eos(trg_ids)
+        weights = alphas.float().numpy()
+        save_attention(self.directory / f"{index:06d}", src, trg, weights, links)
 
 
 @contextmanager

@@ -7,13 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nmt.commands.common import (
-    Models,
-    check_attention_dir,
-    check_writes,
-    progress_bar,
-    write_attention,
-)
+from nmt.commands.common import Heatmaps, Models, check_attention_dir, check_writes, progress_bar
 from nmt.decoding.alignment import link_cells, parse_links, piece_words
 from nmt.decoding.options import decoding_options
 from nmt.decoding.scoring import Scored
@@ -198,6 +192,9 @@ def score_command(request: ScoreRequest) -> int:
     with progress_bar(len(pairs.sources), enabled, texts) as advance:
         attention = request.attention_dir is not None
         results = translator.score(pairs.sources, pairs.targets, decoding, attention, advance)
+    heatmaps = (
+        Heatmaps(translator, request.attention_dir) if request.attention_dir is not None else None
+    )
     out = []
     for index, (target, result) in enumerate(zip(pairs.targets, results, strict=True)):
         if pairs.rows is not None:
@@ -205,25 +202,20 @@ def score_command(request: ScoreRequest) -> int:
             out.append(f"{pairs.rows[index]}\t{score}")
         else:
             out.append(format_scored(translator, target, result, request.tokens))
-        if request.attention_dir is not None and result is not None:
+        if heatmaps is not None and result is not None:
             links = references[index] if references is not None else None
-            _heatmap(translator, request.attention_dir, index, pairs, result, links)
+            _heatmap(heatmaps, index, pairs, result, links)
     write_lines(request.output, out)
     return len(out)
 
 
 def _heatmap(
-    translator: Translator,
-    directory: Path,
-    index: int,
-    pairs: Pairs,
-    result: Scored,
-    links: Links | None,
+    heatmaps: Heatmaps, index: int, pairs: Pairs, result: Scored, links: Links | None
 ) -> None:
     """Pair ``index``'s attention over its target, with its reference ``links`` outlined."""
     if result.alphas is None:
         return
-    tokenizer = translator.tokenizer
+    tokenizer = heatmaps.translator.tokenizer
     source, target = pairs.sources[index], pairs.targets[index]
     (src_ids,) = tokenizer.encode_src([source])
     (trg_ids,) = tokenizer.encode_trg([target])
@@ -232,4 +224,4 @@ def _heatmap(
         src_words = piece_words(tokenizer.src, source)
         trg_words = piece_words(tokenizer.trg, target)
         cells = link_cells(*links, src_words, trg_words)
-    write_attention(translator, directory, index, src_ids, trg_ids, result.alphas, cells)
+    heatmaps.write(index, src_ids, trg_ids, result.alphas, cells)

@@ -12,13 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from nmt.commands.common import (
-    Models,
-    check_attention_dir,
-    check_writes,
-    progress_bar,
-    write_attention,
-)
+from nmt.commands.common import Heatmaps, Models, check_attention_dir, check_writes, progress_bar
 from nmt.config import DecodingConfig
 from nmt.decoding.alignment import format_links, hypothesis_links
 from nmt.decoding.options import SearchOptions, check_request, decoding_options
@@ -176,7 +170,10 @@ def translate_command(
     check_request(decoding, request.n_best, request.constraints is not None, beam_given)
     known = None if lines is None else len(lines)
     steering = read_steering(translator, request.prefix, request.constraints, known)
-    job = _Job(translator, decoding, request, steering, warn)
+    heatmaps = (
+        Heatmaps(translator, request.attention_dir) if request.attention_dir is not None else None
+    )
+    job = _Job(translator, decoding, request, steering, heatmaps, warn)
     count = _stream(job, sys.stdin, sys.stdout) if lines is None else _translate_all(job, lines)
     if request.alignments is not None:
         atomic_write_text(request.alignments, "".join(line + "\n" for line in job.links))
@@ -204,13 +201,14 @@ def _check_writes(request: TranslateRequest) -> None:
 
 @dataclass
 class _Job:
-    """One run of `nmt translate`: the models, the checked options and steering, and the
-    alignment lines so far."""
+    """One run of `nmt translate`: the models, the checked options and steering, where the
+    heatmaps go, and the alignment lines so far."""
 
     translator: Translator
     decoding: DecodingConfig
     request: TranslateRequest
     steering: Steering | None
+    heatmaps: Heatmaps | None
     warn: Callable[[str], None]
     links: list[str] = field(default_factory=list)
 
@@ -218,10 +216,8 @@ class _Job:
         """Line ``index``'s output rows; its heatmap, alignment and warning on the side."""
         translator, request = self.translator, self.request
         best = item.best
-        if request.attention_dir is not None and best is not None and best.alphas is not None:
-            write_attention(
-                translator, request.attention_dir, index, item.src_ids, best.tokens, best.alphas
-            )
+        if self.heatmaps is not None and best is not None and best.alphas is not None:
+            self.heatmaps.write(index, item.src_ids, best.tokens, best.alphas)
         if request.alignments is not None:
             self.links.append(_links(translator, line, item, self.decoding))
         if line.strip() and best is None and self.steering is not None:
