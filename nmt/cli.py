@@ -141,10 +141,6 @@ TsvOption = Annotated[
         "--tsv", help="source<TAB>target lines instead of -i/-t; - for stdin (the default)."
     ),
 ]
-AttentionDirOption = Annotated[
-    Path | None,
-    typer.Option("--attention-dir", help="Write a heatmap PNG plus .npy/.json per sentence here."),
-]
 
 # The decoding flags, each declared once. A command's parameter for one is named after its
 # DecodingConfig key, as `_request` reads it; None keeps the run's value.
@@ -191,9 +187,9 @@ EnsembleAverageOption = Annotated[
 
 def _request(kind: type[Request], parameters: dict[str, Any], **given: Any) -> Request:
     """A command's request (a dataclass of nmt.commands) from the command's parameters (its
-    ``locals()`` before it assigns anything): each field from the parameter of its name,
-    ``decoding`` from the decoding flags (by their DecodingConfig keys; None keeps the run's
-    value), and ``given`` for fields the options only imply."""
+    ``locals()``): each field from the parameter of its name, ``decoding`` from the decoding
+    flags (by their DecodingConfig keys; None keeps the run's value), and ``given`` for the
+    fields the options only imply."""
     names = {field.name for field in dataclasses.fields(kind)}
     values = {name: value for name, value in parameters.items() if name in names}
     if "decoding" in names:
@@ -236,6 +232,10 @@ Constraints = Annotated[
         "empty or []: none): each output contains every phrase.",
     ),
 ]
+AttentionDir = Annotated[
+    Path | None,
+    typer.Option("--attention-dir", help="Write a heatmap PNG plus .npy/.json per sentence here."),
+]
 Alignments = Annotated[
     Path | None,
     typer.Option(
@@ -272,7 +272,7 @@ def translate(
     ensemble_average: EnsembleAverageOption = None,
     prefix: Prefix = None,
     constraints: Constraints = None,
-    attention_dir: AttentionDirOption = None,
+    attention_dir: AttentionDir = None,
     alignments: Alignments = None,
     unbuffered: Unbuffered = False,
     device: DeviceOption = "auto",
@@ -400,9 +400,10 @@ def average(
 ) -> None:
     """Average checkpoints of one model (weights' mean, in float64) into a normal checkpoint
     that translate, eval and score read."""
-    from nmt.commands.average import average_command
+    from nmt.commands.average import AverageRequest, average_command
 
-    used = average_command(list(checkpoints or []), run, last, output)
+    given = list(checkpoints or [])
+    used = average_command(_request(AverageRequest, locals(), checkpoints=given))
     typer.echo(f"{output}: the mean of {len(used)} checkpoints", err=True)
 
 
