@@ -77,7 +77,7 @@ class Model:
         return self.translator.config
 
     @overload
-    def translate(  # type: ignore[overload-overlap]
+    def translate(
         self,
         sentences: str,
         *,
@@ -122,7 +122,7 @@ class Model:
             constraints = [[str(c) for c in constraints]]
         decoding = decoding_options(self.translator.config.decoding, options)
         check_request(decoding, n_best, constraints is not None, "beam_size" in options)
-        steering = self._steering(lines, prefixes, constraints)  # type: ignore[arg-type]
+        steering = self._steering(lines, prefixes, constraints)
         search = SearchOptions(n_best)
         results = self.translator.translate(lines, decoding, search, steering=steering)
         if n_best == 1:
