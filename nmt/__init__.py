@@ -1,19 +1,25 @@
 """nmt: attention-based RNN encoder-decoder machine translation.
 
-The Python API: ``nmt.load(run)`` returns a model with ``translate`` and ``score`` (nmt.api).
+The Python API: ``nmt.load(run)`` returns a model with ``translate``, ``score`` and ``align``
+(nmt.api).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+
     from nmt.api import Model
 
 __version__ = "0.1.0"
 
 
-def load(model: Any, device: str = "auto", precision: str = "auto") -> Model:
+def load(
+    model: str | Path | Sequence[str | Path], device: str = "auto", precision: str = "auto"
+) -> Model:
     """A run directory or checkpoint (or a list of them: an ensemble), ready to translate
     and score; see nmt.api. Importing nmt stays light: torch loads on the first call."""
     from nmt.api import load as load_model

@@ -16,18 +16,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
-from nmt.commands.align import align_pairs, check_method
-from nmt.commands.translate import check_request, constraint_ids, decoding_options, prefix_ids
-from nmt.decoding.translator import Steered, Translator
+from nmt.commands.align import Extraction, Link, align_pairs
+from nmt.commands.translate import constraint_ids, prefix_ids
+from nmt.config import Config
+from nmt.decoding.options import SearchOptions, check_request, decoding_options
+from nmt.decoding.steering import Steering
+from nmt.decoding.translator import Translator
 from nmt.errors import DataError
 
 
 @dataclass
-class Candidate:
-    """One hypothesis: its text, length-normalised score (as translate ranks) and
-    log-probability log P(text | source)."""
+class ScoredTranslation:
+    """One hypothesis of an n-best list: its text, length-normalised score (as translate
+    ranks) and log-probability log P(text | source)."""
 
     text: str
     score: float
@@ -69,55 +72,87 @@ class Model:
         return f"{self.translator.precision} ({self.translator.precision_reason})"
 
     @property
-    def config(self) -> Any:
+    def config(self) -> Config:
         """The (first) run's resolved config."""
         return self.translator.config
+
+    @overload
+    def translate(
+        self,
+        sentences: str,
+        *,
+        n_best: int = 1,
+        prefixes: str | Sequence[str] | None = None,
+        constraints: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        **options: Any,
+    ) -> str | list[ScoredTranslation]: ...
+
+    @overload
+    def translate(
+        self,
+        sentences: Sequence[str],
+        *,
+        n_best: int = 1,
+        prefixes: Sequence[str] | None = None,
+        constraints: Sequence[Sequence[str]] | None = None,
+        **options: Any,
+    ) -> list[str] | list[list[ScoredTranslation]]: ...
 
     def translate(
         self,
         sentences: str | Sequence[str],
         *,
         n_best: int = 1,
-        prefixes: Sequence[str] | None = None,
-        constraints: Sequence[Sequence[str]] | None = None,
+        prefixes: str | Sequence[str] | None = None,
+        constraints: Sequence[str] | Sequence[Sequence[str]] | None = None,
         **options: Any,
-    ) -> Any:
+    ) -> str | list[ScoredTranslation] | list[str] | list[list[ScoredTranslation]]:
         """Translate one sentence (-> str) or a list (-> list of str, one per sentence).
 
-        ``n_best`` > 1: a list of ``Candidate``s per sentence instead, best first.
+        ``n_best`` > 1: a list of ``ScoredTranslation``s per sentence instead, best first.
         ``prefixes``: one target prefix per sentence ("" for none); ``constraints``: one list
         of target phrases per sentence. ``options``: decoding keys, e.g. ``beam_size=5``,
         ``length_penalty``, ``coverage_penalty``, ``max_len_ratio``, ``no_repeat_ngram``.
         """
         single = isinstance(sentences, str)
         lines = [sentences] if isinstance(sentences, str) else list(sentences)
-        if single:
-            prefixes = [prefixes] if isinstance(prefixes, str) else prefixes
-            if constraints is not None and all(isinstance(c, str) for c in constraints):
-                constraints = [[str(c) for c in constraints]]
-        decoding = decoding_options(self.translator, options)
+        if single and isinstance(prefixes, str):
+            prefixes = [prefixes]
+        if single and constraints is not None and all(isinstance(c, str) for c in constraints):
+            constraints = [[str(c) for c in constraints]]
+        decoding = decoding_options(self.translator.config.decoding, options)
         check_request(decoding, n_best, constraints is not None, "beam_size" in options)
-        steered = self._steered(lines, prefixes, constraints)
-        results = self.translator.translate(lines, decoding, n_best, steered=steered)
+        steering = self._steering(lines, prefixes, constraints)
+        search = SearchOptions(n_best)
+        results = self.translator.translate(lines, decoding, search, steering=steering)
         if n_best == 1:
-            texts = [
-                self.translator.detokenize(r.hypotheses[0]) if r.hypotheses else "" for r in results
-            ]
+            texts = [self.translator.best_text(result) for result in results]
             return texts[0] if single else texts
         lists = [
-            [Candidate(self.translator.detokenize(h), h.score, h.log_prob) for h in r.hypotheses]
-            for r in results
+            [
+                ScoredTranslation(self.translator.detokenize(h), h.score, h.log_prob)
+                for h in result.hypotheses
+            ]
+            for result in results
         ]
         return lists[0] if single else lists
 
+    @overload
+    def score(self, sources: str, targets: str, **options: Any) -> Score: ...
+
+    @overload
+    def score(
+        self, sources: Sequence[str], targets: Sequence[str], **options: Any
+    ) -> list[Score]: ...
+
     def score(
         self, sources: str | Sequence[str], targets: str | Sequence[str], **options: Any
-    ) -> Any:
+    ) -> Score | list[Score]:
         """Forced scores of given translations: one ``Score`` per (source, target) pair (a
         single Score for two strings). ``options``: ``length_penalty``,
         ``coverage_penalty``, ``ensemble_average``, ``batch_size``."""
         single, src, trg = _pairs("score", sources, targets)
-        decoding = decoding_options(self.translator, options)
+        decoding = decoding_options(self.translator.config.decoding, options)
         results = self.translator.score(src, trg, decoding)
         tokenizer = self.translator.tokenizer
         out = []
@@ -126,10 +161,30 @@ class Model:
                 out.append(Score(None, None, []))
                 continue
             (ids,) = tokenizer.encode_trg([target])
-            pieces = [*tokenizer.trg_pieces(ids), "</s>"]
+            pieces = tokenizer.trg_pieces_and_eos(ids)
             tokens = list(zip(pieces, result.token_log_probs, strict=True))
             out.append(Score(result.log_prob, result.score, tokens))
         return out[0] if single else out
+
+    @overload
+    def align(  # type: ignore[overload-overlap]
+        self,
+        sources: str,
+        targets: str,
+        extract: str = "argmax",
+        threshold: float = 0.5,
+        attention: bool = False,
+    ) -> list[Link]: ...
+
+    @overload
+    def align(
+        self,
+        sources: Sequence[str],
+        targets: Sequence[str],
+        extract: str = "argmax",
+        threshold: float = 0.5,
+        attention: bool = False,
+    ) -> list[list[Link]]: ...
 
     def align(
         self,
@@ -138,24 +193,25 @@ class Model:
         extract: str = "argmax",
         threshold: float = 0.5,
         attention: bool = False,
-    ) -> Any:
+    ) -> list[Link] | list[list[Link]]:
         """Word alignments of given translations (as `nmt align`): per pair a sorted list of
         (source word, target word) indices, whitespace words from 0; a single list for two
         strings. From the alignment head where the model has one, unless ``attention``."""
-        check_method(extract, threshold)
+        extraction = Extraction(extract, threshold, attention)
+        extraction.check()
         single, src, trg = _pairs("align", sources, targets)
-        out = align_pairs(self.translator, src, trg, extract, threshold, None, attention)
+        out = align_pairs(self.translator, src, trg, extraction)
         return out[0] if single else out
 
-    def _steered(
+    def _steering(
         self,
         lines: list[str],
         prefixes: Sequence[str] | None,
         constraints: Sequence[Sequence[str]] | None,
-    ) -> Steered | None:
+    ) -> Steering | None:
         if prefixes is None and constraints is None:
             return None
-        steered = Steered()
+        steering = Steering()
         for name, given in (("prefixes", prefixes), ("constraints", constraints)):
             if given is not None and len(given) != len(lines):
                 raise DataError(
@@ -163,11 +219,11 @@ class Model:
                     f"sentence (empty for none)"
                 )
         if prefixes is not None:
-            steered.prefixes = prefix_ids(self.translator, list(prefixes), "prefixes")
+            steering.prefixes = prefix_ids(self.translator, list(prefixes), "prefixes")
         if constraints is not None:
             rows = [[phrase for phrase in row] for row in constraints]
-            steered.constraints = constraint_ids(self.translator, rows, "constraints")
-        return steered
+            steering.constraints = constraint_ids(self.translator, rows, "constraints")
+        return steering
 
 
 def _pairs(

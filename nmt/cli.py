@@ -6,9 +6,10 @@ line on stderr and exit status 2 (``--debug`` shows the traceback).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -18,17 +19,22 @@ except ImportError:  # pragma: no cover - older typer on click
     from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[assignment,no-redef]
 
 from nmt import __version__
-from nmt.errors import ConfigError, NMTError
+from nmt.config import DecodingConfig, RunConfig, TrainingConfig
+from nmt.errors import NMTError
 from nmt.fast.allocator import limit_kernel_cache
 
-Device = Literal["auto", "cpu", "cuda"]
-Precision = Literal["auto", "fp32", "bf16", "fp16"]
-EnsembleAverage = Literal["linear", "log_linear"]
-PRECISION_OPTION = typer.Option(
-    "--precision",
-    help="auto (bf16 on a GPU with native bf16, else fp16; on a CPU bf16 only where it has "
-    "native bf16 and a probe finds it faster, else fp32), fp32, bf16 or fp16 autocast.",
-)
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    Device = str
+    Precision = str
+    EnsembleAverage = str
+else:  # the config's own choices (Literal types), which Typer lists in the help and checks
+    Device = RunConfig.model_fields["device"].annotation
+    Precision = TrainingConfig.model_fields["precision"].annotation
+    EnsembleAverage = DecodingConfig.model_fields["ensemble_average"].annotation
+
+Request = TypeVar("Request", bound="DataclassInstance")
 
 app = typer.Typer(
     help="Attention-based RNN encoder-decoder machine translation: train, translate, evaluate.",
@@ -97,15 +103,26 @@ def train(
         raise typer.Exit(130) from None
 
 
-MODELS_HELP = (
-    "Run directory (uses best.pt) or checkpoint file; repeat for an ensemble of models that "
-    "share a tokenizer."
-)
-# options that several commands share, spelled once
-Models = Annotated[list[Path], typer.Option("--model", "-m", help=MODELS_HELP)]
+# Options that several commands share, each declared once.
+ModelsOption = Annotated[
+    list[Path],
+    typer.Option(
+        "--model",
+        "-m",
+        help="Run directory (uses best.pt) or checkpoint file; repeat for an ensemble of models "
+        "that share a tokenizer.",
+    ),
+]
 OutputOption = Annotated[str, typer.Option("--output", "-o", help="Output file; - for stdout.")]
 DeviceOption = Annotated[Device, typer.Option("--device", help="auto, cpu or cuda.")]
-PrecisionOption = Annotated[Precision, PRECISION_OPTION]
+PrecisionOption = Annotated[
+    Precision,
+    typer.Option(
+        "--precision",
+        help="auto (bf16 on a GPU with native bf16, else fp16; on a CPU bf16 only where it has "
+        "native bf16 and a probe finds it faster, else fp32), fp32, bf16 or fp16 autocast.",
+    ),
+]
 SourceOption = Annotated[
     str | None, typer.Option("--input", "-i", help="Source sentences, one a line; - for stdin.")
 ]
@@ -120,138 +137,148 @@ TsvOption = Annotated[
     ),
 ]
 
+# The decoding flags, each declared once. A command's parameter for one is named after its
+# DecodingConfig key, as `_request` reads it; None keeps the run's value.
+BeamSize = Annotated[
+    int | None,
+    typer.Option(
+        "--beam", "-b", min=1, help="Beam size (1: greedy); default from the run's config."
+    ),
+]
+BatchSize = Annotated[
+    int | None, typer.Option("--batch-size", min=1, help="Sentences (or pairs) per batch.")
+]
+MaxLenRatio = Annotated[
+    float | None,
+    typer.Option("--max-len-ratio", min=0.01, help="Max output length per source piece."),
+]
+MaxLenOffset = Annotated[
+    int | None,
+    typer.Option("--max-len-offset", min=0, help="Added to the max output length."),
+]
+LengthPenalty = Annotated[
+    float | None,
+    typer.Option("--length-penalty", min=0.0, help="GNMT alpha of the normalised score."),
+]
+CoveragePenalty = Annotated[
+    float | None,
+    typer.Option(
+        "--coverage-penalty", min=0.0, help="GNMT beta: coverage penalty weight (0: off)."
+    ),
+]
+NoRepeatNgram = Annotated[
+    int | None,
+    typer.Option("--no-repeat-ngram", min=0, help="Forbid repeating n-grams of this size."),
+]
+EnsembleAverageOption = Annotated[
+    EnsembleAverage | None,
+    typer.Option(
+        "--ensemble-average",
+        help="Several --model: average their probabilities (linear) or log-probabilities "
+        "(log_linear).",
+    ),
+]
+
+
+def _request(kind: type[Request], parameters: dict[str, Any], **given: Any) -> Request:
+    """A command's request (a dataclass of nmt.commands) from the command's parameters (its
+    ``locals()``): each field from the parameter of its name, ``decoding`` from the decoding
+    flags (by their DecodingConfig keys; None keeps the run's value), and ``given`` for the
+    fields the options only imply."""
+    names = {field.name for field in dataclasses.fields(kind)}
+    values = {name: value for name, value in parameters.items() if name in names}
+    if "decoding" in names:
+        keys = DecodingConfig.model_fields
+        values["decoding"] = {key: parameters[key] for key in keys if key in parameters}
+    return kind(**{**values, **given})
+
+
+# translate's own flags
+TranslateInput = Annotated[
+    str, typer.Option("--input", "-i", help="Input text, one sentence a line; - for stdin.")
+]
+NBest = Annotated[
+    int,
+    typer.Option(
+        "--n-best", min=1, help="Write K hypotheses per line as TSV: line, rank, score, text."
+    ),
+]
+Scores = Annotated[
+    bool,
+    typer.Option("--scores", help="Prefix each line with its length-normalised score and a tab."),
+]
+BatchTokens = Annotated[
+    int | None,
+    typer.Option("--batch-tokens", min=1, help="Also cap padded source tokens per batch."),
+]
+Prefix = Annotated[
+    Path | None,
+    typer.Option(
+        "--prefix",
+        help="Target prefixes, one per input line (empty: none): each output starts with "
+        "its prefix.",
+    ),
+]
+Constraints = Annotated[
+    Path | None,
+    typer.Option(
+        "--constraints",
+        help='JSONL, one list of target phrases per input line (["la casa", "verde"]; '
+        "empty or []: none): each output contains every phrase.",
+    ),
+]
+AttentionDir = Annotated[
+    Path | None,
+    typer.Option("--attention-dir", help="Write a heatmap PNG plus .npy/.json per sentence here."),
+]
+Alignments = Annotated[
+    Path | None,
+    typer.Option(
+        "--alignments",
+        help="Also write each output's word alignment (Pharaoh i-j, from the attention) "
+        "to this file.",
+    ),
+]
+Unbuffered = Annotated[
+    bool,
+    typer.Option(
+        "--unbuffered",
+        help="Translate each stdin line as it arrives and flush its output (the default "
+        "when stdin is a terminal).",
+    ),
+]
+
 
 @app.command()
 def translate(
-    model: Models,
-    input: Annotated[
-        str, typer.Option("--input", "-i", help="Input text, one sentence a line; - for stdin.")
-    ] = "-",
+    model: ModelsOption,
+    input: TranslateInput = "-",
     output: OutputOption = "-",
-    beam: Annotated[
-        int | None,
-        typer.Option(
-            "--beam", "-b", min=1, help="Beam size (1: greedy); default from the run's config."
-        ),
-    ] = None,
-    n_best: Annotated[
-        int,
-        typer.Option(
-            "--n-best", min=1, help="Write K hypotheses per line as TSV: line, rank, score, text."
-        ),
-    ] = 1,
-    scores: Annotated[
-        bool,
-        typer.Option(
-            "--scores", help="Prefix each line with its length-normalised score and a tab."
-        ),
-    ] = False,
-    batch_size: Annotated[
-        int | None, typer.Option("--batch-size", min=1, help="Sentences per batch.")
-    ] = None,
-    batch_tokens: Annotated[
-        int | None,
-        typer.Option("--batch-tokens", min=1, help="Also cap padded source tokens per batch."),
-    ] = None,
-    max_len_ratio: Annotated[
-        float | None,
-        typer.Option("--max-len-ratio", min=0.01, help="Max output length per source piece."),
-    ] = None,
-    max_len_offset: Annotated[
-        int | None,
-        typer.Option("--max-len-offset", min=0, help="Added to the max output length."),
-    ] = None,
-    length_penalty: Annotated[
-        float | None, typer.Option("--length-penalty", min=0.0, help="GNMT alpha.")
-    ] = None,
-    coverage_penalty: Annotated[
-        float | None,
-        typer.Option(
-            "--coverage-penalty", min=0.0, help="GNMT beta: coverage penalty weight (0: off)."
-        ),
-    ] = None,
-    no_repeat_ngram: Annotated[
-        int | None,
-        typer.Option("--no-repeat-ngram", min=0, help="Forbid repeating n-grams of this size."),
-    ] = None,
-    ensemble_average: Annotated[
-        EnsembleAverage | None,
-        typer.Option(
-            "--ensemble-average",
-            help="Several --model: average probabilities (linear) or log-probabilities.",
-        ),
-    ] = None,
-    prefix: Annotated[
-        Path | None,
-        typer.Option(
-            "--prefix",
-            help="Target prefixes, one per input line (empty: none): each output starts with "
-            "its prefix.",
-        ),
-    ] = None,
-    constraints: Annotated[
-        Path | None,
-        typer.Option(
-            "--constraints",
-            help='JSONL, one list of target phrases per input line (["la casa", "verde"]; '
-            "empty or []: none): each output contains every phrase.",
-        ),
-    ] = None,
-    attention_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--attention-dir", help="Write a heatmap PNG plus .npy/.json per sentence here."
-        ),
-    ] = None,
-    alignments: Annotated[
-        Path | None,
-        typer.Option(
-            "--alignments",
-            help="Also write each output's word alignment (Pharaoh i-j, from the attention) "
-            "to this file.",
-        ),
-    ] = None,
-    unbuffered: Annotated[
-        bool,
-        typer.Option(
-            "--unbuffered",
-            help="Translate each stdin line as it arrives and flush its output (the default "
-            "when stdin is a terminal).",
-        ),
-    ] = False,
+    beam_size: BeamSize = None,
+    n_best: NBest = 1,
+    scores: Scores = False,
+    batch_size: BatchSize = None,
+    batch_tokens: BatchTokens = None,
+    max_len_ratio: MaxLenRatio = None,
+    max_len_offset: MaxLenOffset = None,
+    length_penalty: LengthPenalty = None,
+    coverage_penalty: CoveragePenalty = None,
+    no_repeat_ngram: NoRepeatNgram = None,
+    ensemble_average: EnsembleAverageOption = None,
+    prefix: Prefix = None,
+    constraints: Constraints = None,
+    attention_dir: AttentionDir = None,
+    alignments: Alignments = None,
+    unbuffered: Unbuffered = False,
     device: DeviceOption = "auto",
     precision: PrecisionOption = "auto",
 ) -> None:
     """Translate text: exactly one output line per input line (empty in, empty out)."""
-    from nmt.commands.translate import translate_command
+    from nmt.commands.common import Models
+    from nmt.commands.translate import TranslateRequest, translate_command
 
-    overrides = {
-        "beam_size": beam,
-        "batch_size": batch_size,
-        "max_len_ratio": max_len_ratio,
-        "max_len_offset": max_len_offset,
-        "length_penalty": length_penalty,
-        "coverage_penalty": coverage_penalty,
-        "no_repeat_ngram": no_repeat_ngram,
-        "ensemble_average": ensemble_average,
-    }
-    translate_command(
-        model,
-        input,
-        output,
-        overrides,
-        n_best,
-        scores,
-        batch_tokens,
-        device,
-        attention_dir,
-        precision=precision,
-        prefix=prefix,
-        constraints=constraints,
-        unbuffered=unbuffered,
-        warn=_warn,
-        alignments=alignments,
-    )
+    models = Models(model, device, precision)
+    translate_command(_request(TranslateRequest, locals(), models=models), warn=_warn)
 
 
 def _warn(message: str) -> None:
@@ -260,7 +287,7 @@ def _warn(message: str) -> None:
 
 @app.command()
 def score(
-    model: Models,
+    model: ModelsOption,
     input: SourceOption = None,
     target: TargetOption = None,
     tsv: TsvOption = None,
@@ -279,21 +306,10 @@ def score(
             "--tokens", help="Add each target piece's log-probability and the pieces (EOS last)."
         ),
     ] = False,
-    length_penalty: Annotated[
-        float | None,
-        typer.Option("--length-penalty", min=0.0, help="GNMT alpha of the normalised score."),
-    ] = None,
-    coverage_penalty: Annotated[
-        float | None,
-        typer.Option("--coverage-penalty", min=0.0, help="GNMT beta (0: off)."),
-    ] = None,
-    ensemble_average: Annotated[
-        EnsembleAverage | None,
-        typer.Option("--ensemble-average", help="Several --model: linear or log_linear."),
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option("--batch-size", min=1, help="Pairs per batch.")
-    ] = None,
+    length_penalty: LengthPenalty = None,
+    coverage_penalty: CoveragePenalty = None,
+    ensemble_average: EnsembleAverageOption = None,
+    batch_size: BatchSize = None,
     attention_dir: Annotated[
         Path | None,
         typer.Option("--attention-dir", help="Write the attention over each given target here."),
@@ -311,33 +327,16 @@ def score(
 ) -> None:
     """Score given translations: per line, log P(target | source) and the length-normalised
     score (as translate ranks), tab-separated."""
-    from nmt.commands.score import score_command
+    from nmt.commands.common import Models
+    from nmt.commands.score import ScoreRequest, score_command
 
-    overrides = {
-        "length_penalty": length_penalty,
-        "coverage_penalty": coverage_penalty,
-        "ensemble_average": ensemble_average,
-        "batch_size": batch_size,
-    }
-    score_command(
-        model,
-        input,
-        target,
-        tsv,
-        n_best,
-        output,
-        overrides,
-        tokens,
-        attention_dir,
-        device,
-        precision,
-        align_ref=align_ref,
-    )
+    models = Models(model, device, precision)
+    score_command(_request(ScoreRequest, locals(), models=models))
 
 
 @app.command()
 def align(
-    model: Models,
+    model: ModelsOption,
     input: SourceOption = None,
     target: TargetOption = None,
     tsv: TsvOption = None,
@@ -368,20 +367,12 @@ def align(
 ) -> None:
     """Word alignments (Pharaoh: source-target word indices, 0-based) from the model's
     attention (or its alignment head) while it reads the given translations."""
-    from nmt.commands.align import align_command
+    from nmt.commands.align import AlignRequest, Extraction, align_command
+    from nmt.commands.common import Models
 
-    align_command(
-        model,
-        input,
-        target,
-        tsv,
-        output,
-        extract,
-        threshold,
-        device,
-        precision,
-        use_attention=attention,
-    )
+    extraction = Extraction(extract, threshold, attention)
+    models = Models(model, device, precision)
+    align_command(_request(AlignRequest, locals(), models=models, extraction=extraction))
 
 
 @app.command()
@@ -404,122 +395,101 @@ def average(
 ) -> None:
     """Average checkpoints of one model (weights' mean, in float64) into a normal checkpoint
     that translate, eval and score read."""
-    from nmt.commands.average import average_command
+    from nmt.commands.average import AverageRequest, average_command
 
-    used = average_command(list(checkpoints or []), run, last, output)
+    given = list(checkpoints or [])
+    used = average_command(_request(AverageRequest, locals(), checkpoints=given))
     typer.echo(f"{output}: the mean of {len(used)} checkpoints", err=True)
+
+
+# eval's own flags
+Hypotheses = Annotated[
+    list[Path] | None, typer.Argument(help="Hypothesis file(s), one system each.")
+]
+References = Annotated[
+    list[Path] | None,
+    typer.Option("--ref", "-r", help="Reference file (repeat for several)."),
+]
+SplitModels = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Translate a split of this run's data instead (repeat: an ensemble).",
+    ),
+]
+Split = Annotated[
+    str,
+    typer.Option(
+        "--split",
+        help="With --model: dev, test, train or a data.eval_splits name (the demo: books).",
+    ),
+]
+SaveHypotheses = Annotated[
+    Path | None,
+    typer.Option("--save-hypotheses", help="With --model: write the translations here."),
+]
+Significance = Annotated[
+    str,
+    typer.Option(
+        "--significance",
+        help="Paired test against the first system when there are 2+: bootstrap, ar "
+        "(approximate randomisation) or none.",
+    ),
+]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+AlignFile = Annotated[
+    Path | None,
+    typer.Option("--align", help="Score this Pharaoh alignment file (with --align-ref) instead."),
+]
+AlignReference = Annotated[
+    Path | None,
+    typer.Option("--align-ref", help="Reference alignments: i-j sure links, i?j possible ones."),
+]
+AlignSource = Annotated[
+    Path | None,
+    typer.Option(
+        "--align-src",
+        help="With --align: the source text the links index (e.g. test.es.gz), for the "
+        "content-word figures.",
+    ),
+]
+AlignTarget = Annotated[
+    Path | None,
+    typer.Option("--align-trg", help="With --align: the target text (e.g. test.en.gz)."),
+]
 
 
 @app.command("eval")
 def eval_(
-    hypotheses: Annotated[
-        list[Path] | None, typer.Argument(help="Hypothesis file(s), one system each.")
-    ] = None,
-    ref: Annotated[
-        list[Path] | None,
-        typer.Option("--ref", "-r", help="Reference file (repeat for several)."),
-    ] = None,
-    model: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--model",
-            "-m",
-            help="Translate a split of this run's data instead (repeat: an ensemble).",
-        ),
-    ] = None,
-    split: Annotated[
-        str,
-        typer.Option(
-            "--split",
-            help="With --model: dev, test, train or a data.eval_splits name (the demo: books).",
-        ),
-    ] = "test",
-    beam: Annotated[
-        int | None, typer.Option("--beam", "-b", min=1, help="With --model: beam size.")
-    ] = None,
-    save_hypotheses: Annotated[
-        Path | None,
-        typer.Option("--save-hypotheses", help="With --model: write the translations here."),
-    ] = None,
-    length_penalty: Annotated[
-        float | None,
-        typer.Option("--length-penalty", min=0.0, help="With --model: GNMT alpha."),
-    ] = None,
-    coverage_penalty: Annotated[
-        float | None,
-        typer.Option("--coverage-penalty", min=0.0, help="With --model: GNMT beta (0: off)."),
-    ] = None,
-    ensemble_average: Annotated[
-        EnsembleAverage | None,
-        typer.Option("--ensemble-average", help="With several --model: linear or log_linear."),
-    ] = None,
-    significance: Annotated[
-        str,
-        typer.Option(
-            "--significance",
-            help="Paired test against the first system when there are 2+: bootstrap, ar "
-            "(approximate randomisation) or none.",
-        ),
-    ] = "bootstrap",
-    json_out: Annotated[
-        bool, typer.Option("--json", help="Print JSON instead of a table.")
-    ] = False,
-    align: Annotated[
-        Path | None,
-        typer.Option(
-            "--align", help="Score this Pharaoh alignment file (with --align-ref) instead."
-        ),
-    ] = None,
-    align_ref: Annotated[
-        Path | None,
-        typer.Option(
-            "--align-ref", help="Reference alignments: i-j sure links, i?j possible ones."
-        ),
-    ] = None,
-    align_src: Annotated[
-        Path | None,
-        typer.Option(
-            "--align-src",
-            help="With --align: the source text the links index (e.g. test.es.gz), for the "
-            "content-word figures.",
-        ),
-    ] = None,
-    align_trg: Annotated[
-        Path | None,
-        typer.Option("--align-trg", help="With --align: the target text (e.g. test.en.gz)."),
-    ] = None,
+    hypotheses: Hypotheses = None,
+    ref: References = None,
+    model: SplitModels = None,
+    split: Split = "test",
+    beam_size: BeamSize = None,
+    save_hypotheses: SaveHypotheses = None,
+    length_penalty: LengthPenalty = None,
+    coverage_penalty: CoveragePenalty = None,
+    ensemble_average: EnsembleAverageOption = None,
+    significance: Significance = "bootstrap",
+    json_out: JsonOut = False,
+    align: AlignFile = None,
+    align_ref: AlignReference = None,
+    align_src: AlignSource = None,
+    align_trg: AlignTarget = None,
     device: DeviceOption = "auto",
     precision: PrecisionOption = "auto",
 ) -> None:
-    """Score with sacrebleu (BLEU, chrF, TER and their signatures)."""
+    """Score with sacrebleu (BLEU, chrF, TER and their signatures).
 
-    if align is not None or align_ref is not None:
-        if align is None or align_ref is None or hypotheses or model:
-            raise ConfigError("give --align HYP with --align-ref GOLD (and no other systems)")
-        from nmt.commands.align import evaluate_alignments
+    With --model, the decoding options (--beam, --length-penalty, ...) apply to its
+    translation of the split."""
+    from nmt.commands.common import Models
+    from nmt.commands.evaluate import EvalRequest, evaluate_command
 
-        alignment = evaluate_alignments(align, align_ref, align_src, align_trg)
-        typer.echo(alignment.to_json() if json_out else alignment.to_table())
-        return
-    if model:
-        if hypotheses:
-            raise ConfigError("give either hypothesis files or --model, not both")
-        from nmt.commands.evaluate import evaluate_split
-
-        options = {
-            "beam_size": beam,
-            "length_penalty": length_penalty,
-            "coverage_penalty": coverage_penalty,
-            "ensemble_average": ensemble_average,
-        }
-        report = evaluate_split(model, split, options, device, save_hypotheses, precision=precision)
-    else:
-        from nmt.evaluate import score_files
-
-        if not hypotheses or not ref:
-            raise ConfigError("give hypothesis file(s) and --ref, or --model RUN --split test")
-        test = None if significance == "none" else significance
-        report = score_files(list(hypotheses), list(ref), significance=test)
+    models = Models(model, device, precision) if model else None
+    systems = {"hypotheses": list(hypotheses or []), "references": list(ref or [])}
+    report = evaluate_command(_request(EvalRequest, locals(), models=models, **systems))
     typer.echo(report.to_json() if json_out else report.to_table())
 
 

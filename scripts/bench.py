@@ -69,7 +69,8 @@ from nmt.data.batching import bucket_batches, padding_fraction  # noqa: E402
 from nmt.data.corpus import read_pairs  # noqa: E402
 from nmt.data.prepare import load_corpora  # noqa: E402
 from nmt.data.tokenizer import Tokenizer  # noqa: E402
-from nmt.decoding.translator import Steered, Translator  # noqa: E402
+from nmt.decoding.steering import Steering  # noqa: E402
+from nmt.decoding.translator import Translator  # noqa: E402
 from nmt.fast import compiled  # noqa: E402
 from nmt.fast.allocator import limit_kernel_cache  # noqa: E402
 from nmt.fast.precision import choose_precision  # noqa: E402
@@ -743,7 +744,7 @@ def decode_row(
     src_ids: list[list[int]],
     device: torch.device,
     setting: tuple[int, int],
-    constrained: tuple[int, Steered] | None = None,
+    constrained: tuple[int, Steering] | None = None,
 ) -> DecodeRow:
     """The test sentences decoded with one (beam size, batch size), timed; ``constrained``:
     (constraints per sentence, the constraints)."""
@@ -751,9 +752,9 @@ def decode_row(
     decoding = translator.config.decoding.model_copy(
         update={"beam_size": beam_size, "batch_size": batch_size}
     )
-    count, steered = constrained or (None, None)
+    count, steering = constrained or (None, None)
     hypotheses, seconds = timed(
-        device, lambda: translator.decode_ids(src_ids, decoding, steered=steered)
+        device, lambda: translator.decode_ids(src_ids, decoding, steering=steering)
     )
     tokens = sum(len(nbest[0].tokens) + 1 for nbest in hypotheses if nbest)  # with EOS
     search = "greedy" if beam_size == 1 else f"beam {beam_size}"
@@ -787,13 +788,13 @@ def bench_decoding(
     rows = [decode_row(translator, src_ids, device, setting) for setting in DECODE_SETTINGS]
     for count in CONSTRAINT_COUNTS:
         phrases = reference_constraints(references, count)
-        steered = Steered(
+        steering = Steering(
             constraints=[
                 [translator.target_ids(p, f"reference {n}") for p in row]
                 for n, row in enumerate(phrases, start=1)
             ]
         )
-        rows.append(decode_row(translator, src_ids, device, (5, 64), (count, steered)))
+        rows.append(decode_row(translator, src_ids, device, (5, 64), (count, steering)))
     precision = f"{translator.precision} ({translator.precision_reason}, as nmt translate)"
     return precision, rows
 

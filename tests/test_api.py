@@ -16,7 +16,7 @@ from clirun import (  # noqa: F401 - corpus and run are fixtures
 )
 
 import nmt as nmt_api
-from nmt.api import Candidate, Model, Score
+from nmt.api import Model, Score, ScoredTranslation
 from nmt.errors import CheckpointError, ConfigError, DataError, NMTError
 
 SOURCES = ["sol luna", "", "mar rio casa", "agua fuego"]
@@ -60,7 +60,7 @@ def test_beam_size_option_is_the_cli_beam(model: Model, run: Path) -> None:
 
 
 def test_n_best_gives_candidates_sorted_by_score(model: Model, cli_lines: list[str]) -> None:
-    """n_best=2: per sentence two Candidates, best first, with float scores and log-probs;
+    """n_best=2: per sentence two ScoredTranslations, best first, with float scores and log-probs;
     the first is the 1-best translation; an empty line has none."""
     lists = model.translate(SOURCES, n_best=2)
     assert isinstance(lists, list) and len(lists) == len(SOURCES)
@@ -69,7 +69,7 @@ def test_n_best_gives_candidates_sorted_by_score(model: Model, cli_lines: list[s
         if not SOURCES[i]:
             continue
         assert len(candidates) == 2
-        assert all(isinstance(c, Candidate) for c in candidates)
+        assert all(isinstance(c, ScoredTranslation) for c in candidates)
         assert candidates[0].score >= candidates[1].score
         for c in candidates:
             assert isinstance(c.log_prob, float) and isinstance(c.score, float)

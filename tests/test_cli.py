@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -111,9 +114,24 @@ def test_translate_stdin_keeps_one_line_per_line(trained: Path) -> None:
 
 
 def test_eval_split_of_the_run(trained: Path) -> None:
-    result = nmt("eval", "--model", str(trained / "run"), "--split", "test", "--beam", "3")
+    """--model translates the split with the given beam, and its table row is the score of
+    those translations: what `nmt eval` prints for them as a file."""
+    saved = trained / "split.hyp"
+    result = nmt(
+        "eval", "--model", str(trained / "run"), "--split", "test", "--beam", "3",
+        "--save-hypotheses", str(saved),
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "BLEU" in result.stdout and "signature" in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["System", "BLEU", "chrF", "TER"]
+    name, *scores = lines[2].rsplit(maxsplit=3)
+    assert name == "run:test (beam 3)"
+    beam = nmt("translate", "-m", str(trained / "run"), "-i", str(trained / "test.src"), "-b", "3")
+    assert saved.read_text(encoding="utf-8") == beam.stdout
+    by_file = nmt("eval", str(saved), "--ref", str(trained / "test.trg"))
+    assert by_file.stdout.splitlines()[2].split() == ["split.hyp", *scores]
+    assert lines[4] == "Segments: 40" and lines[5].startswith("Decoded in: ")
+    assert lines[6:] == by_file.stdout.splitlines()[5:]  # the same signatures
     # --precision auto, decided for the model (too small for bf16, or a CPU without it)
     assert "Decoded in: fp32 (auto: " in result.stdout
     forced = nmt("eval", "--model", str(trained / "run"), "--split", "test", "--precision", "fp32")
@@ -169,11 +187,89 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["translate"], ["eval"]])
-def test_help(command: list[str]) -> None:
-    result = nmt(*command, "--help")
-    assert result.returncode == 0
-    assert "Usage" in result.stdout
+def test_eval_prints_the_scores_of_a_pair_counted_by_hand(tmp_path: Path) -> None:
+    """The table's row for two sentences whose BLEU is counted by hand: n-gram precisions
+    8/9, 4/7, 2/5 and 1/3, and 9 hypothesis words for 10 reference words (brevity penalty
+    e^(1 - 10/9)); TER: 2 edits for 10 reference words."""
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("the cat sat on the mat\nhello world there\n", encoding="utf-8")
+    ref.write_text("the cat sat on a mat\nhello big world there\n", encoding="utf-8")
+    bleu = 100 * math.exp(1 - 10 / 9) * (8 / 9 * 4 / 7 * 2 / 5 * 1 / 3) ** 0.25
+    result = nmt("eval", str(hyp), "--ref", str(ref))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:3] == [
+        "System    BLEU   chrF    TER",
+        "-------  -----  -----  -----",
+        f"hyp.txt  {bleu:.2f}  68.44  20.00",
+    ]
+    assert lines[3:5] == ["", "Segments: 2"]
+    assert lines[5].startswith("BLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|")
+    report = json.loads(nmt("eval", str(hyp), "--ref", str(ref), "--json").stdout)
+    assert round(report["systems"][0]["bleu"], 2) == round(bleu, 2)
+
+
+COMMANDS = ["train", "translate", "score", "align", "average", "eval"]
+DECODING = ["--length-penalty", "--coverage-penalty", "--ensemble-average"]
+MODELS = ["--device", "--precision", "--help"]
+FLAGS = {
+    "": ["--debug", "--version", "--help"],
+    "train": ["--override", "--resume", "--run-dir", "--quiet", "--help"],
+    "translate": [
+        "--model", "--input", "--output", "--beam", "--n-best", "--scores", "--batch-size",
+        "--batch-tokens", "--max-len-ratio", "--max-len-offset", "--length-penalty",
+        "--coverage-penalty", "--no-repeat-ngram", "--ensemble-average", "--prefix",
+        "--constraints", "--attention-dir", "--alignments", "--unbuffered", *MODELS,
+    ],
+    "score": [
+        "--model", "--input", "--target", "--tsv", "--n-best", "--output", "--tokens", *DECODING,
+        "--batch-size", "--attention-dir", "--align-ref", *MODELS,
+    ],
+    "align": [
+        "--model", "--input", "--target", "--tsv", "--output", "--extract", "--threshold",
+        "--attention", *MODELS,
+    ],
+    "average": ["--output", "--run", "--last", "--help"],
+    "eval": [
+        "--ref", "--model", "--split", "--beam", "--save-hypotheses", *DECODING,
+        "--significance", "--json", "--align", "--align-ref", "--align-src", "--align-trg",
+        *MODELS,
+    ],
+}  # fmt: skip
+
+
+def _help(*command: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "nmt", *command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},  # one row per option, none wrapped
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[:4] == ["Usage:", "python", "-m", "nmt"]
+    return result.stdout
+
+
+def _rows(text: str, panel: str) -> list[str]:
+    """The first word of each row of a help panel (Options, Commands)."""
+    rows, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("╭─"):
+            inside = line.startswith(f"╭─ {panel} ")
+        elif inside and (match := re.match(r"│ [ *]? {0,3}(\S+)", line)):
+            rows.append(match.group(1))
+    return rows
+
+
+def test_help_lists_the_commands() -> None:
+    assert _rows(_help(), "Commands") == COMMANDS
+
+
+@pytest.mark.parametrize("command", list(FLAGS))
+def test_help_lists_every_flag(command: str) -> None:
+    """Each command's help lists its flags, in their order, each once."""
+    assert _rows(_help(*command.split()), "Options") == FLAGS[command]
 
 
 def test_one_batch_equals_line_by_line(trained: Path) -> None:

@@ -7,12 +7,9 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from nmt import checkpoint
-from nmt.commands.progress import progress_bar
+from nmt.commands.common import Models, check_writes, progress_bar
 from nmt.commands.score import read_pairs_given
-from nmt.commands.translate import decoding_options
 from nmt.decoding.alignment import (
     EXTRACTIONS,
     AlignmentScores,
@@ -26,79 +23,93 @@ from nmt.decoding.alignment import (
 )
 from nmt.decoding.translator import Translator
 from nmt.errors import ConfigError, DataError
-from nmt.files import STDIN, check_output, read_lines, write_lines
+from nmt.files import STDIN, read_lines, write_lines
 from nmt.function_words import FUNCTION_WORDS, content_mask
 
 Link = tuple[int, int]
 
 
-def check_method(method: str, threshold: float) -> None:
-    if method not in EXTRACTIONS:
-        raise ConfigError(f"--extract {method!r}: expected one of {', '.join(EXTRACTIONS)}")
-    if not 0.0 < threshold <= 1.0:
-        raise ConfigError(f"--threshold {threshold}: expected a value in (0, 1]")
+@dataclass(frozen=True)
+class Extraction:
+    """How word links are read from a model reading a translation: ``method`` (argmax,
+    threshold, next, intersect or gdfa; ``nmt.decoding.alignment``), the least mass for
+    threshold, and ``attention``: the attention even where the models have an alignment
+    head (which is read by default)."""
+
+    method: str = "argmax"
+    threshold: float = 0.5
+    attention: bool = False
+
+    def check(self) -> None:
+        if self.method not in EXTRACTIONS:
+            raise ConfigError(
+                f"--extract {self.method!r}: expected one of {', '.join(EXTRACTIONS)}"
+            )
+        if not 0.0 < self.threshold <= 1.0:
+            raise ConfigError(f"--threshold {self.threshold}: expected a value in (0, 1]")
+
+    def check_head(self, translator: Translator) -> None:
+        """``--extract next`` reads the attention's following step; a head aligns each word
+        at its own step."""
+        if self.method == "next" and translator.has_alignment_head and not self.attention:
+            raise ConfigError(
+                "--extract next: the model's alignment head aligns each word at its own step; "
+                "use argmax or threshold, or --attention to align with the attention"
+            )
 
 
-def check_head(translator: Translator, method: str, use_attention: bool) -> None:
-    """``--extract next`` reads the attention's following step; a head aligns each word at
-    its own step."""
-    if method == "next" and translator.has_alignment_head and not use_attention:
-        raise ConfigError(
-            "--extract next: the model's alignment head aligns each word at its own step; "
-            "use argmax or threshold, or --attention to align with the attention"
-        )
+@dataclass(frozen=True)
+class AlignRequest:
+    """What `nmt align` is asked: the models, the pairs (-i SRC -t TRG, or --tsv FILE; none
+    of them: TSV on stdin), the output and how links are read."""
+
+    models: Models
+    input: str | None = None
+    target: str | None = None
+    tsv: str | None = None
+    output: str = STDIN
+    extraction: Extraction = Extraction()
+    show_progress: bool = True
 
 
 def align_pairs(
     translator: Translator,
     sources: Sequence[str],
     targets: Sequence[str],
-    method: str = "argmax",
-    threshold: float = 0.5,
+    extraction: Extraction = Extraction(),
     progress: Callable[[int], None] | None = None,
-    use_attention: bool = False,
-) -> list[list[tuple[int, int]]]:
+) -> list[list[Link]]:
     """Each pair's word links while the model reads the target (none where either side is
-    empty): from its alignment head if it has one and not ``use_attention``, else from its
-    attention."""
-    check_head(translator, method, use_attention)
-    decoding = decoding_options(translator, {})
+    empty): from its alignment head if it has one and not ``extraction.attention``, else
+    from its attention."""
+    extraction.check_head(translator)
     links, _ = attention_links(
-        translator, sources, targets, decoding, method, threshold, progress, use_attention
+        translator,
+        sources,
+        targets,
+        translator.config.decoding,
+        extraction.method,
+        extraction.threshold,
+        progress,
+        extraction.attention,
     )
     return links
 
 
-def align_command(
-    models: Sequence[Path],
-    input_path: str | None,
-    target_path: str | None,
-    tsv: str | None,
-    output_path: str,
-    method: str = "argmax",
-    threshold: float = 0.5,
-    device: str = "auto",
-    precision: str = "auto",
-    show_progress: bool = True,
-    use_attention: bool = False,
-) -> int:
+def align_command(request: AlignRequest) -> int:
     """`nmt align`: one Pharaoh line per (source, target) pair (empty for an empty side)."""
-    check_method(method, threshold)
-    if output_path != STDIN:
-        given = {"-i": input_path, "-t": target_path, "--tsv": tsv}
-        inputs: dict[str, Any] = {k: Path(v) for k, v in given.items() if v not in (None, STDIN)}
-        inputs["--model"] = [checkpoint.resolve(m) for m in models]
-        check_output(Path(output_path), "--output", inputs)
-    pairs = read_pairs_given(input_path, target_path, tsv, None)
-    translator = Translator.from_checkpoints(models, device, precision)
-    check_head(translator, method, use_attention)
-    from_files = STDIN not in (input_path, target_path, tsv) and bool(pairs.sources)
-    with progress_bar(len(pairs.sources), show_progress and from_files) as advance:
-        links = align_pairs(
-            translator, pairs.sources, pairs.targets, method, threshold, advance, use_attention
-        )
+    request.extraction.check()
+    read = {"-i": request.input, "-t": request.target, "--tsv": request.tsv}
+    check_writes("--output", request.output, {**read, "--model": request.models.files()})
+    pairs = read_pairs_given(request.input, request.target, request.tsv, None)
+    translator = request.models.open()
+    request.extraction.check_head(translator)
+    texts = (request.input, request.target, request.tsv)
+    enabled = request.show_progress and bool(pairs.sources)
+    with progress_bar(len(pairs.sources), enabled, texts) as advance:
+        links = align_pairs(translator, pairs.sources, pairs.targets, request.extraction, advance)
     lines = [format_links(row) for row in links]
-    write_lines(output_path, lines)
+    write_lines(request.output, lines)
     return len(lines)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,17 @@ from nmt.errors import CheckpointError, ConfigError
 from nmt.files import check_output
 
 STEP_FILE = re.compile(r"step-(\d+)\.pt")
+
+
+@dataclass(frozen=True)
+class AverageRequest:
+    """What `nmt average` is asked: checkpoint files (or run directories: their best.pt), or
+    a run's newest ``last`` step-N.pt files; and where to write the average."""
+
+    checkpoints: Sequence[Path] = ()
+    run: Path | None = None
+    last: int | None = None
+    output: Path = Path("averaged.pt")
 
 
 def last_checkpoints(run_dir: Path, count: int) -> list[Path]:
@@ -111,11 +123,10 @@ def _check_compatible(
             )
 
 
-def average_command(
-    checkpoints: Sequence[Path], run_dir: Path | None, last: int | None, output: Path
-) -> list[Path]:
+def average_command(request: AverageRequest) -> list[Path]:
     """`nmt average`: the given checkpoints (or a run's last N) averaged into ``output``,
     written atomically; returns the checkpoints averaged."""
+    checkpoints, run_dir, last = request.checkpoints, request.run, request.last
     if run_dir is not None or last is not None:
         if checkpoints or run_dir is None or last is None:
             raise ConfigError(
@@ -132,7 +143,7 @@ def average_command(
         paths = [checkpoint.resolve(Path(p)) for p in checkpoints]
     if len(paths) < 2:
         raise ConfigError("averaging needs at least two checkpoints")
-    check_output(output, "--output", {"checkpoint": paths})
+    check_output(request.output, "--output", {"checkpoint": paths})
     state = average_states(paths)
-    checkpoint.save(output, state)
+    checkpoint.save(request.output, state)
     return paths

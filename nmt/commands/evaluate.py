@@ -1,39 +1,74 @@
-"""The body of `nmt eval --model`: translate a split of the run's own data and score it."""
+"""The body of `nmt eval`, in three modes: score hypothesis files against references, translate
+a split of the run's own data with the model and score it (``--model``), or score an
+alignment file against reference links (``--align``)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from nmt import checkpoint, evaluate
-from nmt.commands.progress import progress_bar
-from nmt.commands.translate import decoding_options
+from nmt import evaluate
+from nmt.commands.align import AlignmentReport, evaluate_alignments
+from nmt.commands.common import Models, check_writes, progress_bar
+from nmt.config import DataConfig
 from nmt.data.corpus import local_files, read_pairs
-from nmt.decoding.translator import Translator
+from nmt.decoding.options import decoding_options
 from nmt.errors import ConfigError, DataError
-from nmt.files import atomic_write_text, check_output
+from nmt.files import atomic_write_text
 
 
-def evaluate_split(
-    models: Path | Sequence[Path],
-    split: str,
-    decoding_overrides: dict[str, Any],
-    device: str = "auto",
-    hypotheses_out: Path | None = None,
-    show_progress: bool = True,
-    precision: str = "auto",
-) -> Any:
-    """Translate a split (dev, test, train or a data.eval_splits name) of the first run's own data with the model (several:
-    their ensemble) and score it, decoding as `nmt translate` does (``precision``:
-    see ``nmt.fast.precision``)."""
-    models = [models] if isinstance(models, Path) else list(models)
-    if hypotheses_out is not None:
-        resolved = [checkpoint.resolve(m) for m in models]
-        check_output(hypotheses_out, "--save-hypotheses", {"--model": resolved})
-    translator = Translator.from_checkpoints(models, device, precision)
+@dataclass(frozen=True)
+class EvalRequest:
+    """What `nmt eval` is asked: hypothesis files with references (one system each), or the
+    models with a split of their run's data, or an alignment file with reference links; and
+    how to report."""
+
+    hypotheses: Sequence[Path] = ()
+    references: Sequence[Path] = ()
+    models: Models | None = None  # translate ``split`` instead of reading hypotheses
+    split: str = "test"  # dev, test, train or a data.eval_splits name
+    decoding: Mapping[str, object] = field(default_factory=dict)  # with models: keys to override
+    save_hypotheses: Path | None = None  # with models: write the translations here
+    significance: str = "bootstrap"  # bootstrap, ar or none: paired, against the first system
+    align: Path | None = None  # a Pharaoh file to score against align_ref instead
+    align_ref: Path | None = None
+    align_src: Path | None = None  # with align: the texts the links index (content words)
+    align_trg: Path | None = None
+    show_progress: bool = True
+
+
+def evaluate_command(request: EvalRequest) -> evaluate.Report | AlignmentReport:
+    """`nmt eval`: the report of the mode the request names (a table or JSON to print)."""
+    if request.align is not None or request.align_ref is not None:
+        alone = not request.hypotheses and request.models is None
+        if request.align is None or request.align_ref is None or not alone:
+            raise ConfigError("give --align HYP with --align-ref GOLD (and no other systems)")
+        return evaluate_alignments(
+            request.align, request.align_ref, request.align_src, request.align_trg
+        )
+    if request.models is not None:
+        if request.hypotheses:
+            raise ConfigError("give either hypothesis files or --model, not both")
+        return evaluate_split(request.models, request)
+    if not request.hypotheses or not request.references:
+        raise ConfigError("give hypothesis file(s) and --ref, or --model RUN --split test")
+    test = None if request.significance == "none" else request.significance
+    hypotheses, references = list(request.hypotheses), list(request.references)
+    return evaluate.score_files(hypotheses, references, significance=test)
+
+
+def evaluate_split(models: Models, request: EvalRequest) -> evaluate.Report:
+    """Translate a split (dev, test, train or a data.eval_splits name) of the first run's own
+    data with the models (several: their ensemble) and score it, decoding as `nmt translate`
+    does."""
+    out = request.save_hypotheses
+    if out is not None:
+        check_writes("--save-hypotheses", out, {"--model": models.files()})
+    translator = models.open()
     data = translator.config.data
+    split = request.split
     named = {"dev": data.dev, "test": data.test, "train": data.train, **data.eval_splits}
     if split not in named:
         more = "".join(f", {name}" for name in data.eval_splits)
@@ -48,9 +83,25 @@ def evaluate_split(
             f"--split {split}: the run's config has no data.{split}; use --split dev, or "
             f"score your own files: nmt eval HYP --ref REF"
         )
-    if hypotheses_out is not None and data.format != "hub":
+    if out is not None and data.format != "hub":
         inputs = {f"{key} file": path for path in local_files(data, where)}
-        check_output(hypotheses_out, "--save-hypotheses", inputs)
+        check_writes("--save-hypotheses", out, inputs)
+    sources, references = _read_split(data, where, key)
+    decoding = decoding_options(translator.config.decoding, request.decoding)
+    with progress_bar(len(sources), request.show_progress) as advance:
+        results = translator.translate(sources, decoding, progress=advance)
+    hyps = [translator.best_text(result) for result in results]
+    if out is not None:
+        atomic_write_text(out, "".join(h + "\n" for h in hyps))
+    name = f"{'+'.join(Path(m).name for m in models.paths)}:{split} (beam {decoding.beam_size})"
+    report = evaluate.score({name: hyps}, [references])
+    decoded_in = f"{translator.precision} ({translator.precision_reason})"
+    return dataclasses.replace(report, decoding_precision=decoded_in)
+
+
+def _read_split(data: DataConfig, where: str, key: str) -> tuple[list[str], list[str]]:
+    """The split's sources and references; a path that is not there is the run's config's,
+    relative to where nmt train ran."""
     try:
         rows = read_pairs(data, where)
     except DataError as exc:
@@ -61,14 +112,4 @@ def evaluate_split(
             str(exc).removesuffix(advice) + "; the path is from the run's config: run nmt eval "
             "from the folder nmt train ran in"
         ) from None
-    sources, references = list(rows["src"]), list(rows["trg"])
-    decoding = decoding_options(translator, decoding_overrides)
-    with progress_bar(len(sources), show_progress) as advance:
-        results = translator.translate(sources, decoding, progress=advance)
-    hyps = [translator.detokenize(r.hypotheses[0]) if r.hypotheses else "" for r in results]
-    if hypotheses_out is not None:
-        atomic_write_text(hypotheses_out, "".join(h + "\n" for h in hyps))
-    name = f"{'+'.join(Path(m).name for m in models)}:{split} (beam {decoding.beam_size})"
-    report = evaluate.score({name: hyps}, [references])
-    decoded_in = f"{translator.precision} ({translator.precision_reason})"
-    return dataclasses.replace(report, decoding_precision=decoded_in)
+    return list(rows["src"]), list(rows["trg"])

@@ -3,19 +3,38 @@ and n-best rescoring (the TSV of `nmt translate --n-best` with a score column ad
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from nmt import checkpoint
-from nmt.commands.progress import progress_bar
-from nmt.commands.translate import decoding_options, write_attention
+from nmt.commands.common import Heatmaps, Models, check_attention_dir, check_writes, progress_bar
 from nmt.decoding.alignment import link_cells, parse_links, piece_words
+from nmt.decoding.options import decoding_options
 from nmt.decoding.scoring import Scored
 from nmt.decoding.translator import Translator
 from nmt.errors import ConfigError, DataError
-from nmt.files import STDIN, check_output, read_lines, write_lines
+from nmt.files import STDIN, read_lines, write_lines
+
+Links = tuple[set[tuple[int, int]], set[tuple[int, int]]]  # a pair's (sure, possible) links
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """What `nmt score` is asked: the models, the pairs (-i SRC -t TRG, --tsv FILE, or -i SRC
+    --n-best FILE; none of them: TSV on stdin), the output, the ``decoding`` keys to
+    override (None: the run's value), and what to write besides the scores."""
+
+    models: Models
+    input: str | None = None
+    target: str | None = None
+    tsv: str | None = None
+    n_best: str | None = None  # the TSV of `nmt translate --n-best` to rescore
+    output: str = STDIN
+    decoding: Mapping[str, object] = field(default_factory=dict)
+    tokens: bool = False  # each piece's log-probability and the pieces
+    attention_dir: Path | None = None  # the attention over each given target
+    align_ref: Path | None = None  # reference links to outline on the heatmaps
+    show_progress: bool = True
 
 
 @dataclass
@@ -107,7 +126,7 @@ def format_scored(translator: Translator, target: str, result: Scored | None, to
     line = f"{result.log_prob:.4f}\t{result.score:.4f}"
     if tokens:
         (ids,) = translator.tokenizer.encode_trg([target])
-        pieces = [*translator.tokenizer.trg_pieces(ids), "</s>"]
+        pieces = translator.tokenizer.trg_pieces_and_eos(ids)
         values = " ".join(f"{v:.4f}" for v in result.token_log_probs)
         line += f"\t{values}\t{' '.join(pieces)}"
     return line
@@ -115,7 +134,7 @@ def format_scored(translator: Translator, target: str, result: Scored | None, to
 
 def _reference_links(
     path: Path | None, attention_dir: Path | None, sources: list[str], targets: list[str]
-) -> list[tuple[set[tuple[int, int]], set[tuple[int, int]]]] | None:
+) -> list[Links] | None:
     """The --align-ref file's (sure, possible) links per pair, checked against the pairs'
     words before anything is scored or written."""
     if path is None:
@@ -147,62 +166,62 @@ def _reference_links(
     return links
 
 
-def score_command(
-    models: Sequence[Path],
-    input_path: str | None,
-    target_path: str | None,
-    tsv: str | None,
-    n_best: str | None,
-    output_path: str,
-    decoding_overrides: dict[str, Any],
-    tokens: bool = False,
-    attention_dir: Path | None = None,
-    device: str = "auto",
-    precision: str = "auto",
-    show_progress: bool = True,
-    align_ref: Path | None = None,
-) -> int:
+def score_command(request: ScoreRequest) -> int:
     """`nmt score`: one line per pair (or the n-best rows with a score column), written only
     when every pair is scored; with ``align_ref``, the heatmaps outline its links."""
-    if tokens and n_best is not None:
+    if request.tokens and request.n_best is not None:
         raise ConfigError(
             "--tokens does not apply to --n-best rescoring, which adds one score column"
         )
-    if output_path != STDIN:
-        given = {"-i": input_path, "-t": target_path, "--tsv": tsv, "--n-best": n_best}
-        inputs: dict[str, Any] = {k: Path(v) for k, v in given.items() if v not in (None, STDIN)}
-        inputs["--model"] = [checkpoint.resolve(m) for m in models]
-        check_output(Path(output_path), "--output", inputs)
-    if attention_dir is not None and attention_dir.exists() and not attention_dir.is_dir():
-        raise DataError(f"--attention-dir {attention_dir}: is a file; give a directory")
-    pairs = read_pairs_given(input_path, target_path, tsv, n_best)
-    references = _reference_links(align_ref, attention_dir, pairs.sources, pairs.targets)
-    translator = Translator.from_checkpoints(models, device, precision)
-    decoding = decoding_options(translator, decoding_overrides)
-    reading_file = STDIN not in (input_path, target_path, tsv, n_best) and pairs.sources
-    with progress_bar(len(pairs.sources), show_progress and bool(reading_file)) as advance:
-        results = translator.score(
-            pairs.sources, pairs.targets, decoding, attention_dir is not None, advance
-        )
+    read = {
+        "-i": request.input,
+        "-t": request.target,
+        "--tsv": request.tsv,
+        "--n-best": request.n_best,
+    }
+    check_writes("--output", request.output, {**read, "--model": request.models.files()})
+    check_attention_dir(request.attention_dir)
+    pairs = read_pairs_given(request.input, request.target, request.tsv, request.n_best)
+    references = _reference_links(
+        request.align_ref, request.attention_dir, pairs.sources, pairs.targets
+    )
+    translator = request.models.open()
+    decoding = decoding_options(translator.config.decoding, request.decoding)
+    texts = (request.input, request.target, request.tsv, request.n_best)
+    enabled = request.show_progress and bool(pairs.sources)
+    with progress_bar(len(pairs.sources), enabled, texts) as advance:
+        attention = request.attention_dir is not None
+        results = translator.score(pairs.sources, pairs.targets, decoding, attention, advance)
+    heatmaps = (
+        Heatmaps(translator, request.attention_dir) if request.attention_dir is not None else None
+    )
     out = []
     for index, (target, result) in enumerate(zip(pairs.targets, results, strict=True)):
         if pairs.rows is not None:
             score = f"{result.score:.4f}" if result is not None else ""
             out.append(f"{pairs.rows[index]}\t{score}")
         else:
-            out.append(format_scored(translator, target, result, tokens))
-        if attention_dir is not None and result is not None and result.alphas is not None:
-            tokenizer = translator.tokenizer
-            (src_ids,) = tokenizer.encode_src([pairs.sources[index]])
-            (trg_ids,) = tokenizer.encode_trg([target])
-            cells: list[tuple[int, int, bool]] = []
-            if references is not None:
-                sure, possible = references[index]
-                src_words = piece_words(tokenizer.src, pairs.sources[index])
-                trg_words = piece_words(tokenizer.trg, target)
-                cells = link_cells(sure, possible, src_words, trg_words)
-            write_attention(
-                translator, attention_dir, index, src_ids, trg_ids, result.alphas, cells
-            )
-    write_lines(output_path, out)
+            out.append(format_scored(translator, target, result, request.tokens))
+        if heatmaps is not None and result is not None:
+            links = references[index] if references is not None else None
+            _heatmap(heatmaps, index, pairs, result, links)
+    write_lines(request.output, out)
     return len(out)
+
+
+def _heatmap(
+    heatmaps: Heatmaps, index: int, pairs: Pairs, result: Scored, links: Links | None
+) -> None:
+    """Pair ``index``'s attention over its target, with its reference ``links`` outlined."""
+    if result.alphas is None:
+        return
+    tokenizer = heatmaps.translator.tokenizer
+    source, target = pairs.sources[index], pairs.targets[index]
+    (src_ids,) = tokenizer.encode_src([source])
+    (trg_ids,) = tokenizer.encode_trg([target])
+    cells: list[tuple[int, int, bool]] = []
+    if links is not None:
+        src_words = piece_words(tokenizer.src, source)
+        trg_words = piece_words(tokenizer.trg, target)
+        cells = link_cells(*links, src_words, trg_words)
+    heatmaps.write(index, src_ids, trg_ids, result.alphas, cells)

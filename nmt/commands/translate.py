@@ -1,51 +1,51 @@
 """The body of `nmt translate`: lines in, exactly one output line (or n-best block) per line,
 the attention of each translation on request, prefixes and constraints per line, and a
-line-by-line mode for terminals and pipes. The request checks here are shared with the
-Python API (nmt.api)."""
+line-by-line mode for terminals and pipes. The text-to-ids of prefixes and constraints and
+the output format here are shared with the Python API (nmt.api)."""
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from nmt import checkpoint
-from nmt.commands.progress import progress_bar
-from nmt.config import DecodingConfig, from_dict
+from nmt.commands.common import Heatmaps, Models, check_attention_dir, check_writes, progress_bar
+from nmt.config import DecodingConfig
 from nmt.decoding.alignment import format_links, hypothesis_links
-from nmt.decoding.translator import Steered, Translation, Translator
+from nmt.decoding.options import SearchOptions, check_request, decoding_options
+from nmt.decoding.steering import Steering
+from nmt.decoding.translator import Translation, Translator
 from nmt.errors import ConfigError, DataError
-from nmt.files import STDIN, atomic_write_text, check_output, read_lines, write_lines
-from nmt.plots import save_attention
+from nmt.files import STDIN, atomic_write_text, read_lines, write_lines
 
 
-def decoding_options(translator: Translator, overrides: dict[str, Any]) -> DecodingConfig:
-    """The first model's decoding section with the given options (None: keep) applied and
-    checked by the schema."""
-    given = {k: v for k, v in overrides.items() if v is not None}
-    merged = {**translator.config.decoding.model_dump(), **given}
-    return from_dict({"decoding": merged}, "decoding options").decoding
+@dataclass(frozen=True)
+class TranslateRequest:
+    """What `nmt translate` is asked: the models, the text in and out (``-``: stdin and
+    stdout), the ``decoding`` keys to override (None: the run's value), and what to write
+    besides the text."""
 
+    models: Models
+    input: str = STDIN
+    output: str = STDIN
+    decoding: Mapping[str, object] = field(default_factory=dict)
+    n_best: int = 1  # > 1: TSV rows of line, rank, score, text
+    scores: bool = False  # each line prefixed with its score and a tab
+    batch_tokens: int | None = None  # also cap the padded source tokens of a batch
+    prefix: Path | None = None  # a file of target prefixes, one per input line
+    constraints: Path | None = None  # JSONL: a list of target phrases per input line
+    attention_dir: Path | None = None  # a heatmap per sentence
+    alignments: Path | None = None  # a Pharaoh line per output
+    unbuffered: bool = False  # translate each stdin line as it arrives
+    show_progress: bool = True
 
-def check_request(
-    decoding: DecodingConfig, n_best: int, constrained: bool, beam_given: bool
-) -> None:
-    """Options that cannot go together: more n-best than beam, constraints with greedy."""
-    beam = f"--beam {decoding.beam_size}" + (
-        "" if beam_given else " (the run's decoding.beam_size)"
-    )
-    if n_best > decoding.beam_size:
-        raise ConfigError(
-            f"--n-best {n_best} is larger than {beam}; a beam keeps at most that many "
-            f"hypotheses: raise --beam or lower --n-best"
-        )
-    if constrained and decoding.beam_size < 2:
-        raise ConfigError(
-            f"--constraints needs a beam of 2 or more, got {beam}: greedy search cannot "
-            f"place constraints; give --beam 5 (at least one more than the constraint pieces)"
-        )
+    @property
+    def search(self) -> SearchOptions:
+        attention = self.attention_dir is not None or self.alignments is not None
+        return SearchOptions(self.n_best, attention, self.batch_tokens)
 
 
 def prefix_ids(translator: Translator, prefixes: Sequence[str], where: str) -> list[list[int]]:
@@ -99,7 +99,7 @@ def read_steering(
     prefix_path: Path | None,
     constraints_path: Path | None,
     count: int | None,
-) -> Steered | None:
+) -> Steering | None:
     """The --prefix and --constraints files as ids; ``count``: the input's line count, which
     each must match (None: streamed input, checked line by line)."""
     if prefix_path is None and constraints_path is None:
@@ -107,17 +107,17 @@ def read_steering(
     for option, path in (("--prefix", prefix_path), ("--constraints", constraints_path)):
         if path is not None and not path.is_file():
             raise DataError(f"{option} {path}: no such file")
-    steered = Steered()
+    steering = Steering()
     if prefix_path is not None:
         texts = read_lines(str(prefix_path))
         _check_count(texts, count, f"--prefix {prefix_path}")
-        steered.prefixes = prefix_ids(translator, texts, str(prefix_path))
+        steering.prefixes = prefix_ids(translator, texts, str(prefix_path))
     if constraints_path is not None:
         texts = read_lines(str(constraints_path))
         _check_count(texts, count, f"--constraints {constraints_path}")
         rows = parse_constraints(texts, str(constraints_path))
-        steered.constraints = constraint_ids(translator, rows, str(constraints_path))
-    return steered
+        steering.constraints = constraint_ids(translator, rows, str(constraints_path))
+    return steering
 
 
 def _check_count(lines: Sequence[str], count: int | None, option: str) -> None:
@@ -128,64 +128,26 @@ def _check_count(lines: Sequence[str], count: int | None, option: str) -> None:
         )
 
 
-def _format(
+def format_translation(
     translator: Translator, index: int, item: Translation, n_best: int, scores: bool
 ) -> list[str]:
+    """Line ``index``'s output: its text (``scores``: after its score and a tab), or with
+    ``n_best`` > 1 a row per hypothesis: line, rank, score, text."""
     if n_best > 1:
         rows = [
             f"{index}\t{rank}\t{hyp.score:.4f}\t{translator.detokenize(hyp)}"
             for rank, hyp in enumerate(item.hypotheses, start=1)
         ]
         return rows or [f"{index}\t1\t0.0000\t"]
-    text = translator.detokenize(item.hypotheses[0]) if item.hypotheses else ""
+    text = translator.best_text(item)
     if scores:
-        score = item.hypotheses[0].score if item.hypotheses else 0.0
-        return [f"{score:.4f}\t{text}"]
+        best = item.best
+        return [f"{best.score if best is not None else 0.0:.4f}\t{text}"]
     return [text]
 
 
-def write_attention(
-    translator: Translator,
-    directory: Path,
-    index: int,
-    src_ids: list[int],
-    trg_ids: list[int],
-    alphas: Any,
-    links: Sequence[tuple[int, int, bool]] = (),
-) -> None:
-    """Heatmap and raw matrix of one sentence's attention: alphas (|y|+1, |x|); ``links``
-    (target piece, source piece, sure) outline reference links."""
-    tokenizer = translator.tokenizer
-    src = tokenizer.src_pieces(src_ids)
-    trg = [*tokenizer.trg_pieces(trg_ids), "</s>"]
-    save_attention(directory / f"{index:06d}", src, trg, alphas.float().numpy(), links)
-
-
-def _write_best_attention(
-    translator: Translator, directory: Path, index: int, item: Translation
-) -> None:
-    if item.hypotheses and item.hypotheses[0].alphas is not None:
-        best = item.hypotheses[0]
-        write_attention(translator, directory, index, item.src_ids, best.tokens, best.alphas)
-
-
 def translate_command(
-    model: Path | Sequence[Path],
-    input_path: str,
-    output_path: str,
-    decoding_overrides: dict[str, Any],
-    n_best: int = 1,
-    scores: bool = False,
-    batch_tokens: int | None = None,
-    device: str = "auto",
-    attention_dir: Path | None = None,
-    show_progress: bool = True,
-    precision: str = "auto",
-    prefix: Path | None = None,
-    constraints: Path | None = None,
-    unbuffered: bool = False,
-    warn: Callable[[str], None] = lambda message: None,
-    alignments: Path | None = None,
+    request: TranslateRequest, warn: Callable[[str], None] = lambda message: None
 ) -> int:
     """`nmt translate`: read lines, write exactly one output line (or n-best block) per line.
 
@@ -197,119 +159,123 @@ def translate_command(
     a file for the word alignment of each output (Pharaoh, from its attention), written at
     the end.
     """
-    model = [model] if isinstance(model, Path) else list(model)
-    streaming = input_path == STDIN and (unbuffered or sys.stdin.isatty())
-    if unbuffered and output_path != STDIN:
+    streaming = request.input == STDIN and (request.unbuffered or sys.stdin.isatty())
+    if request.unbuffered and request.output != STDIN:
         raise ConfigError("--unbuffered writes each line to stdout as it is done: drop --output")
-    inputs: dict[str, Path | Sequence[Path]] = {"--model": [checkpoint.resolve(m) for m in model]}
-    if output_path != STDIN:
-        if input_path != STDIN:
-            inputs["--input"] = [Path(input_path)]
-        for option, path in (("--prefix", prefix), ("--constraints", constraints)):
-            if path is not None:
-                inputs[option] = [path]
-        check_output(Path(output_path), "--output", inputs)
-    if alignments is not None:
-        outputs = {"--output": [Path(output_path)]} if output_path != STDIN else {}
-        check_output(alignments, "--alignments", {**inputs, **outputs})
-    if attention_dir is not None and attention_dir.exists() and not attention_dir.is_dir():
-        raise DataError(f"--attention-dir {attention_dir}: is a file; give a directory")
-    lines = None if streaming else read_lines(input_path)
-    translator = Translator.from_checkpoints(model, device, precision)
-    decoding = decoding_options(translator, decoding_overrides)
-    check_request(
-        decoding, n_best, constraints is not None, bool(decoding_overrides.get("beam_size"))
+    _check_writes(request)
+    lines = None if streaming else read_lines(request.input)
+    translator = request.models.open()
+    decoding = decoding_options(translator.config.decoding, request.decoding)
+    beam_given = bool(request.decoding.get("beam_size"))
+    check_request(decoding, request.n_best, request.constraints is not None, beam_given)
+    known = None if lines is None else len(lines)
+    steering = read_steering(translator, request.prefix, request.constraints, known)
+    heatmaps = (
+        Heatmaps(translator, request.attention_dir) if request.attention_dir is not None else None
     )
-    steered = read_steering(translator, prefix, constraints, None if lines is None else len(lines))
-    attention = attention_dir is not None or alignments is not None
-    if lines is None:
-        links: list[str] = []
-        count = _stream(
-            translator, decoding, n_best, scores, attention_dir, steered, warn, links, attention
+    job = _Job(translator, decoding, request, steering, heatmaps, warn)
+    count = _stream(job, sys.stdin, sys.stdout) if lines is None else _translate_all(job, lines)
+    if request.alignments is not None:
+        atomic_write_text(request.alignments, "".join(line + "\n" for line in job.links))
+    return count
+
+
+def _check_writes(request: TranslateRequest) -> None:
+    """The output, the alignments file and the heatmaps' folder can be written, and replace
+    nothing the command reads."""
+    read: dict[str, str | Path | Sequence[Path] | None] = {"--model": request.models.files()}
+    if request.output != STDIN:
+        read.update(
+            {
+                "--input": request.input,
+                "--prefix": request.prefix,
+                "--constraints": request.constraints,
+            }
         )
-        if alignments is not None:
-            atomic_write_text(alignments, "".join(line + "\n" for line in links))
-        return count
-    with progress_bar(len(lines), show_progress and input_path != STDIN) as advance:
-        results = translator.translate(
-            lines, decoding, n_best, attention, batch_tokens, advance, steered
-        )
-    out_lines, link_lines = [], []
-    for index, item in enumerate(results):
-        out_lines.extend(_format(translator, index, item, n_best, scores))
-        if attention_dir is not None:
-            _write_best_attention(translator, attention_dir, index, item)
-        if alignments is not None:
-            link_lines.append(_links(translator, lines[index], item, decoding))
-        _warn_unmet(lines[index], item, index, steered, warn)
-    write_lines(output_path, out_lines)
-    if alignments is not None:
-        atomic_write_text(alignments, "".join(line + "\n" for line in link_lines))
-    return len(lines)
+        check_writes("--output", request.output, read)
+        read["--output"] = request.output
+    if request.alignments is not None:
+        check_writes("--alignments", request.alignments, read)
+    check_attention_dir(request.attention_dir)
+
+
+@dataclass
+class _Job:
+    """One run of `nmt translate`: the models, the checked options and steering, where the
+    heatmaps go, and the alignment lines so far."""
+
+    translator: Translator
+    decoding: DecodingConfig
+    request: TranslateRequest
+    steering: Steering | None
+    heatmaps: Heatmaps | None
+    warn: Callable[[str], None]
+    links: list[str] = field(default_factory=list)
+
+    def finish(self, index: int, line: str, item: Translation) -> list[str]:
+        """Line ``index``'s output rows; its heatmap, alignment and warning on the side."""
+        translator, request = self.translator, self.request
+        best = item.best
+        if self.heatmaps is not None and best is not None and best.alphas is not None:
+            self.heatmaps.write(index, item.src_ids, best.tokens, best.alphas)
+        if request.alignments is not None:
+            self.links.append(_links(translator, line, item, self.decoding))
+        if line.strip() and best is None and self.steering is not None:
+            self.warn(
+                f"input line {index + 1}: no output meets all its constraints within the "
+                f"length limit (--no-repeat-ngram can forbid a constraint); its output line "
+                f"is empty"
+            )
+        return format_translation(translator, index, item, request.n_best, request.scores)
 
 
 def _links(translator: Translator, line: str, item: Translation, decoding: DecodingConfig) -> str:
     """The Pharaoh line of the best output's word alignment (empty without an output): from
     the alignment heads, re-reading the output, where the models have them, else from the
     search's attention."""
-    if not item.hypotheses:
+    best = item.best
+    if best is None:
         return ""
-    best = item.hypotheses[0]
     weights = best.alphas
     if translator.has_alignment_head:
         weights = translator.head_alignment(item.src_ids, best.tokens, decoding)
     return format_links(hypothesis_links(translator.tokenizer, line, best.tokens, weights))
 
 
-def _warn_unmet(
-    line: str, item: Translation, index: int, steered: Steered | None, warn: Callable[[str], None]
-) -> None:
-    if line.strip() and not item.hypotheses and steered is not None:
-        warn(
-            f"input line {index + 1}: no output meets all its constraints within the length "
-            f"limit (--no-repeat-ngram can forbid a constraint); its output line is empty"
+def _translate_all(job: _Job, lines: list[str]) -> int:
+    """Translate the lines in batches, then write every output line at once."""
+    request = job.request
+    with progress_bar(len(lines), request.show_progress, (request.input,)) as advance:
+        results = job.translator.translate(
+            lines, job.decoding, request.search, advance, job.steering
         )
+    out = [row for i, item in enumerate(results) for row in job.finish(i, lines[i], item)]
+    write_lines(request.output, out)
+    return len(lines)
 
 
-def _stream(
-    translator: Translator,
-    decoding: DecodingConfig,
-    n_best: int,
-    scores: bool,
-    attention_dir: Path | None,
-    steered: Steered | None,
-    warn: Callable[[str], None],
-    links: list[str],
-    attention: bool,
-    source: TextIO | None = None,
-    sink: TextIO | None = None,
-) -> int:
+def _stream(job: _Job, source: TextIO, sink: TextIO) -> int:
     """Translate each line as it arrives and write its output at once (interactive use)."""
-    source = source or sys.stdin
-    sink = sink or sys.stdout
     index = 0
     while True:
         line = source.readline()
         if not line:
-            _check_count_at_end(steered, index)
+            _check_count_at_end(job.steering, index)
             return index
         line = line.rstrip("\n").rstrip("\r")
-        this = _steering_of(steered, index)
-        (item,) = translator.translate([line], decoding, n_best, attention, steered=this)
-        sink.write("".join(row + "\n" for row in _format(translator, index, item, n_best, scores)))
+        this = _steering_of(job.steering, index)
+        search = job.request.search
+        (item,) = job.translator.translate([line], job.decoding, search, steering=this)
+        sink.write("".join(row + "\n" for row in job.finish(index, line, item)))
         sink.flush()
-        if attention_dir is not None:
-            _write_best_attention(translator, attention_dir, index, item)
-        _warn_unmet(line, item, index, this, warn)
-        links.append(_links(translator, line, item, decoding))
         index += 1
 
 
-def _check_count_at_end(steered: Steered | None, count: int) -> None:
+def _check_count_at_end(steering: Steering | None, count: int) -> None:
     """Streamed input ended: a prefix or constraints file must not have had more lines."""
-    if steered is None:
+    if steering is None:
         return
-    for name, rows in (("--prefix", steered.prefixes), ("--constraints", steered.constraints)):
+    for name, rows in (("--prefix", steering.prefixes), ("--constraints", steering.constraints)):
         if rows is not None and len(rows) != count:
             raise DataError(
                 f"{name} has {len(rows)} lines but the input had {count}; give one line per "
@@ -317,14 +283,14 @@ def _check_count_at_end(steered: Steered | None, count: int) -> None:
             )
 
 
-def _steering_of(steered: Steered | None, index: int) -> Steered | None:
+def _steering_of(steering: Steering | None, index: int) -> Steering | None:
     """Line ``index``'s prefix and constraints, from files that must have that line."""
-    if steered is None:
+    if steering is None:
         return None
-    for name, rows in (("--prefix", steered.prefixes), ("--constraints", steered.constraints)):
+    for name, rows in (("--prefix", steering.prefixes), ("--constraints", steering.constraints)):
         if rows is not None and index >= len(rows):
             raise DataError(
                 f"{name} has {len(rows)} lines but input line {index + 1} arrived; give one "
                 f"line per input line (an empty line for none)"
             )
-    return steered.subset([index])
+    return steering.subset([index])

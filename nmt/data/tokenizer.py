@@ -146,6 +146,11 @@ class Tokenizer:
     def trg_pieces(self, ids: Sequence[int]) -> list[str]:
         return [self.trg.id_to_piece(int(i)) for i in ids]
 
+    def trg_pieces_and_eos(self, ids: Sequence[int]) -> list[str]:
+        """The target pieces and ``</s>``: the rows of an output's attention, the tokens its
+        forced score covers."""
+        return [*self.trg_pieces(ids), "</s>"]
+
     def state_dict(self) -> dict[str, bytes]:
         return {"src": self.src_proto, "trg": self.trg_proto}
 

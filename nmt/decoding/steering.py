@@ -21,8 +21,9 @@ from nmt.vocab import EOS_ID
 
 @dataclass
 class Steering:
-    """One batch's prefixes and constraints (token ids, one entry per sentence; an empty
-    prefix or an empty list of phrases imposes nothing). None: nothing for any sentence."""
+    """Prefixes and constraints, as token ids, one entry per sentence (of a batch, or of
+    all the lines a caller gives); an empty prefix or an empty list of phrases imposes
+    nothing. None: nothing for any sentence."""
 
     prefixes: Sequence[Sequence[int]] | None = None
     constraints: Sequence[Sequence[Sequence[int]]] | None = None
@@ -31,9 +32,12 @@ class Steering:
     def constrained(self) -> bool:
         return self.constraints is not None and any(self.constraints)
 
-    @property
-    def prefixed(self) -> bool:
-        return self.prefixes is not None and any(self.prefixes)
+    def subset(self, index: Sequence[int]) -> Steering:
+        """The entries of sentences ``index``, in that order."""
+        return Steering(
+            [self.prefixes[i] for i in index] if self.prefixes is not None else None,
+            [self.constraints[i] for i in index] if self.constraints is not None else None,
+        )
 
     def forced_tokens(self, sentence: int) -> int:
         """Tokens of the sentence's prefix and constraint phrases."""

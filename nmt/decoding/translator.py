@@ -17,6 +17,7 @@ from nmt.config import Config, DecodingConfig, from_dict
 from nmt.data.batching import length_sorted_batches, pad
 from nmt.data.tokenizer import Tokenizer, checkpoint_tokenizer
 from nmt.decoding.ensemble import Ensemble
+from nmt.decoding.options import SearchOptions
 from nmt.decoding.scoring import Scored, score_ids
 from nmt.decoding.search import Hypothesis, beam_search
 from nmt.decoding.steering import Steering
@@ -35,27 +36,10 @@ class Translation:
     hypotheses: list[Hypothesis]
     src_ids: list[int]
 
-
-@dataclass
-class Steered:
-    """Per-line target prefixes and constraint phrases as token ids (None: none given)."""
-
-    prefixes: list[list[int]] | None = None
-    constraints: list[list[list[int]]] | None = None
-
-    def subset(self, index: Sequence[int]) -> Steered:
-        """The entries of lines ``index``, in that order."""
-        return Steered(
-            [self.prefixes[i] for i in index] if self.prefixes is not None else None,
-            [self.constraints[i] for i in index] if self.constraints is not None else None,
-        )
-
-    def select(self, index: Sequence[int]) -> Steering | None:
-        """The batch of lines ``index``'s steering for search."""
-        if self.prefixes is None and self.constraints is None:
-            return None
-        part = self.subset(index)
-        return Steering(part.prefixes, part.constraints)
+    @property
+    def best(self) -> Hypothesis | None:
+        """The best hypothesis; None where there is none."""
+        return self.hypotheses[0] if self.hypotheses else None
 
 
 class Translator:
@@ -111,7 +95,8 @@ class Translator:
         models = [m for _, m, _, _ in loaded]
         return cls(models, first_tokenizer, first_config, target, chosen.name, chosen.reason)
 
-    def scorer(self, decoding: DecodingConfig) -> Ensemble:
+    def ensemble(self, decoding: DecodingConfig) -> Ensemble:
+        """The models stepped as one, averaged as ``decoding.ensemble_average`` says."""
         return Ensemble(self.models, decoding.ensemble_average)
 
     @property
@@ -129,7 +114,12 @@ class Translator:
             return None
         with eval_modes(self.models), autocast(self.device, self.precision):
             scored = score_ids(
-                self.scorer(decoding), [list(src_ids)], [list(tokens)], decoding, self.device, True
+                self.ensemble(decoding),
+                [list(src_ids)],
+                [list(tokens)],
+                decoding,
+                self.device,
+                True,
             )
         return scored[0].alignment
 
@@ -137,24 +127,24 @@ class Translator:
         self,
         src_ids: Sequence[list[int]],
         decoding: DecodingConfig,
-        n_best: int = 1,
-        return_attention: bool = False,
-        batch_tokens: int | None = None,
+        search: SearchOptions = SearchOptions(),
         progress: Callable[[int], None] | None = None,
-        steered: Steered | None = None,
+        steering: Steering | None = None,
     ) -> list[list[Hypothesis]]:
-        """Beam-search every id sequence (non-empty), in length-sorted batches."""
+        """Beam-search every id sequence (non-empty), in length-sorted batches; ``steering``
+        has one entry per sequence."""
         out: list[list[Hypothesis]] = [[] for _ in src_ids]
         lengths = [len(s) for s in src_ids]
-        scorer = self.scorer(decoding)
+        scorer = self.ensemble(decoding)
+        batches = length_sorted_batches(lengths, decoding.batch_size, search.batch_tokens)
         with eval_modes(self.models), autocast(self.device, self.precision):
-            for index in length_sorted_batches(lengths, decoding.batch_size, batch_tokens):
+            for index in batches:
                 chunk = [src_ids[i] for i in index]
                 src = pad(chunk).to(self.device)
                 src_lengths = torch.tensor([len(s) for s in chunk], device=self.device)
-                steering = steered.select(index.tolist()) if steered is not None else None
+                part = steering.subset(index.tolist()) if steering is not None else None
                 results = beam_search(
-                    scorer, src, src_lengths, decoding, n_best, return_attention, steering
+                    scorer, src, src_lengths, decoding, search.n_best, search.attention, part
                 )
                 for i, hyps in zip(index, results, strict=True):
                     for hyp in hyps:  # on the host, without the batch's padding columns
@@ -169,22 +159,18 @@ class Translator:
         self,
         lines: Sequence[str],
         decoding: DecodingConfig,
-        n_best: int = 1,
-        return_attention: bool = False,
-        batch_tokens: int | None = None,
+        search: SearchOptions = SearchOptions(),
         progress: Callable[[int], None] | None = None,
-        steered: Steered | None = None,
+        steering: Steering | None = None,
     ) -> list[Translation]:
         """Exactly one Translation per input line; empty lines give empty n-best lists.
-        ``steered`` has one entry per line (the empty lines' entries are not used)."""
+        ``steering`` has one entry per line (the empty lines' entries are not used)."""
         keep = [i for i, line in enumerate(lines) if line.strip()]
         src_ids = self.tokenizer.encode_src([lines[i] for i in keep])
         if progress is not None and len(keep) < len(lines):
             progress(len(lines) - len(keep))
-        kept = steered.subset(keep) if steered is not None else None
-        hyps = self.decode_ids(
-            src_ids, decoding, n_best, return_attention, batch_tokens, progress, kept
-        )
+        kept = steering.subset(keep) if steering is not None else None
+        hyps = self.decode_ids(src_ids, decoding, search, progress, kept)
         out = [Translation([], []) for _ in lines]
         for i, ids, h in zip(keep, src_ids, hyps, strict=True):
             out[i] = Translation(h, ids)
@@ -207,7 +193,7 @@ class Translator:
             progress(len(sources) - len(keep))
         with eval_modes(self.models), autocast(self.device, self.precision):
             scored = score_ids(
-                self.scorer(decoding),
+                self.ensemble(decoding),
                 src_ids,
                 trg_ids,
                 decoding,
@@ -222,6 +208,12 @@ class Translator:
 
     def detokenize(self, hypothesis: Hypothesis) -> str:
         return self.tokenizer.decode_trg([hypothesis.tokens])[0]
+
+    def best_text(self, translation: Translation) -> str:
+        """The best hypothesis's text; empty where there is none (an empty line, or unmet
+        constraints): a line's output line."""
+        best = translation.best
+        return self.detokenize(best) if best is not None else ""
 
     def target_ids(self, text: str, where: str) -> list[int]:
         """A target phrase's pieces; ``where`` (file and line) names it in the error when a

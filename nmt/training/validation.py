@@ -38,6 +38,7 @@ from nmt.decoding.alignment import (
     parse_links,
     score_alignments,
 )
+from nmt.decoding.options import SearchOptions
 from nmt.decoding.translator import Translator
 from nmt.errors import DataError
 from nmt.files import read_lines
@@ -160,7 +161,7 @@ def _reference_image(
     (src_ids,) = tokenizer.encode_src([source])
     (trg_ids,) = tokenizer.encode_trg([target])
     src = tokenizer.src_pieces(src_ids)
-    trg = [*tokenizer.trg_pieces(trg_ids), "</s>"]
+    trg = tokenizer.trg_pieces_and_eos(trg_ids)
     src_words = piece_words(tokenizer.src, source)
     trg_words = piece_words(tokenizer.trg, target)
     cells = link_cells(reference.sure, reference.possible, src_words, trg_words)
@@ -239,10 +240,11 @@ def _attention_image(translator: Translator, corpora: Corpora, tracker: Tracker,
     from nmt.plots import attention_figure_array
 
     greedy = translator.config.decoding.model_copy(update={"beam_size": 1})
-    hyp = translator.decode_ids(corpora.dev_src_ids[:1], greedy, return_attention=True)[0][0]
+    search = SearchOptions(attention=True)
+    hyp = translator.decode_ids(corpora.dev_src_ids[:1], greedy, search)[0][0]
     if hyp.alphas is None or not hyp.tokens:
         return
     tokenizer = translator.tokenizer
     src = tokenizer.src_pieces(corpora.dev_src_ids[0])
-    trg = [*tokenizer.trg_pieces(hyp.tokens), "</s>"]
+    trg = tokenizer.trg_pieces_and_eos(hyp.tokens)
     tracker.image(step, "dev/attention", attention_figure_array(src, trg, hyp.alphas.numpy()))

@@ -12,8 +12,7 @@ import torch
 from clirun import nmt, write_config
 from synthetic import aligned_config, write_aligned_corpus
 
-from nmt.commands.align import align_pairs
-from nmt.commands.translate import decoding_options
+from nmt.commands.align import Extraction, align_pairs
 from nmt.data.tokenizer import piece_words
 from nmt.decoding.alignment import extract_links
 from nmt.decoding.translator import Translator
@@ -61,8 +60,7 @@ def test_align_reads_the_head_and_attention_reads_the_attention(head_run: Path) 
     root = head_run
     src, trg = _texts(root)
     translator = Translator.from_checkpoint(root / "run" / "last.pt", "cpu")
-    decoding = decoding_options(translator, {})
-    results = translator.score(src, trg, decoding, True)
+    results = translator.score(src, trg, translator.config.decoding, True)
     model = translator.model.eval()
     expected_head, expected_attention = [], []
     for source, target, result in zip(src, trg, results, strict=True):
@@ -83,7 +81,7 @@ def test_align_reads_the_head_and_attention_reads_the_attention(head_run: Path) 
         expected_head.append(extract_links(result.alignment, *words))
         expected_attention.append(extract_links(result.alphas, *words))
     assert align_pairs(translator, src, trg) == expected_head
-    assert align_pairs(translator, src, trg, use_attention=True) == expected_attention
+    assert align_pairs(translator, src, trg, Extraction(attention=True)) == expected_attention
     assert expected_head != expected_attention
 
     hyp = root / "head.align"

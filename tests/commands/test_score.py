@@ -21,7 +21,7 @@ from clirun import (  # noqa: F401 - corpus, run and previous are fixtures
     write_config,
 )
 
-from nmt.commands.translate import decoding_options
+from nmt.decoding.options import decoding_options
 from nmt.decoding.scoring import score_ids
 from nmt.decoding.translator import Translator
 from nmt.vocab import BOS_ID, EOS_ID
@@ -227,13 +227,15 @@ def test_scoring_a_translations_ids_reproduces_translate_scores(
     assert result.code == 0, result.err
     printed = _lines(result.out)
     translator = Translator.from_checkpoint(run, "cpu")
-    decoding = decoding_options(translator, {"length_penalty": alpha, "coverage_penalty": beta})
+    decoding = decoding_options(
+        translator.config.decoding, {"length_penalty": alpha, "coverage_penalty": beta}
+    )
     sources = (corpus / "test.src").read_text(encoding="utf-8").splitlines()
     translations = translator.translate(sources, decoding)
     best = [t.hypotheses[0] for t in translations]
     assert [translator.detokenize(h) for h in best] == [text for _, text in printed]
     scored = score_ids(
-        translator.scorer(decoding),
+        translator.ensemble(decoding),
         [t.src_ids for t in translations],
         [h.tokens for h in best],
         decoding,

@@ -14,7 +14,8 @@ from clirun import corpus, run  # noqa: F401 - fixtures
 
 import nmt.decoding.translator as translator_module
 import nmt.fast.recurrence as recurrence
-from nmt.commands.translate import translate_command
+from nmt.commands.common import Models
+from nmt.commands.translate import TranslateRequest, translate_command
 from nmt.runtime import allow_tf32
 from nmt.training import distributed
 
@@ -44,8 +45,10 @@ def test_beam_attention_reaches_the_plots_through_the_host(
     monkeypatch.setattr(translator_module, "beam_search", on_device)
     source, out, plots = tmp_path / "in.txt", tmp_path / "out.txt", tmp_path / "plots"
     source.write_text("sol luna\nmar rio casa\n", encoding="utf-8")
-    overrides = {"beam_size": 3}
-    translate_command(run, str(source), str(out), overrides, 1, attention_dir=plots, device="cpu")
+    models = Models([run], device="cpu")
+    decoding = {"beam_size": 3}
+    request = TranslateRequest(models, str(source), str(out), decoding, attention_dir=plots)
+    translate_command(request)
     assert len(out.read_text(encoding="utf-8").splitlines()) == 2
     assert len(list(plots.glob("*.npy"))) == 2
 

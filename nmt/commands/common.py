@@ -1,0 +1,99 @@
+"""What the decoding commands share: the models they open (``Models``: --model, --device,
+--precision), the checks of what they will write, made before any work, the attention
+heatmaps (``Heatmaps``), and the progress policy (a bar on stderr while files are read)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nmt import checkpoint
+from nmt.decoding.translator import Translator
+from nmt.errors import DataError
+from nmt.files import STDIN, check_output
+from nmt.plots import save_attention
+
+
+@dataclass(frozen=True)
+class Models:
+    """The models a command decodes with: run directories (their best.pt) or checkpoint
+    files (several: an ensemble), the device and the precision (``nmt.fast.precision``)."""
+
+    paths: Sequence[Path]
+    device: str = "auto"
+    precision: str = "auto"
+
+    def files(self) -> list[Path]:
+        """The checkpoint files (a run directory: its best.pt), which no output may replace."""
+        return [checkpoint.resolve(Path(path)) for path in self.paths]
+
+    def open(self) -> Translator:
+        return Translator.from_checkpoints(self.paths, self.device, self.precision)
+
+
+def check_writes(
+    option: str, output: str | Path, inputs: Mapping[str, str | Path | Sequence[Path] | None]
+) -> None:
+    """A file ``option`` writes (stdout: nothing to check) can be written and replaces none
+    of ``inputs`` (option -> what it reads; stdin or None: no file), checked in that order."""
+    if output == STDIN:
+        return
+    read: dict[str, Path | Sequence[Path]] = {}
+    for name, given in inputs.items():
+        if isinstance(given, str):
+            if given != STDIN:
+                read[name] = Path(given)
+        elif given is not None:
+            read[name] = given
+    check_output(Path(output), option, read)
+
+
+def check_attention_dir(directory: Path | None) -> None:
+    if directory is not None and directory.exists() and not directory.is_dir():
+        raise DataError(f"--attention-dir {directory}: is a file; give a directory")
+
+
+@dataclass(frozen=True)
+class Heatmaps:
+    """--attention-dir: per sentence, a heatmap PNG and the raw matrix (.npy, .json) named
+    by its 0-based line number, with the pieces of the models' tokenizer as labels."""
+
+    translator: Translator
+    directory: Path
+
+    def write(
+        self,
+        index: int,
+        src_ids: list[int],
+        trg_ids: list[int],
+        alphas: Any,
+        links: Sequence[tuple[int, int, bool]] = (),
+    ) -> None:
+        """Sentence ``index``'s attention, alphas (|y|+1, |x|); ``links`` (target piece,
+        source piece, sure) outline reference links."""
+        tokenizer = self.translator.tokenizer
+        src = tokenizer.src_pieces(src_ids)
+        trg = tokenizer.trg_pieces_and_eos(trg_ids)
+        weights = alphas.float().numpy()
+        save_attention(self.directory / f"{index:06d}", src, trg, weights, links)
+
+
+@contextmanager
+def progress_bar(
+    total: int, enabled: bool, inputs: Sequence[str | None] = ()
+) -> Iterator[Callable[[int], None] | None]:
+    """A bar over ``total`` lines on stderr, gone when done; only when ``enabled``, with lines
+    to count, and none of ``inputs`` is stdin (text piped in goes out as it comes)."""
+    if not enabled or total == 0 or STDIN in inputs:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    columns = ("translating", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("translate", total=total)
+        yield lambda n: bar.advance(task, n)
