@@ -77,6 +77,20 @@ def test_translate_never_writes_onto_its_input(tmp_path: Path, run: Path) -> Non
     assert source.read_text(encoding="utf-8") == "sol luna\n"
 
 
+@pytest.mark.parametrize("to_stdout", [True, False])
+def test_translate_never_writes_alignments_onto_its_input(
+    tmp_path: Path, run: Path, to_stdout: bool
+) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text("sol luna\n", encoding="utf-8")
+    output = [] if to_stdout else ["-o", str(tmp_path / "out.txt")]
+    result = nmt(
+        "translate", "-m", str(run), "-i", str(source), *output, "--alignments", str(source)
+    )
+    assert "--alignments" in result.error and "is the --input this command reads" in result.error
+    assert source.read_text(encoding="utf-8") == "sol luna\n"
+
+
 def test_eval_never_saves_hypotheses_onto_the_model_or_the_reference(
     corpus: Path, run: Path
 ) -> None:

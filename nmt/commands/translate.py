@@ -183,16 +183,14 @@ def translate_command(
 def _check_writes(request: TranslateRequest) -> None:
     """The output, the alignments file and the heatmaps' folder can be written, and replace
     nothing the command reads."""
-    read: dict[str, str | Path | Sequence[Path] | None] = {"--model": request.models.files()}
+    read: dict[str, str | Path | Sequence[Path] | None] = {
+        "--model": request.models.files(),
+        "--input": request.input,
+        "--prefix": request.prefix,
+        "--constraints": request.constraints,
+    }
+    check_writes("--output", request.output, read)
     if request.output != STDIN:
-        read.update(
-            {
-                "--input": request.input,
-                "--prefix": request.prefix,
-                "--constraints": request.constraints,
-            }
-        )
-        check_writes("--output", request.output, read)
         read["--output"] = request.output
     if request.alignments is not None:
         check_writes("--alignments", request.alignments, read)
