@@ -16,7 +16,7 @@ import importlib
 import inspect
 import pkgutil
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,30 +40,19 @@ def _modules() -> list[str]:
     return names
 
 
-def _classes() -> dict[str, list[type]]:
-    """Every class defined in nmt, by name."""
-    found: dict[str, list[type]] = {}
-    for name in _modules():
-        module = importlib.import_module(name)
-        for obj in vars(module).values():
-            if inspect.isclass(obj) and obj.__module__ == name:
-                found.setdefault(obj.__name__, []).append(obj)
-    return found
-
-
-def _functions() -> dict[str, list[Any]]:
-    """Every module-level function defined in nmt, by name."""
+def _defined(kind: Callable[[Any], bool]) -> dict[str, list[Any]]:
+    """Every class (or module-level function) defined in nmt, by name."""
     found: dict[str, list[Any]] = {}
     for name in _modules():
         module = importlib.import_module(name)
         for obj in vars(module).values():
-            if inspect.isfunction(obj) and obj.__module__ == name:
+            if kind(obj) and obj.__module__ == name:
                 found.setdefault(obj.__name__, []).append(obj)
     return found
 
 
-CLASSES = _classes()
-FUNCTIONS = _functions()
+CLASSES = _defined(inspect.isclass)
+FUNCTIONS = _defined(inspect.isfunction)
 
 
 def _paragraphs() -> Iterator[list[str]]:

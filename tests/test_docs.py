@@ -6,8 +6,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from pydantic import BaseModel
-from pydantic.fields import FieldInfo
+from schemakeys import leaf_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,22 +26,10 @@ def test_config_reference_is_up_to_date() -> None:
     )
 
 
-def _schema_keys(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInfo]:
-    """Dotted key -> field, for every leaf key of every section."""
-    keys: dict[str, FieldInfo] = {}
-    for name, field in model.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            keys.update(_schema_keys(annotation, f"{prefix}{name}."))
-        else:
-            keys[f"{prefix}{name}"] = field
-    return keys
-
-
 def test_every_key_of_the_schema_is_in_the_reference() -> None:
     from nmt.config import Config
 
-    keys = _schema_keys(Config)
+    keys = leaf_keys(Config)
     assert {key.split(".")[0] for key in keys} == set(Config.model_fields)
     assert {"model.attention.score", "model.encoder.hidden_size", "run.fast_kernels"} <= set(keys)
     text = (ROOT / "docs" / "config.md").read_text(encoding="utf-8")

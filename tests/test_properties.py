@@ -18,7 +18,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel
+from schemakeys import leaf_keys
 
 from nmt.config import (
     CONTENT_SCORES,
@@ -47,19 +47,7 @@ def workdir() -> Iterator[Path]:
 # ----------------------------------------------------------------------------- the schema
 
 
-def _schema(model: type[BaseModel] = Config, prefix: str = "") -> dict[str, typing.Any]:
-    """Dotted key -> pydantic FieldInfo for every leaf of the config."""
-    out: dict[str, typing.Any] = {}
-    for name, field in model.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            out.update(_schema(annotation, f"{prefix}{name}."))
-        else:
-            out[f"{prefix}{name}"] = field
-    return out
-
-
-SCHEMA = _schema()
+SCHEMA = leaf_keys()
 SECTIONS = sorted({part for key in SCHEMA for part in key.split(".")[:-1]})
 NAMES = sorted({key.split(".")[-1] for key in SCHEMA} | set(SECTIONS))
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
@@ -264,18 +252,23 @@ def _one_line_error(exc: ConfigError, source: str) -> None:
     assert str(exc).startswith(f"{source}:") and "\n" not in str(exc).strip()
 
 
+def _loads_or_says_why(path: Path) -> None:
+    """The file loads to a Config, or fails with one ConfigError line naming it."""
+    try:
+        config = load(path)
+    except ConfigError as exc:
+        _one_line_error(exc, str(path))
+    else:
+        assert isinstance(config, Config)
+
+
 @SETTINGS
 @given(YAML_TEXTS)
 def test_any_yaml_text_loads_or_is_a_config_error(text: str) -> None:
     with workdir() as root:
         path = root / "config.yaml"
         path.write_text(text, encoding="utf-8")
-        try:
-            config = load(path)
-        except ConfigError as exc:
-            _one_line_error(exc, str(path))
-        else:
-            assert isinstance(config, Config)
+        _loads_or_says_why(path)
 
 
 @SETTINGS
@@ -297,12 +290,7 @@ def test_any_bytes_load_or_are_a_config_error(data: bytes) -> None:
             with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: the config is empty"):
                 load(path)
             return
-        try:
-            config = load(path)
-        except ConfigError as exc:
-            _one_line_error(exc, str(path))
-        else:
-            assert isinstance(config, Config)
+        _loads_or_says_why(path)
 
 
 @SETTINGS
