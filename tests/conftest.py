@@ -15,3 +15,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+# The command-line fixtures (a tiny corpus, a tiny trained run, a previous output), for every
+# test module that names them.
+pytest_plugins = ["clirun"]

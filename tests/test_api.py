@@ -9,11 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from clirun import (  # noqa: F401 - corpus and run are fixtures
-    corpus,
-    nmt,
-    run,
-)
+from clirun import nmt
 
 import nmt as nmt_api
 from nmt.api import Model, Score, ScoredTranslation

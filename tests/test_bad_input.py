@@ -10,16 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from clirun import (  # noqa: F401 - corpus, run and previous are fixtures
-    corpus,
-    nmt,
-    nmt_process,
-    previous,
-    run,
-    tiny_config,
-    unchanged,
-    write_config,
-)
+from clirun import nmt, nmt_process, tiny_config, write_config
 
 from nmt import checkpoint
 

@@ -15,15 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from clirun import (  # noqa: F401 - corpus, run and previous are fixtures
-    corpus,
-    nmt,
-    previous,
-    run,
-    tiny_config,
-    unchanged,
-    write_config,
-)
+from clirun import nmt, tiny_config, unchanged, write_config
 
 from nmt import files
 

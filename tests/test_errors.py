@@ -19,15 +19,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from clirun import (  # noqa: F401 - corpus, run and previous are fixtures
+from clirun import (
     WORDS,
     Result,
-    corpus,
     nmt,
     nmt_process,
-    previous,
     reversal,
-    run,
     tiny_config,
     unchanged,
     write_config,

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from clirun import corpus, nmt, previous, run, unchanged  # noqa: F401 - fixtures
+from clirun import nmt, unchanged
 
 PAIRS = [("sol luna agua", "AGUA LUNA SOL"), ("fuego", "FUEGO"), ("", ""), ("mar sol", "")]
 

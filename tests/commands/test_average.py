@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clirun import corpus, nmt, nmt_process, tiny_config, write_config  # noqa: F401
+from clirun import nmt, nmt_process, tiny_config, write_config
 
 from nmt import checkpoint
 

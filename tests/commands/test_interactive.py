@@ -11,7 +11,7 @@ from pathlib import Path
 from queue import Empty, Queue
 
 import pytest
-from clirun import corpus, nmt, run  # noqa: F401 - corpus and run are fixtures
+from clirun import nmt
 
 pty = pytest.importorskip("pty")
 

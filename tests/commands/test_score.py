@@ -11,15 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from clirun import (  # noqa: F401 - corpus, run and previous are fixtures
-    corpus,
-    nmt,
-    previous,
-    run,
-    tiny_config,
-    unchanged,
-    write_config,
-)
+from clirun import nmt, tiny_config, unchanged, write_config
 
 from nmt.decoding.options import decoding_options
 from nmt.decoding.scoring import score_ids

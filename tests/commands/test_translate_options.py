@@ -11,15 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from clirun import (  # noqa: F401 - corpus, run and previous are fixtures
-    corpus,
-    nmt,
-    previous,
-    run,
-    tiny_config,
-    unchanged,
-    write_config,
-)
+from clirun import nmt, tiny_config, unchanged, write_config
 
 SOURCES = ["sol luna", "mar rio casa", "", "agua fuego", "perro gato"]
 # Whole target words of the corpus; an empty prefix on a non-empty line (line 4).

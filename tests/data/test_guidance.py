@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from clirun import corpus, nmt, tiny_config, write_config  # noqa: F401 - corpus is a fixture
+from clirun import nmt, tiny_config, write_config
 
 from nmt.config import from_dict
 from nmt.data.guidance import guide_matrix, parse_pharaoh, word_link_cells

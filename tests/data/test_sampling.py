@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clirun import corpus, nmt, tiny_config, write_config  # noqa: F401 - corpus is a fixture
+from clirun import nmt, tiny_config, write_config
 
 from nmt import checkpoint
 from nmt.config import Config, from_dict

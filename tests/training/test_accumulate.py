@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from clirun import corpus, nmt, tiny_config, write_config  # noqa: F401 - corpus is a fixture
+from clirun import nmt, tiny_config, write_config
 from test_distributed import free_port, join_group, spawn, tiny_model
 
 from nmt import checkpoint

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clirun import corpus, nmt, tiny_config, write_config  # noqa: F401 - corpus is a fixture
+from clirun import nmt, tiny_config, write_config
 
 import nmt.training.run as run_module
 

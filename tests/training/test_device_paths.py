@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from clirun import corpus, run  # noqa: F401 - fixtures
 
 import nmt.decoding.translator as translator_module
 import nmt.fast.recurrence as recurrence

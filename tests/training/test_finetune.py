@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clirun import corpus, nmt, nmt_process, tiny_config, write_config  # noqa: F401
+from clirun import nmt, nmt_process, tiny_config, write_config
 
 from nmt import checkpoint
 from nmt.training.finetune import PARTS, part_of
