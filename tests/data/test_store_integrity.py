@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,38 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+@dataclass
+class Entry:
+    """A store with the tiny corpus prepared in it, and the way back in as a new process."""
+
+    store: Store
+    first: Prepared
+    corpus: Path
+    tokenizer: Tokenizer
+    monkeypatch: pytest.MonkeyPatch
+    caplog: pytest.LogCaptureFixture
+
+    def prepared_again(self) -> tuple[Prepared, bool, list[str]]:
+        """The entry as a new process finds it: (prepared, built anew, the warnings)."""
+        as_a_new_process(self.monkeypatch)
+        with self.caplog.at_level(logging.WARNING, logger="nmt"):
+            again, built = prepare_train(self.store, self.corpus, self.tokenizer)
+        return again, built, warnings(self.caplog)
+
+
+@pytest.fixture()
+def entry(
+    corpus: Path,
+    tokenizer: Tokenizer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> Entry:
+    store = Store(tmp_path / "store")
+    first, _ = prepare_train(store, corpus, tokenizer)
+    return Entry(store, first, corpus, tokenizer, monkeypatch, caplog)
+
+
 # ----------------------------------------------------------------------------- damage
 
 
@@ -127,40 +160,24 @@ def delete(path: Path) -> str:
 @pytest.mark.parametrize("damage", [truncate, overwrite, delete])
 @pytest.mark.parametrize("file", ["shard", "rows.npy", "src_len.npy", "trg_len.npy"])
 def test_a_damaged_file_is_named_and_prepared_again(
-    file: str,
-    damage: Callable[[Path], str],
-    corpus: Path,
-    tokenizer: Tokenizer,
-    clean: list[list[np.ndarray]],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    file: str, damage: Callable[[Path], str], entry: Entry, clean: list[list[np.ndarray]]
 ) -> None:
-    store = Store(tmp_path / "store")
-    first, _ = prepare_train(store, corpus, tokenizer)
+    first = entry.first
     path = first.path / (first.manifest["shards"][0] if file == "shard" else file)
     what = damage(path)
-    as_a_new_process(monkeypatch)
-    with caplog.at_level(logging.WARNING, logger="nmt"):
-        again, built = prepare_train(store, corpus, tokenizer)
-    assert built and warnings(caplog) == [f"{path}: {what}; preparing it again"]
+    again, built, warned = entry.prepared_again()
+    assert built and warned == [f"{path}: {what}; preparing it again"]
     assert again.manifest["files"] == first.manifest["files"], "the same bytes again"
     assert_same_batches(again, clean)
-    assert [p.name for p in store.prepared.iterdir()] == [again.path.name], "nothing left over"
+    names = [p.name for p in entry.store.prepared.iterdir()]
+    assert names == [again.path.name], "nothing left over"
 
 
 @pytest.mark.parametrize("damage", ["data files gone", "manifest cut short", "manifest gone"])
 def test_a_damaged_manifest_or_a_bare_one_is_prepared_again(
-    damage: str,
-    corpus: Path,
-    tokenizer: Tokenizer,
-    clean: list[list[np.ndarray]],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    damage: str, entry: Entry, clean: list[list[np.ndarray]]
 ) -> None:
-    store = Store(tmp_path / "store")
-    first, _ = prepare_train(store, corpus, tokenizer)
+    first = entry.first
     manifest = first.path / "manifest.json"
     files = list(first.manifest["files"])
     if damage == "data files gone":
@@ -173,10 +190,7 @@ def test_a_damaged_manifest_or_a_bare_one_is_prepared_again(
     else:
         manifest.unlink()
         expected = f"{manifest}: missing"
-    as_a_new_process(monkeypatch)
-    with caplog.at_level(logging.WARNING, logger="nmt"):
-        again, built = prepare_train(store, corpus, tokenizer)
-    (warning,) = warnings(caplog)
+    again, built, (warning,) = entry.prepared_again()
     assert built and warning.startswith(expected) and warning.endswith("; preparing it again")
     assert_same_batches(again, clean)
 
