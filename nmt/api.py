@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any, overload
 
 from nmt.commands.align import Extraction, Link, align_pairs
-from nmt.commands.translate import constraint_ids, prefix_ids
+from nmt.commands.translate import given_steering
 from nmt.config import Config
 from nmt.decoding.options import SearchOptions, check_request, decoding_options
-from nmt.decoding.steering import Steering
 from nmt.decoding.translator import Translator
 from nmt.errors import DataError
 
@@ -122,7 +121,7 @@ class Model:
             constraints = [[str(c) for c in constraints]]
         decoding = decoding_options(self.translator.config.decoding, options)
         check_request(decoding, n_best, constraints is not None, "beam_size" in options)
-        steering = self._steering(lines, prefixes, constraints)
+        steering = given_steering(self.translator, len(lines), prefixes, constraints)
         search = SearchOptions(n_best)
         results = self.translator.translate(lines, decoding, search, steering=steering)
         if n_best == 1:
@@ -202,28 +201,6 @@ class Model:
         single, src, trg = _pairs("align", sources, targets)
         out = align_pairs(self.translator, src, trg, extraction)
         return out[0] if single else out
-
-    def _steering(
-        self,
-        lines: list[str],
-        prefixes: Sequence[str] | None,
-        constraints: Sequence[Sequence[str]] | None,
-    ) -> Steering | None:
-        if prefixes is None and constraints is None:
-            return None
-        steering = Steering()
-        for name, given in (("prefixes", prefixes), ("constraints", constraints)):
-            if given is not None and len(given) != len(lines):
-                raise DataError(
-                    f"translate: {len(given)} {name} for {len(lines)} sentences; give one per "
-                    f"sentence (empty for none)"
-                )
-        if prefixes is not None:
-            steering.prefixes = prefix_ids(self.translator, list(prefixes), "prefixes")
-        if constraints is not None:
-            rows = [[phrase for phrase in row] for row in constraints]
-            steering.constraints = constraint_ids(self.translator, rows, "constraints")
-        return steering
 
 
 def _pairs(

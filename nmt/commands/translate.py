@@ -1,7 +1,8 @@
 """The body of `nmt translate`: lines in, exactly one output line (or n-best block) per line,
 the attention of each translation on request, prefixes and constraints per line, and a
 line-by-line mode for terminals and pipes. The text-to-ids of prefixes and constraints and
-the output format here are shared with the Python API (nmt.api)."""
+the output format here are shared with the Python API (nmt.api) and the server
+(nmt.commands.serve)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,31 @@ def constraint_ids(
             ids.append(translator.target_ids(phrase, f"{where} line {n}"))
         out.append(ids)
     return out
+
+
+def given_steering(
+    translator: Translator,
+    count: int,
+    prefixes: Sequence[str] | None,
+    constraints: Sequence[Sequence[str]] | None,
+) -> Steering | None:
+    """Prefixes and constraints given as lists (the Python API, the server), one entry per
+    sentence of ``count`` (empty for none), as ids; None when neither is given."""
+    if prefixes is None and constraints is None:
+        return None
+    for name, given in (("prefixes", prefixes), ("constraints", constraints)):
+        if given is not None and len(given) != count:
+            raise DataError(
+                f"translate: {len(given)} {name} for {count} sentences; give one per "
+                f"sentence (empty for none)"
+            )
+    steering = Steering()
+    if prefixes is not None:
+        steering.prefixes = prefix_ids(translator, list(prefixes), "prefixes")
+    if constraints is not None:
+        rows = [list(row) for row in constraints]
+        steering.constraints = constraint_ids(translator, rows, "constraints")
+    return steering
 
 
 def parse_constraints(lines: Sequence[str], where: str) -> list[list[str]]:
@@ -228,16 +254,23 @@ class _Job:
 
 
 def _links(translator: Translator, line: str, item: Translation, decoding: DecodingConfig) -> str:
-    """The Pharaoh line of the best output's word alignment (empty without an output): from
-    the alignment heads, re-reading the output, where the models have them, else from the
-    search's attention."""
+    """The Pharaoh line of the best output's word alignment (empty without an output)."""
+    return format_links(output_links(translator, line, item, decoding))
+
+
+def output_links(
+    translator: Translator, line: str, item: Translation, decoding: DecodingConfig
+) -> list[tuple[int, int]]:
+    """The best output's word links (source word, output word; none without an output):
+    from the alignment heads, re-reading the output, where the models have them, else from
+    the search's attention (the search must have kept it: ``SearchOptions.attention``)."""
     best = item.best
     if best is None:
-        return ""
+        return []
     weights = best.alphas
     if translator.has_alignment_head:
         weights = translator.head_alignment(item.src_ids, best.tokens, decoding)
-    return format_links(hypothesis_links(translator.tokenizer, line, best.tokens, weights))
+    return hypothesis_links(translator.tokenizer, line, best.tokens, weights)
 
 
 def _translate_all(job: _Job, lines: list[str]) -> int:

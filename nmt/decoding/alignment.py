@@ -152,16 +152,22 @@ def hypothesis_links(
     threshold: float = 0.5,
 ) -> list[tuple[int, int]]:
     """Links between the source's words and an output's words (``tokens``, its attention
-    ``alphas``): a target piece that starts with ``▁`` starts a word, as detokenisation
-    makes it one."""
+    ``alphas``; the words as ``output_words`` reads them)."""
     if alphas is None:
         return []
     src_words = piece_words(tokenizer.src, source)
-    trg_words, word = [], -1
+    trg_words = output_words(tokenizer, tokens)
+    return extract_links(alphas, src_words, trg_words, method, threshold)
+
+
+def output_words(tokenizer: Any, tokens: Sequence[int]) -> list[int]:
+    """The word index of each piece of an output (``tokens``, without EOS): a target piece
+    that starts with ``▁`` starts a word, as detokenisation makes it one."""
+    words, word = [], -1
     for piece in tokenizer.trg_pieces(tokens):
         word += 1 if piece.startswith("▁") or word < 0 else 0
-        trg_words.append(word)
-    return extract_links(alphas, src_words, trg_words, method, threshold)
+        words.append(word)
+    return words
 
 
 def attention_links(
