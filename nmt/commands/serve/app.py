@@ -1,0 +1,283 @@
+"""The FastAPI app of `nmt serve`: the JSON API over the served models, its errors, the
+body-size limit, and the page.
+
+Every error is JSON, ``{"error": "<one line>"}``: 400 for options that cannot go together or
+text the model cannot take (nmt's ConfigError and DataError), 404 for an unknown model or
+path, 413 for a request past a limit (``Limits``), 422 for malformed JSON or a field of the
+wrong type, a missing or an unknown one, and 500 for anything unexpected while decoding
+(the server goes on serving).
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import re
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from nmt import __version__
+from nmt.commands.serve.batching import Batcher, Batching, elapsed_ms
+from nmt.commands.serve.jobs import align_job, score_job, translate_job
+from nmt.commands.serve.limits import LimitError, Limits
+from nmt.commands.serve.models import ServedModel
+from nmt.commands.serve.schemas import (
+    AlignBody,
+    AlignReply,
+    ErrorReply,
+    HealthReply,
+    ModelsReply,
+    ScoreBody,
+    ScoreReply,
+    TranslateBody,
+    TranslateReply,
+    VocabularyReply,
+)
+from nmt.errors import NMTError
+
+__all__ = ["ServedModel", "create_app"]
+
+PAGE = Path(__file__).parent / "page"  # index.html, page.js, page.css
+PAGE_FILE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorReply, "description": description}
+    for code, description in (
+        (400, "options that cannot go together, or text the model cannot take"),
+        (404, "no such model"),
+        (413, "a limit passed: body size, sentences, characters or beam"),
+        (422, "malformed JSON, or a field of the wrong type, missing or unknown"),
+        (500, "an unexpected error while decoding"),
+    )
+}
+
+
+class NotFound(Exception):
+    """A model or file the server does not have (404)."""
+
+
+def create_app(
+    served: Sequence[ServedModel], limits: Limits = Limits(), batching: Batching = Batching()
+) -> FastAPI:
+    """The app over ``served`` (the first: the default model), with one decode thread."""
+    if not served:
+        raise ValueError("create_app: no models to serve")
+    models = {model.name: model for model in served}
+    batcher = Batcher(batching)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await batcher.close()
+
+    app = FastAPI(
+        title="nmt",
+        version=__version__,
+        summary="Attention-based RNN translation: translate, score and align with the served "
+        "models.",
+        lifespan=lifespan,
+        redoc_url=None,
+    )
+    app.add_middleware(BodyLimit, limits=limits)
+    _add_error_handlers(app)
+
+    def pick(name: str | None) -> ServedModel:
+        if name is None:
+            return served[0]
+        if name not in models:
+            raise NotFound(
+                f"model: {name!r} is not served here; this server has {', '.join(models)}"
+            )
+        return models[name]
+
+    @app.get("/api/health")
+    async def health() -> HealthReply:
+        """The server is up, with these models."""
+        return HealthReply(status="ok", models=list(models))
+
+    @app.get("/api/models")
+    async def model_info() -> ModelsReply:
+        """Each served model: its config summary and config, vocabulary sizes, training
+        figures; the first is the default."""
+        return ModelsReply(models=[model.info() for model in served])
+
+    @app.get("/api/models/{name}/vocabulary", responses=ERRORS)
+    async def vocabulary(
+        name: str,
+        side: Literal["source", "target"] = "target",
+        offset: int = Query(0, ge=0),
+        limit: int = Query(1000, ge=1, le=100_000),
+    ) -> VocabularyReply:
+        """A slice of a model's source or target pieces, by id."""
+        tokenizer = pick(name).translator.tokenizer
+        processor = tokenizer.src if side == "source" else tokenizer.trg
+        size = int(processor.get_piece_size())
+        ids = range(offset, min(size, offset + limit))
+        pieces = [str(processor.id_to_piece(i)) for i in ids]
+        return VocabularyReply(side=side, size=size, offset=offset, pieces=pieces)
+
+    @app.post("/api/translate", responses=ERRORS)
+    async def translate(body: TranslateBody) -> TranslateReply:
+        """Translate sentences: per sentence the line `nmt translate` writes, its score, the
+        n-best list and, on request, the attention and word alignment."""
+        started = time.perf_counter()
+        model = pick(body.model)
+        done = await batcher.submit(translate_job(model, body, limits))
+        return TranslateReply(
+            model=model.name,
+            translations=done.result,
+            batched_with=done.batched_with,
+            elapsed_ms=elapsed_ms(started),
+        )
+
+    @app.post("/api/score", responses=ERRORS)
+    async def score(body: ScoreBody) -> ScoreReply:
+        """Forced scores of given translations, as `nmt score` gives them."""
+        model = pick(body.model)
+        done = await batcher.submit(score_job(model, body, limits))
+        return ScoreReply(model=model.name, scores=done.result)
+
+    @app.post("/api/align", responses=ERRORS)
+    async def align(body: AlignBody) -> AlignReply:
+        """Word alignments of given translations, as `nmt align` gives them."""
+        model = pick(body.model)
+        done = await batcher.submit(align_job(model, body, limits))
+        return AlignReply(model=model.name, alignments=done.result)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        if not (PAGE / "index.html").is_file():
+            raise NotFound("the page is not installed here (no index.html); the API: /docs")
+        return _page_file("index.html")
+
+    @app.get("/page/{name}", include_in_schema=False)
+    async def page(name: str) -> FileResponse:
+        return _page_file(name)
+
+    return app
+
+
+def _page_file(name: str) -> FileResponse:
+    """A file of the page (one of the page folder's own files, by name)."""
+    path = PAGE / name
+    if not PAGE_FILE.fullmatch(name) or not path.is_file():
+        raise NotFound(f"/page/{name}: no such file of the page")
+    media = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    return FileResponse(path, media_type=media)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    one_line = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    return JSONResponse({"error": one_line}, status_code=status)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as ``{"error": ...}`` with its status (module docstring)."""
+
+    @app.exception_handler(NMTError)
+    async def nmt_error(request: Request, exc: NMTError) -> JSONResponse:
+        return _error(413 if isinstance(exc, LimitError) else 400, str(exc))
+
+    @app.exception_handler(NotFound)
+    async def not_found(request: Request, exc: NotFound) -> JSONResponse:
+        return _error(404, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(422, invalid_message(exc.errors(), request.headers.get("content-type")))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 404:
+            message = f"{where}: no such endpoint; the API is under /api (see /docs)"
+        elif exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "another method")
+            message = f"{where}: not allowed; this endpoint takes {allowed}"
+        else:
+            message = f"{where}: {exc.detail}"
+        return _error(exc.status_code, message)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return _error(
+            500,
+            f"internal error: {type(exc).__name__}: {exc}; the server goes on (its log has "
+            f"the traceback)",
+        )
+
+
+def invalid_message(errors: Sequence[Any], content_type: str | None = None) -> str:
+    """FastAPI's validation errors as one line: each field and what was wrong with it."""
+    parts = []
+    for error in errors:
+        where = ".".join(str(part) for part in error["loc"][1:]) or "request body"
+        if where == "request body" and isinstance(error.get("input"), bytes):
+            given = f"Content-Type {content_type}" if content_type else "no Content-Type"
+            parts.append(
+                f"request body: not read as JSON ({given}); send a JSON object with "
+                f"Content-Type: application/json"
+            )
+        elif error["type"] == "json_invalid":
+            reason = error.get("ctx", {}).get("error", "")
+            parts.append(f"request body: not valid JSON ({reason}); send a JSON object")
+        elif error["type"] == "missing" and where == "request body":
+            parts.append("request body: missing; send a JSON object")
+        elif error["type"] == "extra_forbidden":
+            parts.append(f"{where}: not a field of this request (see /docs)")
+        else:
+            parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts) or "the request is not valid"
+
+
+class BodyLimit:
+    """No request body over ``limits.max_body`` bytes: refused (413) by its Content-Length,
+    or, a body of unknown length (chunked), as soon as more arrives than the limit. The body
+    is read here and handed on whole."""
+
+    def __init__(self, app: ASGIApp, limits: Limits):
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limits.max_body
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _error(413, self.limits.body_message(int(declared)))(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await _error(413, self.limits.body_message(None))(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        whole: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        given = False
+
+        async def replay() -> Message:
+            nonlocal given
+            if not given:
+                given = True
+                return whole
+            return await receive()
+
+        await self.app(scope, replay, send)

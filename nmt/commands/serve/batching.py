@@ -1,0 +1,183 @@
+"""Dynamic batching: the requests that arrive together are decoded together.
+
+Each request becomes a ``Job`` on an asyncio queue. One collector task takes the oldest job,
+waits at most ``batch_window_ms`` from its arrival for more, and hands the jobs with its key
+(the same model and decoding options) to the one decode thread as one group, up to
+``max_batch`` sentences; jobs of other keys wait for the next group, the oldest first. While
+the thread decodes, new requests queue up, so the busier the server, the larger the groups:
+throughput grows with load. Torch's decoding keeps the CPU busy by itself, so one thread per
+process decodes, one group at a time.
+
+An exception in a group's decoding is retried job by job, so that it reaches only the request
+that causes it; the collector and the thread go on serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How requests are grouped: the longest wait for more after the first arrives, the
+    most sentences in one group, or (``no_batching``) each request alone in arrival order."""
+
+    batch_window_ms: float = 5.0
+    max_batch: int = 64
+    no_batching: bool = False
+
+
+@dataclass
+class Job:
+    """One request's work: ``run`` decodes the items of the jobs grouped with it (all of
+    ``key``, so all of one ``run``) and returns one result per item; ``size``: its
+    sentences. Jobs whose key is None are decoded alone."""
+
+    key: Hashable | None
+    size: int
+    item: Any
+    run: Callable[[list[Any]], list[Any]]
+
+
+@dataclass
+class Done:
+    """A job's result and how many sentences were decoded with it, its own included."""
+
+    result: Any
+    batched_with: int
+
+
+@dataclass
+class _Entry:
+    job: Job
+    future: asyncio.Future[Done]
+    arrived: float  # the event loop's clock
+
+
+class Batcher:
+    """The queue of jobs, the collector that groups them and the one decode thread."""
+
+    def __init__(self, batching: Batching = Batching()):
+        self.batching = batching
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[_Entry] | None = None
+        self._waiting: deque[_Entry] = deque()  # taken off the queue, not yet decoded
+        self._collector: asyncio.Task[None] | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-decode")
+
+    async def submit(self, job: Job) -> Done:
+        """Queue the job and wait for its result (its exception, where decoding failed)."""
+        loop = asyncio.get_running_loop()
+        if self._queue is None or self._loop is not loop:  # the first job of this event loop
+            self._loop, self._queue, self._waiting = loop, asyncio.Queue(), deque()
+        if self._collector is None or self._collector.done():
+            self._collector = loop.create_task(self._collect())
+        future: asyncio.Future[Done] = loop.create_future()
+        self._queue.put_nowait(_Entry(job, future, loop.time()))
+        return await future
+
+    async def close(self) -> None:
+        """Stop collecting (jobs still waiting are cancelled) and let the thread finish."""
+        if self._collector is not None:
+            self._collector.cancel()
+            try:
+                await self._collector
+            except asyncio.CancelledError:
+                pass
+        for entry in self._waiting:
+            entry.future.cancel()
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+    async def _collect(self) -> None:
+        while True:
+            group = await self._gather()
+            if group:
+                await self._decode(group)
+
+    async def _gather(self) -> list[_Entry]:
+        """The next group: the oldest job and, within its window, the jobs of its key."""
+        assert self._queue is not None
+        if not self._waiting:
+            self._waiting.append(await self._queue.get())
+        first = self._waiting[0]
+        key = first.job.key
+        if self.batching.no_batching or key is None:
+            return self._take(None)
+        loop = asyncio.get_running_loop()
+        deadline = first.arrived + self.batching.batch_window_ms / 1000.0
+        while self._sentences(key) < self.batching.max_batch:
+            if self._queue.empty():
+                timeout = deadline - loop.time()
+                if timeout <= 0:
+                    break
+                try:
+                    self._waiting.append(await asyncio.wait_for(self._queue.get(), timeout))
+                except asyncio.TimeoutError:
+                    break
+            else:
+                self._waiting.append(self._queue.get_nowait())
+        return self._take(key)
+
+    def _sentences(self, key: Hashable) -> int:
+        return sum(entry.job.size for entry in self._waiting if entry.job.key == key)
+
+    def _take(self, key: Hashable | None) -> list[_Entry]:
+        """The oldest waiting job and (a key) the later ones of its key that fit in
+        ``max_batch``; requests given up on (cancelled) are dropped."""
+        first = self._waiting.popleft()
+        group, size, kept = [first], first.job.size, deque[_Entry]()
+        for entry in self._waiting:
+            fits = size + entry.job.size <= self.batching.max_batch
+            if key is not None and entry.job.key == key and fits:
+                group.append(entry)
+                size += entry.job.size
+            else:
+                kept.append(entry)
+        self._waiting = kept
+        return [entry for entry in group if not entry.future.done()]
+
+    async def _decode(self, group: list[_Entry]) -> None:
+        loop = asyncio.get_running_loop()
+        jobs = [entry.job for entry in group]
+        try:
+            outcomes = await loop.run_in_executor(self._thread, _run_group, jobs)
+        except Exception as exc:  # the thread could not run it at all
+            outcomes = [(exc, job.size) for job in jobs]
+        for entry, (outcome, together) in zip(group, outcomes, strict=True):
+            if entry.future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                entry.future.set_exception(outcome)
+            else:
+                entry.future.set_result(Done(outcome, together))
+
+
+def _run_group(jobs: Sequence[Job]) -> list[tuple[Any, int]]:
+    """In the decode thread: the group's results (or exceptions) and the sentences each was
+    decoded with; a group that fails is decoded again job by job."""
+    size = sum(job.size for job in jobs)
+    try:
+        results = jobs[0].run([job.item for job in jobs])
+        return [(result, size) for result in results]
+    except Exception as exc:
+        if len(jobs) == 1:
+            return [(exc, size)]
+    outcomes: list[tuple[Any, int]] = []
+    for job in jobs:
+        try:
+            (result,) = job.run([job.item])
+            outcomes.append((result, job.size))
+        except Exception as exc:
+            outcomes.append((exc, job.size))
+    return outcomes
+
+
+def elapsed_ms(started: float) -> float:
+    """Milliseconds since ``started`` (``time.perf_counter()``)."""
+    return (time.perf_counter() - started) * 1000.0
