@@ -1,4 +1,5 @@
-# Thin wrappers; everything the project needs is installed by `make setup`.
+# Thin wrappers; everything the project needs is installed by `make setup` (with the extra
+# `serve`, nmt serve's FastAPI and uvicorn).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -11,7 +12,7 @@ setup:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	if [ -n "$(TORCH_SPEC)" ]; then $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"; fi
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,serve]'
 
 test:
 	$(BIN)/python -m pytest

@@ -1,4 +1,4 @@
-"""The `nmt` command line: train | translate | score | align | eval | average.
+"""The `nmt` command line: train | translate | score | align | eval | average | serve.
 
 Each command parses its options and calls one library function. Any NMTError becomes one
 line on stderr and exit status 2 (``--debug`` shows the traceback).
@@ -491,6 +491,76 @@ def eval_(
     systems = {"hypotheses": list(hypotheses or []), "references": list(ref or [])}
     report = evaluate_command(_request(EvalRequest, locals(), models=models, **systems))
     typer.echo(report.to_json() if json_out else report.to_table())
+
+
+# serve's own flags
+ServedModelsOption = Annotated[
+    list[Path],
+    typer.Option(
+        "--model",
+        "-m",
+        help="Run directory (uses best.pt) or checkpoint file to serve; repeat for more "
+        "models, each a model of its own named by its run directory (the first: the default).",
+    ),
+]
+Host = Annotated[
+    str,
+    typer.Option(
+        "--host", help="Address to listen on (the default: this machine only; 0.0.0.0: every one)."
+    ),
+]
+Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port (0: any free one).")]
+MaxSentences = Annotated[
+    int, typer.Option("--max-sentences", min=1, help="Most sentences (or pairs) per request.")
+]
+MaxChars = Annotated[
+    int, typer.Option("--max-chars", min=1, help="Most characters of text per request.")
+]
+MaxBody = Annotated[int, typer.Option("--max-body", min=1, help="Most bytes of a request body.")]
+MaxBeam = Annotated[int, typer.Option("--max-beam", min=1, help="Largest beam a request may ask.")]
+BatchWindow = Annotated[
+    float,
+    typer.Option(
+        "--batch-window-ms",
+        min=0.0,
+        help="After a request arrives, wait this long for more to decode with it.",
+    ),
+]
+MaxBatch = Annotated[
+    int, typer.Option("--max-batch", min=1, help="Most sentences decoded together.")
+]
+NoBatching = Annotated[
+    bool,
+    typer.Option("--no-batching", help="Decode each request alone, in arrival order."),
+]
+
+
+@app.command()
+def serve(
+    model: ServedModelsOption,
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    max_sentences: MaxSentences = 64,
+    max_chars: MaxChars = 20_000,
+    max_body: MaxBody = 1_000_000,
+    max_beam: MaxBeam = 32,
+    batch_window_ms: BatchWindow = 5.0,
+    max_batch: MaxBatch = 64,
+    no_batching: NoBatching = False,
+    device: DeviceOption = "auto",
+    precision: PrecisionOption = "auto",
+) -> None:
+    """Serve models over HTTP: a JSON API (translate, score, align; /docs describes it) and
+    a page at / to try them, until Ctrl-C. Needs FastAPI and uvicorn, the extra named serve."""
+    from nmt.commands.common import Models
+    from nmt.commands.serve.batching import Batching
+    from nmt.commands.serve.command import ServeRequest, serve_command
+    from nmt.commands.serve.limits import Limits
+
+    models = [Models([path], device, precision) for path in model]
+    limits, batching = _request(Limits, locals()), _request(Batching, locals())
+    request = _request(ServeRequest, locals(), models=models)
+    serve_command(request, ready=lambda message: typer.echo(message, err=True))
 
 
 def command() -> None:
