@@ -209,7 +209,7 @@ def test_eval_prints_the_scores_of_a_pair_counted_by_hand(tmp_path: Path) -> Non
     assert round(report["systems"][0]["bleu"], 2) == round(bleu, 2)
 
 
-COMMANDS = ["train", "translate", "score", "align", "average", "eval"]
+COMMANDS = ["train", "translate", "score", "align", "average", "eval", "serve"]
 DECODING = ["--length-penalty", "--coverage-penalty", "--ensemble-average"]
 MODELS = ["--device", "--precision", "--help"]
 FLAGS = {
@@ -234,6 +234,10 @@ FLAGS = {
         "--ref", "--model", "--split", "--beam", "--save-hypotheses", *DECODING,
         "--significance", "--json", "--align", "--align-ref", "--align-src", "--align-trg",
         *MODELS,
+    ],
+    "serve": [
+        "--model", "--host", "--port", "--max-sentences", "--max-chars", "--max-body",
+        "--max-beam", "--batch-window-ms", "--max-batch", "--no-batching", *MODELS,
     ],
 }  # fmt: skip
 

@@ -106,40 +106,39 @@ class Batcher:
         if not self._waiting:
             self._waiting.append(await self._queue.get())
         first = self._waiting[0]
-        key = first.job.key
-        if self.batching.no_batching or key is None:
-            return self._take(None)
+        if self.batching.no_batching:
+            return self._take([first])
         loop = asyncio.get_running_loop()
         deadline = first.arrived + self.batching.batch_window_ms / 1000.0
-        while self._sentences(key) < self.batching.max_batch:
-            if self._queue.empty():
-                timeout = deadline - loop.time()
-                if timeout <= 0:
-                    break
-                try:
-                    self._waiting.append(await asyncio.wait_for(self._queue.get(), timeout))
-                except asyncio.TimeoutError:
-                    break
-            else:
+        while True:
+            while not self._queue.empty():  # everything that has arrived
                 self._waiting.append(self._queue.get_nowait())
-        return self._take(key)
+            group = self._group(first.job.key)
+            timeout = deadline - loop.time()
+            full = sum(entry.job.size for entry in group) >= self.batching.max_batch
+            if first.job.key is None or full or timeout <= 0:
+                return self._take(group)
+            try:
+                self._waiting.append(await asyncio.wait_for(self._queue.get(), timeout))
+            except asyncio.TimeoutError:
+                pass
 
-    def _sentences(self, key: Hashable) -> int:
-        return sum(entry.job.size for entry in self._waiting if entry.job.key == key)
-
-    def _take(self, key: Hashable | None) -> list[_Entry]:
-        """The oldest waiting job and (a key) the later ones of its key that fit in
-        ``max_batch``; requests given up on (cancelled) are dropped."""
-        first = self._waiting.popleft()
-        group, size, kept = [first], first.job.size, deque[_Entry]()
-        for entry in self._waiting:
+    def _group(self, key: Hashable | None) -> list[_Entry]:
+        """The oldest waiting job and (a key) the later ones of its key that fit within
+        ``max_batch`` sentences, in arrival order."""
+        first = self._waiting[0]
+        group, size = [first], first.job.size
+        for entry in list(self._waiting)[1:]:
             fits = size + entry.job.size <= self.batching.max_batch
             if key is not None and entry.job.key == key and fits:
                 group.append(entry)
                 size += entry.job.size
-            else:
-                kept.append(entry)
-        self._waiting = kept
+        return group
+
+    def _take(self, group: list[_Entry]) -> list[_Entry]:
+        """The group off the waiting list, less the requests given up on (cancelled)."""
+        taken = {id(entry) for entry in group}
+        self._waiting = deque(entry for entry in self._waiting if id(entry) not in taken)
         return [entry for entry in group if not entry.future.done()]
 
     async def _decode(self, group: list[_Entry]) -> None:
