@@ -69,7 +69,7 @@ class Batcher:
         self._queue: asyncio.Queue[_Entry] | None = None
         self._waiting: deque[_Entry] = deque()  # taken off the queue, not yet decoded
         self._collector: asyncio.Task[None] | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-decode")
+        self._thread: ThreadPoolExecutor | None = None  # started with the first group
 
     async def submit(self, job: Job) -> Done:
         """Queue the job and wait for its result (its exception, where decoding failed)."""
@@ -83,16 +83,23 @@ class Batcher:
         return await future
 
     async def close(self) -> None:
-        """Stop collecting (jobs still waiting are cancelled) and let the thread finish."""
+        """Stop collecting (jobs still waiting are cancelled) and let the thread finish its
+        group; a later job starts both again."""
         if self._collector is not None:
             self._collector.cancel()
             try:
                 await self._collector
             except asyncio.CancelledError:
                 pass
+            self._collector = None
+        while self._queue is not None and not self._queue.empty():
+            self._waiting.append(self._queue.get_nowait())
         for entry in self._waiting:
             entry.future.cancel()
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        self._waiting.clear()
+        if self._thread is not None:
+            self._thread.shutdown(wait=False, cancel_futures=True)
+            self._thread = None
 
     async def _collect(self) -> None:
         while True:
@@ -144,8 +151,14 @@ class Batcher:
     async def _decode(self, group: list[_Entry]) -> None:
         loop = asyncio.get_running_loop()
         jobs = [entry.job for entry in group]
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-decode")
         try:
             outcomes = await loop.run_in_executor(self._thread, _run_group, jobs)
+        except asyncio.CancelledError:  # closed while decoding
+            for entry in group:
+                entry.future.cancel()
+            raise
         except Exception as exc:  # the thread could not run it at all
             outcomes = [(exc, job.size) for job in jobs]
         for entry, (outcome, together) in zip(group, outcomes, strict=True):

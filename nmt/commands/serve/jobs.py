@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
 
@@ -108,28 +109,18 @@ def joined_steering(parts: Sequence[tuple[Steering | None, int]]) -> Steering | 
     ones, which impose nothing."""
     if all(steering is None for steering, _ in parts):
         return None
-    joined = Steering()
-    if any(steering is not None and steering.prefixes is not None for steering, _ in parts):
-        joined.prefixes = [
-            prefix
-            for steering, count in parts
-            for prefix in (
-                steering.prefixes
-                if steering is not None and steering.prefixes is not None
-                else [[]] * count
-            )
+
+    def joined(name: str) -> list[Any] | None:
+        given = [getattr(steering, name) if steering else None for steering, _ in parts]
+        if all(rows is None for rows in given):
+            return None
+        return [
+            row
+            for rows, (_, count) in zip(given, parts, strict=True)
+            for row in (rows if rows is not None else [[]] * count)
         ]
-    if any(steering is not None and steering.constraints is not None for steering, _ in parts):
-        joined.constraints = [
-            phrases
-            for steering, count in parts
-            for phrases in (
-                steering.constraints
-                if steering is not None and steering.constraints is not None
-                else [[]] * count
-            )
-        ]
-    return joined
+
+    return Steering(joined("prefixes"), joined("constraints"))
 
 
 def _translated(work: TranslateWork, index: int, line: str, item: Translation) -> TranslatedLine:

@@ -114,3 +114,20 @@ def test_the_window_waits_for_more_until_the_group_is_full() -> None:
     outcomes, elapsed = asyncio.run(main())
     assert recorder.groups == [["x", "y"]] and [o.batched_with for o in outcomes] == [2, 2]
     assert elapsed < 5.0
+
+
+def test_closing_cancels_the_waiting_jobs_and_a_later_job_starts_it_again() -> None:
+    recorder = Recorder()
+
+    async def main() -> tuple[bool, Done]:
+        batcher = Batcher(Batching(batch_window_ms=10_000, max_batch=8))
+        waiting = asyncio.ensure_future(batcher.submit(Job("a", 1, "x", recorder)))
+        await asyncio.sleep(0.05)  # in its window
+        await batcher.close()
+        cancelled = await asyncio.gather(waiting, return_exceptions=True)
+        again = await batcher.submit(Job(None, 1, "y", recorder))
+        await batcher.close()
+        return isinstance(cancelled[0], asyncio.CancelledError), again
+
+    cancelled, again = asyncio.run(main())
+    assert cancelled and again == Done("Y", 1) and recorder.groups == [["y"]]
