@@ -3,8 +3,9 @@
 // its word alignment. It talks only to the JSON API of the same server (nmt/commands/serve).
 "use strict";
 
-// Hovering a piece highlights the pieces whose weight is at least this share of its largest.
-const HIGHLIGHT_SHARE = 0.5;
+// Hovering a piece highlights the fewest pieces, strongest first, that carry this share of its
+// attention: one piece where the attention is sharp, many where it is spread.
+const HIGHLIGHT_MASS = 0.5;
 // The heatmap's colour ramp, from weight 0 to weight 1 (RGB).
 const RAMP_LOW = [247, 249, 252];
 const RAMP_HIGH = [23, 63, 160];
@@ -180,11 +181,21 @@ function shade(weight) {
   return `rgb(${rgb.join(",")})`;
 }
 
-// The indices whose value is at least HIGHLIGHT_SHARE of the largest (none if all are 0).
+// The fewest indices, largest values first (ties: the first), whose values sum to at least
+// HIGHLIGHT_MASS of all (none if all are 0).
 function strongest(values) {
-  const top = Math.max(...values);
-  if (!(top > 0)) return [];
-  return values.flatMap((v, k) => (v >= HIGHLIGHT_SHARE * top ? [k] : []));
+  let total = 0;
+  for (const v of values) total += v;
+  if (!(total > 0)) return [];
+  const order = values.map((_, k) => k).sort((a, b) => values[b] - values[a] || a - b);
+  const out = [];
+  let mass = 0;
+  for (const k of order) {
+    out.push(k);
+    mass += values[k];
+    if (mass >= HIGHLIGHT_MASS * total) break;
+  }
+  return out;
 }
 
 // Runs of equal word indices: [[word, first piece, count], ...] (null words stand alone).
