@@ -103,6 +103,10 @@ function lines(text) {
   return out;
 }
 
+function plural(count, noun) {
+  return `${count} ${noun}${count === 1 ? "" : "s"}`;
+}
+
 function number(value, digits = 3) {
   return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
 }
@@ -449,7 +453,7 @@ async function translate(event) {
     );
     render(sentences, answers);
     byId("status").textContent = answers
-      .map((a) => `${a.model}: ${number(a.elapsedMs, 0)} ms, ${a.batchedWith} sentences in its batch`)
+      .map((a) => `${a.model}: ${number(a.elapsedMs, 0)} ms, ${plural(a.batchedWith, "sentence")} in its batch`)
       .join(" · ");
   } catch (error) {
     results.replaceChildren();
