@@ -59,8 +59,9 @@ pytestmark = [
     ),
 ]
 
-uvicorn = pytest.importorskip("uvicorn", reason="the server's dependencies are not installed")
-serve_app = pytest.importorskip("nmt.commands.serve.app", reason="nmt serve is not in this tree")
+SERVE_MISSING = "nmt serve needs its extra, serve (fastapi and uvicorn): pip install -e '.[serve]'"
+uvicorn = pytest.importorskip("uvicorn", reason=SERVE_MISSING)
+serve_app = pytest.importorskip("nmt.commands.serve.app", reason=SERVE_MISSING)
 
 SENTENCE = "sol luna mar"
 REFERENCE = "MAR LUNA SOL"
