@@ -304,6 +304,34 @@ def test_export_refuses_a_folder_of_other_files_and_a_missing_run(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_models_alignment_head_is_not_exported_and_its_alignments_are_refused(
+    tokenizer: Tokenizer, tmp_path: Path, previous: Path
+) -> None:
+    """The alignment head never changes a translation: the export translates as the model,
+    and --alignments, which would read the head, is refused instead of read from the
+    attention."""
+    section = {**VARIANTS["bahdanau-gru-additive"], "alignment_head": True}
+    config = from_dict({"model": section, "training": {"guided_alignment": "train.align"}})
+    torch.manual_seed(0)
+    model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
+    state = {"model": model.state_dict(), "config": config.model_dump(mode="json")}
+    checkpoint.save(tmp_path / "head.pt", {**state, "tokenizer": tokenizer.state_dict()})
+    out = tmp_path / "onnx"
+    assert nmt("export", str(tmp_path / "head.pt"), "-o", str(out)).code == 0
+    text = b"sol luna\nmar rio casa\n"
+    expected = nmt("translate", "-m", str(tmp_path / "head.pt"), "-b", "3", stdin=text)
+    found = nmt("translate", "-m", str(out), "--backend", "onnxruntime", "-b", "3", stdin=text)
+    assert found.code == 0 and found.out == expected.out
+    refused = nmt(
+        "translate", "-m", str(out), "--backend", "onnxruntime", "--alignments", str(previous),
+        stdin=text,
+    )  # fmt: skip
+    assert refused.error.startswith(
+        "error: --alignments: this model aligns with its alignment head"
+    )
+    assert unchanged(previous)
+
+
 def _branching_location(self, query, memory, positions):  # type: ignore[no-untyped-def]
     """Location's weights with a Python branch on the source width, as a tracer freezes it:
     a score that cannot be exported as written."""
