@@ -12,7 +12,7 @@ setup:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	if [ -n "$(TORCH_SPEC)" ]; then $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"; fi
-	$(BIN)/python -m pip install --quiet -e '.[dev,serve]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,serve,onnx]'
 
 test:
 	$(BIN)/python -m pytest

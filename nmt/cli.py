@@ -1,4 +1,4 @@
-"""The `nmt` command line: train | translate | score | align | eval | average | serve.
+"""The `nmt` command line: train | translate | score | align | eval | average | export | serve.
 
 Each command parses its options and calls one library function. Any NMTError becomes one
 line on stderr and exit status 2 (``--debug`` shows the traceback).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import typer
 
@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover - older typer on click
 
 from nmt import __version__
 from nmt.config import DecodingConfig, RunConfig, TrainingConfig
+from nmt.decoding.options import Backend
 from nmt.errors import NMTError
 from nmt.fast.allocator import limit_kernel_cache
 
@@ -121,6 +122,14 @@ PrecisionOption = Annotated[
         "--precision",
         help="auto (bf16 on a GPU with native bf16, else fp16; on a CPU bf16 only where it has "
         "native bf16 and a probe finds it faster, else fp32), fp32, bf16 or fp16 autocast.",
+    ),
+]
+BackendOption = Annotated[
+    Backend,
+    typer.Option(
+        "--backend",
+        help="torch (the checkpoint), or onnxruntime: --model is a directory that nmt export "
+        "--format onnx wrote, decoded on the CPU in fp32 (no checkpoint needed).",
     ),
 ]
 SourceOption = Annotated[
@@ -272,12 +281,13 @@ def translate(
     unbuffered: Unbuffered = False,
     device: DeviceOption = "auto",
     precision: PrecisionOption = "auto",
+    backend: BackendOption = "torch",
 ) -> None:
     """Translate text: exactly one output line per input line (empty in, empty out)."""
     from nmt.commands.common import Models
     from nmt.commands.translate import TranslateRequest, translate_command
 
-    models = Models(model, device, precision)
+    models = Models(model, device, precision, backend)
     translate_command(_request(TranslateRequest, locals(), models=models), warn=_warn)
 
 
@@ -400,6 +410,40 @@ def average(
     given = list(checkpoints or [])
     used = average_command(_request(AverageRequest, locals(), checkpoints=given))
     typer.echo(f"{output}: the mean of {len(used)} checkpoints", err=True)
+
+
+@app.command()
+def export(
+    run: Annotated[
+        Path, typer.Argument(help="Run directory (uses best.pt) or checkpoint file to export.")
+    ],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Directory to write: new, empty, or an earlier export (which is replaced).",
+        ),
+    ],
+    format: Annotated[
+        Literal["onnx"],
+        typer.Option(
+            "--format",
+            help="onnx: the encoder and one decoder step as ONNX graphs (opset 17; batch and "
+            "source length dynamic) with the tokenizer and config, for nmt translate "
+            "--backend onnxruntime.",
+        ),
+    ] = "onnx",
+) -> None:
+    """Export a trained model for inference without its checkpoint (README: Export to ONNX)."""
+    from nmt.commands.export import ExportRequest, export_command
+
+    metadata = export_command(_request(ExportRequest, locals()))
+    typer.echo(
+        f"{output}: encoder and decoder step as ONNX graphs (opset {metadata.opset}), "
+        f"with the tokenizer and config",
+        err=True,
+    )
 
 
 # eval's own flags

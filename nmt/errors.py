@@ -20,6 +20,11 @@ class CheckpointError(NMTError):
     """A missing, truncated or incompatible checkpoint or run directory."""
 
 
+class DependencyError(NMTError):
+    """An optional package that a command needs is not installed (the message names the
+    extra that brings it)."""
+
+
 class WriteError(NMTError, OSError):
     """A file that could not be written: a full disk, a quota, no permission. Also an OSError,
     so that code which tolerates a failed write (a cache) still catches it. ``path``: the file;

@@ -7,6 +7,7 @@ line (hypotheses, references, input) through ``read_lines``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import gzip
@@ -15,11 +16,11 @@ import shutil
 import sys
 import tempfile
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nmt.errors import DataError, WriteError
+from nmt.errors import DataError, NMTError, WriteError
 
 STDIN = "-"
 
@@ -110,6 +111,46 @@ def human_size(size: float) -> str:
         if size >= scale:
             return f"{size / scale:,.1f} {unit}"
     return f"{size / 2**10:,.1f} KiB"
+
+
+@contextlib.contextmanager
+def atomic_directory(path: Path) -> Iterator[Path]:
+    """A folder written whole or not at all: the block fills a temporary folder beside
+    ``path`` (``.NAME.XXXX.tmp``), which then takes the place of ``path``, replacing a folder
+    already there. If the block fails, the temporary folder is removed and ``path`` is as it
+    was; an operating-system error is a ``WriteError`` that names ``path``."""
+    path = Path(path)
+    tmp: Path | None = None
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        os.chmod(tmp, 0o777 & ~_umask())
+        yield tmp
+        _swap_in(tmp, path)
+        tmp = None
+    except BaseException as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        cause = os_error(exc)
+        if cause is None or isinstance(exc, NMTError):
+            raise
+        raise write_error(path, cause) from exc
+
+
+def _swap_in(new: Path, path: Path) -> None:
+    """Rename the folder ``new`` to ``path``; a folder there first moves aside, and is
+    deleted once ``new`` is in place (or moved back if it cannot be)."""
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.{os.getpid()}.old.tmp")
+        path.rename(old)
+    try:
+        new.rename(path)
+    except OSError:
+        if old is not None:
+            old.rename(path)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -209,7 +209,7 @@ def test_eval_prints_the_scores_of_a_pair_counted_by_hand(tmp_path: Path) -> Non
     assert round(report["systems"][0]["bleu"], 2) == round(bleu, 2)
 
 
-COMMANDS = ["train", "translate", "score", "align", "average", "eval", "serve"]
+COMMANDS = ["train", "translate", "score", "align", "average", "export", "eval", "serve"]
 DECODING = ["--length-penalty", "--coverage-penalty", "--ensemble-average"]
 MODELS = ["--device", "--precision", "--help"]
 FLAGS = {
@@ -219,7 +219,8 @@ FLAGS = {
         "--model", "--input", "--output", "--beam", "--n-best", "--scores", "--batch-size",
         "--batch-tokens", "--max-len-ratio", "--max-len-offset", "--length-penalty",
         "--coverage-penalty", "--no-repeat-ngram", "--ensemble-average", "--prefix",
-        "--constraints", "--attention-dir", "--alignments", "--unbuffered", *MODELS,
+        "--constraints", "--attention-dir", "--alignments", "--unbuffered", "--device",
+        "--precision", "--backend", "--help",
     ],
     "score": [
         "--model", "--input", "--target", "--tsv", "--n-best", "--output", "--tokens", *DECODING,
@@ -230,6 +231,7 @@ FLAGS = {
         "--attention", *MODELS,
     ],
     "average": ["--output", "--run", "--last", "--help"],
+    "export": ["--output", "--format", "--help"],
     "eval": [
         "--ref", "--model", "--split", "--beam", "--save-hypotheses", *DECODING,
         "--significance", "--json", "--align", "--align-ref", "--align-src", "--align-trg",

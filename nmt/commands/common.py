@@ -1,5 +1,5 @@
 """What the decoding commands share: the models they open (``Models``: --model, --device,
---precision), the checks of what they will write, made before any work, the attention
+--precision, --backend), the checks of what they will write, made before any work, the attention
 heatmaps (``Heatmaps``), and the progress policy (a bar on stderr while files are read)."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from nmt import checkpoint
+from nmt.decoding.exported import read_metadata
+from nmt.decoding.options import Backend
 from nmt.decoding.translator import Translator
-from nmt.errors import DataError
+from nmt.errors import ConfigError, DataError
 from nmt.files import STDIN, check_output
 from nmt.plots import save_attention
 
@@ -20,18 +22,35 @@ from nmt.plots import save_attention
 @dataclass(frozen=True)
 class Models:
     """The models a command decodes with: run directories (their best.pt) or checkpoint
-    files (several: an ensemble), the device and the precision (``nmt.fast.precision``)."""
+    files (several: an ensemble), the device and the precision (``nmt.fast.precision``); or,
+    with the ``onnxruntime`` backend, one directory that `nmt export` wrote."""
 
     paths: Sequence[Path]
     device: str = "auto"
     precision: str = "auto"
+    backend: Backend = "torch"
 
     def files(self) -> list[Path]:
-        """The checkpoint files (a run directory: its best.pt), which no output may replace."""
+        """The files the models are read from (a run directory: its best.pt; an exported
+        directory: all of its files), which no output may replace."""
+        if self.backend == "onnxruntime":
+            self._check_one()
+            directory = Path(self.paths[0])
+            return [directory / name for name in read_metadata(directory).files()]
         return [checkpoint.resolve(Path(path)) for path in self.paths]
 
     def open(self) -> Translator:
+        if self.backend == "onnxruntime":
+            self._check_one()
+            return Translator.from_exported(Path(self.paths[0]), self.device, self.precision)
         return Translator.from_checkpoints(self.paths, self.device, self.precision)
+
+    def _check_one(self) -> None:
+        if len(self.paths) != 1:
+            raise ConfigError(
+                f"--backend onnxruntime decodes one exported model, got {len(self.paths)} "
+                f"--model; ensembles decode with the torch backend"
+            )
 
 
 def check_writes(

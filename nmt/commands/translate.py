@@ -191,6 +191,7 @@ def translate_command(
     _check_writes(request)
     lines = None if streaming else read_lines(request.input)
     translator = request.models.open()
+    _check_alignments(translator, request)
     decoding = decoding_options(translator.config.decoding, request.decoding)
     beam_given = bool(request.decoding.get("beam_size"))
     check_request(decoding, request.n_best, request.constraints is not None, beam_given)
@@ -221,6 +222,18 @@ def _check_writes(request: TranslateRequest) -> None:
     if request.alignments is not None:
         check_writes("--alignments", request.alignments, read)
     check_attention_dir(request.attention_dir)
+
+
+def _check_alignments(translator: Translator, request: TranslateRequest) -> None:
+    """--alignments of a model with an alignment head read the head, which an exported
+    model does not have: not the attention in its place."""
+    exported = translator.backend is not None
+    if request.alignments is not None and exported and translator.config.model.alignment_head:
+        raise ConfigError(
+            "--alignments: this model aligns with its alignment head (model.alignment_head), "
+            "which the exported graphs do not hold; write alignments with the torch backend "
+            "(the run directory)"
+        )
 
 
 @dataclass

@@ -15,6 +15,10 @@ outputs.
 
 The members may have different architectures (a Bahdanau and a Luong model); they must
 share the tokenizer, which the Translator checks.
+
+Search steps anything that keeps the step contract ``Stepper`` (encode, step, reorder) with
+a state of its own: an Ensemble, or the exported graphs under onnxruntime
+(``nmt.decoding.exported``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -31,6 +36,30 @@ from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
 
 AVERAGES = ("linear", "log_linear")
+
+State = TypeVar("State")
+
+
+class Stepper(Protocol[State]):
+    """What search calls: the source encoded once (each sentence ``repeat`` times in a row:
+    beams), one step of every row, and the rows kept. The state is the stepper's own."""
+
+    def encode(self, src: Tensor, src_lengths: Tensor, repeat: int = 1) -> State:
+        """src (B, S), src_lengths (B,) -> the state of B * repeat rows."""
+        ...
+
+    def step(self, prev: Tensor, state: State) -> tuple[Tensor, Tensor, State]:
+        """prev (N,) -> log-probabilities (N, V) float32, attention (N, S), the next state."""
+        ...
+
+    def reorder(self, state: State, index: Tensor) -> State:
+        """The state of the rows ``index`` (N',)."""
+        ...
+
+
+def stepper(model: Seq2Seq | Stepper[Any]) -> Stepper[Any]:
+    """What search steps: one model as an ensemble of one, any other stepper as it is."""
+    return Ensemble([model]) if isinstance(model, Seq2Seq) else model
 
 
 @dataclass
@@ -51,10 +80,6 @@ class Ensemble:
             raise ValueError(f"average {average!r}: expected one of {', '.join(AVERAGES)}")
         self.models = list(models)
         self.average = average
-
-    @classmethod
-    def of(cls, model: Seq2Seq | Ensemble) -> Ensemble:
-        return model if isinstance(model, Ensemble) else cls([model])
 
     def encode(self, src: Tensor, src_lengths: Tensor, repeat: int = 1) -> EnsembleState:
         """src (B, S) -> every member's memory and first state, each sentence ``repeat``

@@ -1,15 +1,19 @@
 """What a caller asks of decoding beyond the run's config: the ``decoding`` keys it overrides
 (``decoding_options``: applied to the run's section and checked by the schema), the choices
-that cannot go together (``check_request``), and what one request adds that is no config key
-(``SearchOptions``). The commands and the Python API share these."""
+that cannot go together (``check_request``), what one request adds that is no config key
+(``SearchOptions``), and what runs the search (``Backend``: the model in PyTorch, or its
+exported graphs under onnxruntime). The commands and the Python API share these."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from nmt.config import DecodingConfig, from_dict
 from nmt.errors import ConfigError
+
+Backend = Literal["torch", "onnxruntime"]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Greedy and batched beam search over token ids; no strings here. One implementation for
-every search: a single model or an ensemble, with or without coverage penalty, target
-prefixes and lexical constraints (nmt.decoding.steering).
+every search: a single model, an ensemble or the exported graphs under onnxruntime (anything
+that keeps the step contract, ``nmt.decoding.ensemble.Stepper``), with or without coverage
+penalty, target prefixes and lexical constraints (nmt.decoding.steering).
 
 Beam search keeps sentences x beams in one (B*K) batch: the encoder runs once, the keys are
 projected once, finished hypotheses are set aside with their score, and the loop ends when
@@ -21,13 +22,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from nmt.config import DecodingConfig
 from nmt.decoding.constraints import ConstraintState
-from nmt.decoding.ensemble import Ensemble, EnsembleState
+from nmt.decoding.ensemble import Stepper, stepper
 from nmt.decoding.steering import (
     Steering,
     constrained_beams,
@@ -69,7 +71,7 @@ def coverage_penalty(coverage: Tensor, src_lengths: Tensor, beta: float) -> Tens
 
 @torch.no_grad()
 def greedy_search(
-    model: Seq2Seq | Ensemble,
+    model: Seq2Seq | Stepper[Any],
     src: Tensor,
     src_lengths: Tensor,
     decoding: DecodingConfig,
@@ -82,7 +84,7 @@ def greedy_search(
     Like beam search, a sentence at its maximum length may only end (EOS is forced), and the
     score is s(Y, x) of the output including EOS.
     """
-    scorer = Ensemble.of(model)
+    scorer = stepper(model)
     batch = src.size(0)
     no_repeat_ngram = decoding.no_repeat_ngram
     steering = Steering(prefixes) if prefixes is not None else None
@@ -221,7 +223,7 @@ def _is_done(
 
 @torch.no_grad()
 def beam_search(
-    model: Seq2Seq | Ensemble,
+    model: Seq2Seq | Stepper[Any],
     src: Tensor,
     src_lengths: Tensor,
     decoding: DecodingConfig,
@@ -242,11 +244,11 @@ def beam_search(
         prefixes = steering.prefixes if steering is not None else None
         hyps = greedy_search(model, src, src_lengths, decoding, return_attention, prefixes)
         return [[h] for h in hyps]
-    scorer = Ensemble.of(model)
+    scorer = stepper(model)
     batch, device = src.size(0), src.device
     limits = search_limits(src_lengths, decoding.max_len_ratio, decoding.max_len_offset, steering)
     state = scorer.encode(src, src_lengths, repeat=beam_size)
-    beams = _first_beams(src, src_lengths, decoding, return_attention, steering, state)
+    beams = _first_beams(src, decoding, return_attention, steering)
     row_lengths = src_lengths.repeat_interleave(beam_size)
     prev = torch.full((batch * beam_size,), BOS_ID, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
@@ -282,23 +284,20 @@ def beam_search(
 
 def _first_beams(
     src: Tensor,
-    src_lengths: Tensor,
     decoding: DecodingConfig,
     return_attention: bool,
     steering: Steering | None,
-    state: EnsembleState,
 ) -> _Beams:
     """One live hypothesis (the empty one) per sentence, K-1 dead slots beside it."""
     batch, beam_size, device = src.size(0), decoding.beam_size, src.device
-    rows = batch * beam_size
+    rows, width = batch * beam_size, src.size(1)
     scores = torch.full((batch, beam_size), -math.inf, device=device)
     scores[:, 0] = 0.0
-    values = state.memories[0].values
     return _Beams(
         scores,
         torch.empty((rows, 0), dtype=torch.long, device=device),
-        values.new_empty((rows, 0, src.size(1)), dtype=torch.float32) if return_attention else None,
-        values.new_zeros((rows, src.size(1)), dtype=torch.float32)
+        src.new_empty((rows, 0, width), dtype=torch.float32) if return_attention else None,
+        src.new_zeros((rows, width), dtype=torch.float32)
         if decoding.coverage_penalty > 0
         else None,
         steering.initial_states(beam_size)

@@ -1,5 +1,6 @@
-"""Trained models with their tokenizer: checkpoints in, lines in, hypotheses out. Used by the
-commands (`nmt translate`, `nmt eval`) and by validation during training."""
+"""Trained models with their tokenizer: checkpoints (or an exported model under
+onnxruntime) in, lines in, hypotheses out. Used by the commands (`nmt translate`, `nmt eval`)
+and by validation during training."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ from nmt import checkpoint
 from nmt.config import Config, DecodingConfig, from_dict
 from nmt.data.batching import length_sorted_batches, pad
 from nmt.data.tokenizer import Tokenizer, checkpoint_tokenizer
-from nmt.decoding.ensemble import Ensemble
+from nmt.decoding.ensemble import Ensemble, Stepper
+from nmt.decoding.exported import load_exported
 from nmt.decoding.options import SearchOptions
 from nmt.decoding.scoring import Scored, score_ids
 from nmt.decoding.search import Hypothesis, beam_search
 from nmt.decoding.steering import Steering
-from nmt.errors import CheckpointError, DataError
+from nmt.errors import CheckpointError, ConfigError, DataError
 from nmt.fast.precision import choose_precision
 from nmt.model import Seq2Seq, build_model
 from nmt.runtime import allow_tf32, autocast, choose_device, eval_mode
@@ -44,7 +46,11 @@ class Translation:
 
 class Translator:
     """One trained model, or an ensemble of models that share a tokenizer, ready to decode
-    and to score. ``config`` is the first model's (its decoding section is the default)."""
+    and to score. ``config`` is the first model's (its decoding section is the default).
+
+    ``backend``: another stepper for search to step instead of the models (an exported
+    model under onnxruntime, ``from_exported``), with no models: it decodes, it cannot score.
+    """
 
     def __init__(
         self,
@@ -54,10 +60,12 @@ class Translator:
         device: torch.device,
         precision: str = "fp32",
         precision_reason: str | None = None,
+        backend: Stepper[Any] | None = None,
     ):
         members = [model] if isinstance(model, Seq2Seq) else list(model)
         self.models = [m.to(device) for m in members]
-        self.model = self.models[0]
+        self.model = self.models[0] if self.models else None
+        self.backend = backend
         self.tokenizer = tokenizer
         self.config = config
         self.device = device
@@ -95,14 +103,44 @@ class Translator:
         models = [m for _, m, _, _ in loaded]
         return cls(models, first_tokenizer, first_config, target, chosen.name, chosen.reason)
 
+    @classmethod
+    def from_exported(
+        cls, directory: Path, device: str = "auto", precision: str = "auto"
+    ) -> Translator:
+        """An exported directory (`nmt export`) under onnxruntime, on the CPU in fp32, with
+        its own tokenizer and config; its checkpoint is not read."""
+        if device not in ("auto", "cpu"):
+            raise ConfigError(
+                f"--device {device}: --backend onnxruntime runs on the CPU; drop --device or "
+                f"give --device cpu"
+            )
+        if precision not in ("auto", "fp32"):
+            raise ConfigError(
+                f"--precision {precision}: --backend onnxruntime runs the exported fp32 "
+                f"graphs; drop --precision or give --precision fp32"
+            )
+        exported = load_exported(Path(directory))
+        reason = "onnxruntime: the exported fp32 graphs"
+        cpu = torch.device("cpu")
+        return cls([], exported.tokenizer, exported.config, cpu, "fp32", reason, exported.model)
+
     def ensemble(self, decoding: DecodingConfig) -> Ensemble:
         """The models stepped as one, averaged as ``decoding.ensemble_average`` says."""
+        if not self.models:
+            raise ConfigError(
+                "forced scoring and alignment heads need the model's checkpoint: the exported "
+                "graphs only translate; give the run directory and the torch backend"
+            )
         return Ensemble(self.models, decoding.ensemble_average)
+
+    def stepper(self, decoding: DecodingConfig) -> Stepper[Any]:
+        """What search steps: the backend, else the models' ensemble."""
+        return self.backend if self.backend is not None else self.ensemble(decoding)
 
     @property
     def has_alignment_head(self) -> bool:
         """Every model has an alignment head (model.alignment_head): alignments read it."""
-        return all(model.aligner is not None for model in self.models)
+        return bool(self.models) and all(model.aligner is not None for model in self.models)
 
     def head_alignment(
         self, src_ids: Sequence[int], tokens: Sequence[int], decoding: DecodingConfig
@@ -135,7 +173,7 @@ class Translator:
         has one entry per sequence."""
         out: list[list[Hypothesis]] = [[] for _ in src_ids]
         lengths = [len(s) for s in src_ids]
-        scorer = self.ensemble(decoding)
+        scorer = self.stepper(decoding)
         batches = length_sorted_batches(lengths, decoding.batch_size, search.batch_tokens)
         with eval_modes(self.models), autocast(self.device, self.precision):
             for index in batches:

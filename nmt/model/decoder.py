@@ -26,13 +26,14 @@ if TYPE_CHECKING:
 @dataclass
 class DecoderState:
     """hidden/cell: (L, B, H) the RNN's state (cell only for an LSTM); step: the 0-based index
-    of the next target position (attention's ``positions``); coverage: (B, S, d_c) the
+    of the next target position (attention's ``positions``; a 0-d tensor, the graph's input,
+    in an exported decoder step, nmt.decoding.onnx); coverage: (B, S, d_c) the
     attention's coverage vector (``nmt.model.coverage``), None before the first step or
     without coverage. A decoder may extend it."""
 
     hidden: Tensor
     cell: Tensor | None = None
-    step: int = 0
+    step: int | Tensor = 0
     coverage: Tensor | None = None
 
     def rnn_state(self) -> Tensor | tuple[Tensor, Tensor]:
@@ -49,6 +50,8 @@ class DecoderState:
 
     def position(self, like: Tensor) -> Tensor:
         """(1,) the target position this step produces, on ``like``'s device."""
+        if isinstance(self.step, Tensor):  # an exported step's input
+            return self.step.view(1)
         return torch.arange(self.step, self.step + 1, device=like.device)
 
 

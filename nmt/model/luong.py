@@ -104,7 +104,7 @@ class LuongDecoder(Decoder):
             outputs, _ = self.fast.recurrence(
                 self.rnn, embedded, None, state.rnn_state(), self.training
             )  # (B, T, H)
-            positions = torch.arange(state.step, state.step + trg_in.size(1), device=outputs.device)
+            positions = torch.arange(trg_in.size(1), device=outputs.device) + state.step  # (T,)
             attentional, alphas, _ = self._attend(
                 outputs, memory, positions, self.combine, state.coverage
             )

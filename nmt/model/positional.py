@@ -32,14 +32,12 @@ class LocationAttention(Attention):
     def alphas(self, query: Tensor, memory: Memory, positions: Tensor | None) -> Tensor:
         width = memory.mask.size(1)
         energies = self.location_proj(query)  # (B, T, L)
-        mask = memory.mask  # (B, S)
-        if width <= self.max_source_length:
-            energies = energies[..., :width]  # (B, T, S)
-        else:
-            energies = nn.functional.pad(energies, (0, width - self.max_source_length))
-            reachable = torch.arange(width, device=mask.device) < self.max_source_length
-            mask = mask & reachable  # (B, S)
-        return masked_softmax(energies, mask)
+        # L energies, then a zero for every position beyond them, cut to the S positions: one
+        # path for every width, so that a traced graph (nmt export) serves every source length
+        beyond = energies.new_zeros(*energies.shape[:-1], width)  # (B, T, S)
+        energies = torch.cat([energies, beyond], dim=-1)[..., :width]  # (B, T, S)
+        reachable = torch.arange(width, device=memory.mask.device) < self.max_source_length
+        return masked_softmax(energies, memory.mask & reachable)  # (B, S) mask
 
 
 class LocalAttention(Attention):

@@ -1,0 +1,74 @@
+"""The body of `nmt export`: a trained model as files that another runtime decodes, with the
+tokenizer and config beside them, so that they load without the checkpoint. The ONNX format
+(the only one) is the encoder and one decoder step as two graphs (``nmt.decoding.onnx``),
+which `nmt translate --backend onnxruntime` searches (``nmt.decoding.exported``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from nmt import checkpoint
+from nmt.decoding.exported import METADATA, Metadata, require
+from nmt.decoding.onnx import export_onnx
+from nmt.decoding.translator import Translator
+from nmt.errors import ConfigError, DataError
+from nmt.files import atomic_directory
+
+FORMATS = ("onnx",)
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What `nmt export` is asked: the run (a run directory, its best.pt, or a checkpoint
+    file), the directory to write (new, empty, or an earlier export, which is replaced) and
+    the format."""
+
+    run: Path
+    output: Path
+    format: str = "onnx"
+
+
+def export_command(request: ExportRequest) -> Metadata:
+    """Export the run's model into ``request.output``, written whole or not at all (a failed
+    export leaves an earlier one as it was). Every user error (the run, the output, the
+    format, a missing ``onnx`` extra, a model whose graphs differ from it) is one
+    NMTError."""
+    if request.format not in FORMATS:
+        raise ConfigError(f"--format {request.format!r}: expected one of {', '.join(FORMATS)}")
+    source = checkpoint.resolve(Path(request.run))
+    output = Path(request.output)
+    check_output_directory(output, source)
+    for package in ("onnx", "onnxruntime"):  # before the checkpoint is read
+        require(package, "nmt export --format onnx")
+    translator = Translator.from_checkpoint(source, "cpu", "fp32")
+    assert translator.model is not None  # a checkpoint's model
+    with atomic_directory(output) as staging:
+        return export_onnx(
+            translator.model, translator.tokenizer, translator.config, staging, str(source)
+        )
+
+
+def check_output_directory(output: Path, source: Path) -> None:
+    """``-o`` can become the exported directory: a new folder in an existing one, an empty
+    folder, or an earlier export, and not the folder the checkpoint is read from."""
+    option = f"--output {output}"
+    if output.exists() and not output.is_dir():
+        raise DataError(f"{option}: is a file; give a directory for the exported model")
+    if output.is_dir():
+        if source.resolve().is_relative_to(output.resolve()):
+            raise DataError(
+                f"{option}: holds the checkpoint {source} this command reads; give another "
+                f"directory"
+            )
+        if any(output.iterdir()) and not (output / METADATA).is_file():
+            raise DataError(
+                f"{option}: a folder with other files in it; give a new or empty directory, "
+                f"or an earlier export (which is replaced)"
+            )
+    parent = output.absolute().parent
+    if not parent.is_dir():
+        raise DataError(f"{option}: the folder {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK):
+        raise DataError(f"{option}: cannot write in {parent} (permission denied)")
