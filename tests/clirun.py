@@ -8,6 +8,7 @@ import contextlib
 import io
 import logging
 import random
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -113,20 +114,33 @@ def write_config(path: Path, config: dict) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("corpus")
+def write_corpus(root: Path) -> Path:
     for split, size, seed in (("train", 300, 1), ("dev", 12, 2), ("test", 10, 3)):
         write_pair(root / split, *reversal(size, seed))
     return root
 
 
 @pytest.fixture(scope="module")
-def run(corpus: Path) -> Path:
-    """A tiny trained run directory (a few steps: only its files matter here)."""
-    config = write_config(corpus / "config.yaml", tiny_config(corpus))
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny run, trained once per test process on the corpus of ``corpus``."""
+    root = write_corpus(tmp_path_factory.mktemp("trained"))
+    config = write_config(root / "config.yaml", tiny_config(root))
     result = nmt_process("train", str(config), "--quiet")
     assert result.returncode == 0, result.stderr
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def run(corpus: Path, trained_run: Path) -> Path:
+    """A tiny trained run directory in this module's corpus folder (a few steps: only its
+    files matter here): a copy of the one trained run, which a module may change freely."""
+    shutil.copytree(trained_run, corpus / "run")
+    write_config(corpus / "config.yaml", tiny_config(corpus))
     return corpus / "run"
 
 

@@ -82,13 +82,12 @@ def test_translate_never_writes_alignments_onto_its_input(
     assert source.read_text(encoding="utf-8") == "sol luna\n"
 
 
-def test_eval_never_saves_hypotheses_onto_the_model_or_the_reference(
-    corpus: Path, run: Path
-) -> None:
+def test_eval_never_saves_hypotheses_onto_the_model_or_the_reference(run: Path) -> None:
     before = _bytes(run / "last.pt")
     result = nmt("eval", "--model", str(run / "last.pt"), "--save-hypotheses", str(run / "last.pt"))
     assert "--save-hypotheses" in result.error and _bytes(run / "last.pt") == before
-    reference = corpus / "test.trg"
+    saved = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    reference = Path(saved["data"]["test"] + ".trg")  # the run's own data.test
     before = _bytes(reference)
     result = nmt("eval", "--model", str(run), "--save-hypotheses", str(reference))
     assert "data.test file" in result.error and _bytes(reference) == before
