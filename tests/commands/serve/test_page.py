@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import struct
 import subprocess
 import sys
-import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,36 +20,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from serving import uvicorn_thread
 
 import nmt
 
-try:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+try:  # the browser as scripts/screenshot.py starts it, and selenium's parts
+    import screenshot
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.remote.webelement import WebElement
     from selenium.webdriver.support.select import Select
     from selenium.webdriver.support.ui import WebDriverWait
 except ImportError:  # the module is skipped below
-    webdriver = None
+    screenshot = None
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-FLAGS = (
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--window-size=1400,1000",
-)
 
 pytestmark = [
-    pytest.mark.skipif(webdriver is None, reason="selenium is not installed (the dev extra)"),
+    pytest.mark.skipif(screenshot is None, reason="selenium is not installed (the dev extra)"),
     pytest.mark.skipif(
         not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)),
         reason=f"needs {CHROMIUM} and {CHROMEDRIVER} (apt-get install chromium chromium-driver)",
@@ -80,33 +69,15 @@ def server(run: Path) -> Iterator[str]:
     """The real app on the tiny run (twice, under two names), in uvicorn on a free local port:
     its base URL."""
     served = [serve_app.ServedModel.load(run, name=name, device="cpu") for name in NAMES]
-    app = serve_app.create_app(served)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
-    instance = uvicorn.Server(config)
-    thread = threading.Thread(target=instance.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + WAIT_S
-    while not instance.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    instance.should_exit = True
-    thread.join(timeout=10)
-    sock.close()
+    with uvicorn_thread(serve_app.create_app(served), WAIT_S) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (*FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    yield driver
-    driver.quit()
+def browser() -> Iterator[Any]:
+    """Headless Chromium as scripts/screenshot.py starts it."""
+    with screenshot.chromium(1400, 1000) as driver:
+        yield driver
 
 
 @pytest.fixture()
@@ -358,7 +329,7 @@ def test_an_api_error_is_shown(page: Any, server: str) -> None:
 def test_screenshot_script(server: str, tmp_path: Path) -> None:
     """scripts/screenshot.py on a server already up (--url): a PNG of the whole page."""
     out = tmp_path / "serve.png"
-    script = Path(__file__).resolve().parents[3] / "scripts" / "screenshot.py"
+    script = ROOT / "scripts" / "screenshot.py"
     args = ["--url", server, "--sentence", SENTENCE, "--reference", REFERENCE, "--out", str(out)]
     result = subprocess.run(
         [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +17,11 @@ import httpx
 import pytest
 import torch
 from clirun import nmt
+from serving import uvicorn_thread
 
 pytest.importorskip("fastapi", reason="nmt serve's extra is not installed")
 pytest.importorskip("uvicorn", reason="nmt serve's extra is not installed")
 
-import uvicorn  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
@@ -362,20 +360,8 @@ def _chunks(count: int) -> Iterator[bytes]:
 @pytest.fixture(scope="module")
 def server(served: list[ServedModel]) -> Iterator[str]:
     """The app (LIMITS) in uvicorn on a free local port: its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(create_app(served, LIMITS), log_level="warning")
-    instance = uvicorn.Server(config)
-    thread = threading.Thread(target=instance.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not instance.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    instance.should_exit = True
-    thread.join(timeout=10)
-    sock.close()
+    with uvicorn_thread(create_app(served, LIMITS)) as url:
+        yield url
 
 
 def test_the_body_limit_of_a_chunked_body(server: str) -> None:
