@@ -16,14 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, get_args, overload
 
 from nmt.commands.align import Extraction, Link, align_pairs
+from nmt.commands.common import Models
 from nmt.commands.translate import given_steering
 from nmt.config import Config
-from nmt.decoding.options import SearchOptions, check_request, decoding_options
+from nmt.decoding.options import Backend, SearchOptions, check_request, decoding_options
 from nmt.decoding.translator import Translator
-from nmt.errors import DataError
+from nmt.errors import ConfigError, DataError
 
 
 @dataclass
@@ -48,15 +49,22 @@ class Score:
 
 
 def load(
-    model: str | Path | Sequence[str | Path], device: str = "auto", precision: str = "auto"
+    model: str | Path | Sequence[str | Path],
+    device: str = "auto",
+    precision: str = "auto",
+    backend: Backend = "torch",
 ) -> Model:
     """A run directory (its best.pt) or checkpoint, or several of them (an ensemble), ready
     to translate and score. ``precision`` auto: decided by the hardware (``nmt.fast.precision``); the
-    choice and its reason are ``model.translator.precision`` and ``.precision_reason``."""
+    choice and its reason are ``model.translator.precision`` and ``.precision_reason``.
+    ``backend="onnxruntime"``: one directory that `nmt export` wrote, which translates
+    without the checkpoint (score and align need the checkpoint)."""
     paths = [model] if isinstance(model, (str, Path)) else list(model)
     if not paths:
         raise DataError("nmt.load: give a run directory or checkpoint")
-    return Model(Translator.from_checkpoints([Path(p) for p in paths], device, precision))
+    if backend not in get_args(Backend):
+        raise ConfigError(f"nmt.load: backend {backend!r}: expected one of {get_args(Backend)}")
+    return Model(Models([Path(p) for p in paths], device, precision, backend).open())
 
 
 class Model:

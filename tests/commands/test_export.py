@@ -15,7 +15,7 @@ import pytest
 import torch
 from clirun import WORDS, nmt, reversal, unchanged
 
-from nmt import checkpoint
+from nmt import checkpoint, load
 from nmt.config import Config, DecodingConfig, from_dict
 from nmt.data.batching import pad
 from nmt.data.tokenizer import Tokenizer, train_sentencepiece
@@ -249,6 +249,14 @@ def test_the_exported_run_translates_as_the_run_without_its_checkpoint(
         assert found.code == 0, found.err
         assert found.out == expected.out, options
         assert len(found.out.splitlines()) >= len(SOURCES)
+    exported = load(out, backend="onnxruntime")  # the Python API, the same search
+    want = load(run).translate(SOURCES, beam_size=3, n_best=2)
+    got = exported.translate(SOURCES, beam_size=3, n_best=2)
+    assert [[h.text for h in row] for row in got] == [[h.text for h in row] for row in want]
+    scores = [x for row in got for h in row for x in (h.score, h.log_prob)]
+    assert scores == pytest.approx([x for row in want for h in row for x in (h.score, h.log_prob)])
+    with pytest.raises(ConfigError, match="need the model's checkpoint"):
+        exported.score(SOURCES[:1], ["SOL"])
 
 
 # ------------------------------------------------------------------------ what is refused
