@@ -231,7 +231,7 @@ FLAGS = {
         "--attention", *MODELS,
     ],
     "average": ["--output", "--run", "--last", "--help"],
-    "export": ["--output", "--format", "--help"],
+    "export": ["--output", "--format", "--quantize", "--help"],
     "eval": [
         "--ref", "--model", "--split", "--beam", "--save-hypotheses", *DECODING,
         "--significance", "--json", "--align", "--align-ref", "--align-src", "--align-trg",

@@ -17,6 +17,7 @@ from nmt.errors import ConfigError, DataError
 from nmt.files import atomic_directory
 
 FORMATS = ("onnx",)
+QUANTIZATIONS = ("int8",)
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class ExportRequest:
     run: Path
     output: Path
     format: str = "onnx"
+    quantize: str | None = None  # "int8": the graphs' weights as int8 (nmt.decoding.onnx)
 
 
 def export_command(request: ExportRequest) -> Metadata:
@@ -37,6 +39,10 @@ def export_command(request: ExportRequest) -> Metadata:
     NMTError."""
     if request.format not in FORMATS:
         raise ConfigError(f"--format {request.format!r}: expected one of {', '.join(FORMATS)}")
+    if request.quantize is not None and request.quantize not in QUANTIZATIONS:
+        raise ConfigError(
+            f"--quantize {request.quantize!r}: expected one of {', '.join(QUANTIZATIONS)}"
+        )
     source = checkpoint.resolve(Path(request.run))
     output = Path(request.output)
     check_output_directory(output, source)
@@ -46,7 +52,12 @@ def export_command(request: ExportRequest) -> Metadata:
     assert translator.model is not None  # a checkpoint's model
     with atomic_directory(output) as staging:
         return export_onnx(
-            translator.model, translator.tokenizer, translator.config, staging, str(source)
+            translator.model,
+            translator.tokenizer,
+            translator.config,
+            staging,
+            str(source),
+            request.quantize,
         )
 
 

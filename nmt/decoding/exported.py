@@ -89,6 +89,8 @@ class Metadata:
     nmt_version: str
     torch_version: str
     format: int = FORMAT
+    quantize: str | None = None  # "int8": onnxruntime's dynamic int8 of the weights
+    int8_error: float | None = None  # int8: the largest |log-probability change| found
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"

@@ -26,6 +26,7 @@ from nmt.errors import ConfigError
 from nmt.model import Seq2Seq, build_model
 from nmt.model.attention import masked_softmax
 from nmt.model.positional import LocationAttention
+from nmt.vocab import BOS_ID
 
 
 def _model(
@@ -388,3 +389,38 @@ def test_a_gru_exported_with_the_reset_gate_before_the_matmul_is_refused(exporte
                 attribute.i = 0
     with pytest.raises(ConfigError, match=r"^model.encoder.rnn: 'gru' was exported as ONNX's"):
         check_recurrences(graph, "model.encoder.rnn")
+
+
+def test_an_int8_export_quantizes_the_weights_and_stays_near_the_fp32_graphs(
+    random_run: Path, tmp_path: Path
+) -> None:
+    """--quantize int8: the graphs' MatMuls become integer ones, export.json says so with
+    the largest log-probability change it found, a step is near the fp32 export's step but
+    not equal to it, and translate decodes with the int8 graphs."""
+    fp32_dir, int8_dir = tmp_path / "fp32", tmp_path / "int8"
+    assert nmt("export", str(random_run), "-o", str(fp32_dir)).code == 0
+    result = nmt("export", str(random_run), "--quantize", "int8", "-o", str(int8_dir))
+    assert result.code == 0, result.err
+    assert "as int8 ONNX graphs" in result.err
+    metadata = json.loads((int8_dir / "export.json").read_text())
+    assert metadata["quantize"] == "int8" and metadata["int8_error"] > 0
+    import onnx
+
+    for graph in ("encoder.onnx", "decoder_step.onnx"):
+        ops = {node.op_type for node in onnx.load(str(int8_dir / graph)).graph.node}
+        assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops, (graph, ops)
+    src, lengths = _source([5, 3, 7], seed=3)
+    found = []
+    for directory in (fp32_dir, int8_dir):
+        model = load_exported(directory).model
+        bos = torch.full((3,), BOS_ID, dtype=torch.long)
+        log_probs, _, _ = model.step(bos, model.encode(src, lengths))
+        found.append(log_probs)
+    change = float((found[1] - found[0]).abs().max())
+    assert 0 < change < 0.01 * float(found[0].abs().max()), change
+    out = nmt(
+        "translate", "-m", str(int8_dir), "--backend", "onnxruntime", "-b", "3",
+        stdin=b"sol luna\n\nmar rio casa\n",
+    )  # fmt: skip
+    assert out.code == 0, out.err
+    assert len(out.out.splitlines()) == 3 and out.out.splitlines()[1] == ""
