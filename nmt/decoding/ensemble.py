@@ -56,6 +56,11 @@ class Stepper(Protocol[State]):
         """The state of the rows ``index`` (N',)."""
         ...
 
+    def select(self, state: State, index: Tensor) -> State:
+        """The rows ``index`` (N',), their source memory included: what search keeps of
+        a batch once some of its sentences are done (their rows are dropped for good)."""
+        ...
+
 
 def stepper(model: Seq2Seq | Stepper[Any]) -> Stepper[Any]:
     """What search steps: one model as an ensemble of one, any other stepper as it is."""
@@ -118,6 +123,11 @@ class Ensemble:
             for model, member in zip(self.models, state.states, strict=True)
         ]
         return EnsembleState(state.memories, states)
+
+    def select(self, state: EnsembleState, index: Tensor) -> EnsembleState:
+        """The rows ``index`` (N',), memories included (finished sentences dropped)."""
+        memories = [memory.index_select(index) for memory in state.memories]
+        return EnsembleState(memories, self.reorder(state, index).states)
 
     def teacher_forced(
         self, src: Tensor, src_lengths: Tensor, trg_in: Tensor, trg_out: Tensor | None = None
