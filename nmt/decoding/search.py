@@ -37,6 +37,7 @@ from nmt.decoding.steering import (
     force_prefixes,
     search_limits,
 )
+from nmt.fast.topk import row_max, top_k
 from nmt.model import Seq2Seq
 from nmt.vocab import BOS_ID, EOS_ID
 
@@ -107,7 +108,7 @@ def greedy_search(
             block_repeated_ngrams(log_probs, history[rows], no_repeat_ngram)
         if live_prefixes is not None:
             force_prefixes(log_probs, live_prefixes, t + 1, 1)
-        best, prev = log_probs.max(dim=-1)  # (N,), (N,)
+        best, prev = row_max(log_probs)  # (N,), (N,)
         at_limit = live_limits <= t + 1  # (N,) only EOS may follow
         prev = prev.masked_fill(at_limit, EOS_ID)
         best = torch.where(at_limit, log_probs[:, EOS_ID], best)
@@ -221,7 +222,7 @@ def _top_candidates(
     and then over the K x 2K survivors, without a (B, K, V) sum."""
     batch = beams.scores.size(0)
     width = min(2 * beam_size, log_probs.size(-1))
-    row_best, row_tokens = log_probs.topk(width, dim=-1)  # (B*K, 2K)
+    row_best, row_tokens = top_k(log_probs, width)  # (B*K, 2K)
     total = beams.scores.view(-1, 1) + row_best  # (B*K, 2K)
     scores, flat = total.view(batch, -1).topk(2 * beam_size, dim=-1)  # (B, 2K)
     return scores, flat // width, row_tokens.view(batch, -1).gather(1, flat)
