@@ -132,6 +132,7 @@ def greedy_search(
 
 
 MIN_ROWS = 32  # rows a batch keeps while it drops ended sentences (see ``kept_rows``)
+DROP_SHARE = 8  # ended sentences are dropped once they are 1/DROP_SHARE of the batch
 
 
 def kept_rows(ended: Sequence[bool], width: int = 1) -> list[int] | None:
@@ -149,7 +150,7 @@ def kept_rows(ended: Sequence[bool], width: int = 1) -> list[int] | None:
     wanted = max(len(alive), math.ceil(MIN_ROWS / width))
     keep = sorted(alive + filler[: max(0, wanted - len(alive))])
     dropped = len(ended) - len(keep)
-    return keep if dropped > 0 and dropped * 8 >= len(ended) else None
+    return keep if dropped > 0 and dropped * DROP_SHARE >= len(ended) else None
 
 
 def _whole(values: Tensor, rows: Tensor, batch: int, fill: float) -> Tensor:
