@@ -100,7 +100,7 @@ def greedy_search(
     scores: list[Tensor] = []
     alphas: list[Tensor] = []
     keep_alphas = return_attention or decoding.coverage_penalty > 0
-    done = torch.zeros(batch, dtype=torch.bool, device=src.device)
+    ended = torch.zeros(batch, dtype=torch.bool, device=src.device)  # (N,) rows past EOS
     for t in range(max(limits)):
         log_probs, alphas_t, state = scorer.step(prev, state)  # (N, V), (N, S)
         if no_repeat_ngram and tokens:
@@ -112,20 +112,18 @@ def greedy_search(
         at_limit = live_limits <= t + 1  # (N,) only EOS may follow
         prev = prev.masked_fill(at_limit, EOS_ID)
         best = torch.where(at_limit, log_probs[:, EOS_ID], best)
-        ended = done[rows]  # (N,) rows that ended before this step
         tokens.append(_whole(prev, rows, batch, EOS_ID))
         scores.append(_whole(best.masked_fill(ended, 0.0), rows, batch, 0.0))
         if keep_alphas:
             alphas.append(_whole(alphas_t.float(), rows, batch, 0.0))
         ended = ended | (prev == EOS_ID)
-        done[rows] = ended
         if bool(ended.all()):
             break
-        chosen = kept_rows(ended.tolist())
+        chosen = kept_rows(ended.tolist()) if rows.numel() > MIN_ROWS else None
         if chosen is not None:
             keep = torch.tensor(chosen, device=src.device)  # (N',)
             state = scorer.select(state, keep)
-            rows, prev, live_limits = rows[keep], prev[keep], live_limits[keep]
+            rows, prev, live_limits, ended = rows[keep], prev[keep], live_limits[keep], ended[keep]
             if live_prefixes is not None:
                 live_prefixes = [live_prefixes[i] for i in chosen]
     return _collect_greedy(tokens, scores, alphas, src_lengths, decoding, return_attention)

@@ -10,7 +10,7 @@ has k larger values outside it). The values are the row's own, bit for bit; amon
 values the indices may differ from ``torch.topk``'s, whose order for ties is unspecified.
 ``row_max`` returns what ``Tensor.max(dim=-1)`` returns, ties included (the first maximum:
 the first chunk that holds it, and its first place there). Elsewhere (a GPU) the torch ops
-run as they are.
+run as they are, and so they do for a few rows (``MIN_ROWS``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 CHUNK = 64  # values per chunk: amax over them vectorises, and a row of 8,000 has 125
+MIN_ROWS = 16  # fewer rows: the torch op's one call costs less than the chunked path's five
 
 
 def top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -26,7 +27,7 @@ def top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
     largest first."""
     rows, width = values.shape
     full = width // CHUNK * CHUNK  # the chunked part; the rest (under CHUNK) joins as it is
-    if values.device.type != "cpu" or full // CHUNK < k:
+    if values.device.type != "cpu" or rows < MIN_ROWS or full // CHUNK < k:
         return values.topk(k, dim=-1)
     chunks = values[:, :full].view(rows, -1, CHUNK)  # (N, V/C, C)
     best = chunks.amax(dim=-1).topk(k, dim=-1).indices  # (N, k) the k best chunks
@@ -42,7 +43,7 @@ def row_max(values: Tensor) -> tuple[Tensor, Tensor]:
     """The largest value of each row of ``values`` (N, V) and its first index, each (N,):
     ``values.max(dim=-1)``."""
     rows, width = values.shape
-    if values.device.type != "cpu" or width % CHUNK:
+    if values.device.type != "cpu" or rows < MIN_ROWS or width % CHUNK:
         return values.max(dim=-1)
     chunks = values.view(rows, -1, CHUNK)  # (N, V/C, C)
     chunk = chunks.amax(dim=-1).argmax(dim=-1)  # (N,) the first chunk holding the maximum
