@@ -16,8 +16,8 @@ outputs.
 The members may have different architectures (a Bahdanau and a Luong model); they must
 share the tokenizer, which the Translator checks.
 
-Search steps anything that keeps the step contract ``Stepper`` (encode, step, reorder) with
-a state of its own: an Ensemble, or the exported graphs under onnxruntime
+Search steps anything that keeps the step contract ``Stepper`` (encode, step, reorder,
+select) with a state of its own: an Ensemble, or the exported graphs under onnxruntime
 (``nmt.decoding.exported``).
 """
 

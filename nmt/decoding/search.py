@@ -4,8 +4,8 @@ that keeps the step contract, ``nmt.decoding.ensemble.Stepper``), with or withou
 penalty, target prefixes and lexical constraints (nmt.decoding.steering).
 
 Beam search keeps sentences x beams in one (B*K) batch: the encoder runs once, the keys are
-projected once, finished hypotheses are set aside with their score, and the loop ends when
-every sentence is done. A finished hypothesis Y of source x scores (Wu et al. 2016, eq. 14)
+projected once, finished hypotheses are set aside with their score, sentences that are done
+leave the batch (``kept_rows``), and the loop ends when every sentence is done. A finished hypothesis Y of source x scores (Wu et al. 2016, eq. 14)
 
     s(Y, x) = log P(Y | x) / lp(Y) + cp(x; Y)
     lp(Y) = ((5 + |Y|) / 6)^alpha
