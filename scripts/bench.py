@@ -804,20 +804,32 @@ def decode_flops(
     """The matmul FLOPs a search for these outputs needs at the least: each source encoded
     once (encoder, key projection, bridge) and, for each of the K hypotheses, one decoder
     step and output layer per output token (EOS included), counted by ``FlopCounterMode`` on
-    a forward pass of each (source, output) pair alone (no padding); pairs of the same
-    lengths count the same and are counted once."""
+    a forward pass of a (source, output) pair alone (no padding).
+
+    Both counts are linear in the source length |x|, the decoder's also in the steps |y|+1
+    (encoder a + b|x|, decoder (|y|+1)(c + d|x|)): three pairs give a, b, c and d, and a
+    fourth checks them; where it disagrees (a score whose work grows otherwise), every
+    pair of lengths is counted."""
     model = translator.model
     assert model is not None
-    counted: dict[tuple[int, int], tuple[int, int]] = {}
-    total = 0.0
+    lengths = [(len(src_ids), len(tokens) + 1) for src_ids, tokens in outputs]
     with torch.no_grad(), eval_mode(model):
-        for src_ids, tokens in outputs:
-            key = (len(src_ids), len(tokens) + 1)
-            if key not in counted:
-                counted[key] = _pair_flops(model, src_ids, tokens, translator.device)
-            encoder, decoder = counted[key]
-            total += encoder + beam_size * decoder
-    return total
+
+        def count(source: int, steps: int) -> tuple[int, int]:
+            return _pair_flops(model, [4] * source, [4] * (steps - 1), translator.device)
+
+        (e1, d11), (e2, d21) = count(1, 1), count(2, 1)
+        b, d = e2 - e1, d21 - d11
+        a, c = e1 - b, d11 - d
+
+        def formula(key: tuple[int, int]) -> tuple[int, int]:
+            source, steps = key
+            return a + b * source, steps * (c + d * source)
+
+        flops_of = formula
+        if count(3, 4) != formula((3, 4)):
+            flops_of = {key: count(*key) for key in set(lengths)}.__getitem__
+    return float(sum(e + beam_size * dec for e, dec in map(flops_of, lengths)))
 
 
 def _pair_flops(
