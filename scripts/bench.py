@@ -75,12 +75,19 @@ from nmt.fast import compiled  # noqa: E402
 from nmt.fast.allocator import limit_kernel_cache  # noqa: E402
 from nmt.fast.precision import choose_precision  # noqa: E402
 from nmt.model import Seq2Seq, build_model, count_parameters  # noqa: E402
-from nmt.runtime import choose_device, cpu_name, seed_everything, set_threads  # noqa: E402
+from nmt.runtime import (  # noqa: E402
+    choose_device,
+    cpu_name,
+    eval_mode,
+    seed_everything,
+    set_threads,
+)
 from nmt.training.distributed import Distributed  # noqa: E402
 from nmt.training.process import setup_process  # noqa: E402
 from nmt.training.run import allocate_model  # noqa: E402
 from nmt.training.rundir import project_commit  # noqa: E402
 from nmt.training.step import Updater, train_step  # noqa: E402
+from nmt.vocab import BOS_ID  # noqa: E402
 
 # The decoder (and its RNN) of each named config; everything else is shared.
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -406,14 +413,17 @@ class _RNNWatch:
         self.seen += self.counter.get_total_flops() - self._start
 
 
-def count_step_flops(model: nn.Module, run_step: Callable[[], Any]) -> tuple[int, list[str]]:
+def count_step_flops(
+    model: nn.Module, run_step: Callable[[], Any], passes: int = 3
+) -> tuple[int, list[str]]:
     """Matmul FLOPs of one training step (forward and backward) by ``FlopCounterMode``.
 
     The counter sees the matmuls that a GRU (or a packed LSTM) decomposes into on the CPU,
     but not fused RNN kernels (oneDNN's LSTM on unpacked input, cuDNN on a GPU). An RNN whose
     forward calls show less than half their analytic FLOPs ran such a kernel, whose backward
-    the counter misses too: it is counted analytically, 3 x the forward (forward, input
-    gradient, weight gradient). Returns (FLOPs, names of the RNNs counted analytically).
+    the counter misses too: it is counted analytically, ``passes`` x the forward (3: forward,
+    input gradient, weight gradient; 1 for a forward pass alone). Returns (FLOPs, names of
+    the RNNs counted analytically).
     """
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -435,7 +445,7 @@ def count_step_flops(model: nn.Module, run_step: Callable[[], Any]) -> tuple[int
         watch = watches[name]
         forward = watch.rows * rnn_forward_flops_per_row(module)
         if watch.seen < forward / 2:
-            total += 3 * forward - watch.seen
+            total += passes * forward - watch.seen
             added.append(name)
     return int(total), added
 
@@ -677,6 +687,13 @@ class DecodeRow:
     sentences_per_s: float
     target_tokens_per_s: float
     mean_output_tokens: float
+    # the FLOP bound: the model's matmul FLOPs for these outputs (the encoder once per
+    # sentence, the decoder step and output layer once per hypothesis and output token)
+    hypothesis_steps: int | None = omitted_when_none()  # beam size x output tokens
+    mflop_per_hypothesis_step: float | None = omitted_when_none()
+    achieved_gflops: float | None = omitted_when_none()
+    matmul_gflops: float | None = omitted_when_none()  # the matmul rate it decoded in
+    fraction_of_flop_bound: float | None = omitted_when_none()
 
 
 @dataclass(kw_only=True)
@@ -761,6 +778,10 @@ def decode_row(
     if count is not None:
         search += f", {count} constraint{'s' if count > 1 else ''}"
     log(f"decoding {search}, batch {batch_size}: {len(src_ids) / seconds:.1f} sentences/s")
+    outputs = [
+        (ids, nbest[0].tokens) for ids, nbest in zip(src_ids, hypotheses, strict=True) if nbest
+    ]
+    flops = decode_flops(translator, outputs, beam_size) if translator.model else None
     return DecodeRow(
         search=search,
         beam_size=beam_size,
@@ -771,7 +792,56 @@ def decode_row(
         sentences_per_s=len(src_ids) / seconds,
         target_tokens_per_s=tokens / seconds,
         mean_output_tokens=tokens / len(src_ids),
+        hypothesis_steps=beam_size * tokens,
+        mflop_per_hypothesis_step=None if flops is None else flops / (beam_size * tokens) / 1e6,
+        achieved_gflops=None if flops is None else flops / seconds / 1e9,
     )
+
+
+def decode_flops(
+    translator: Translator, outputs: list[tuple[list[int], list[int]]], beam_size: int
+) -> float:
+    """The matmul FLOPs a search for these outputs needs at the least: each source encoded
+    once (encoder, key projection, bridge) and, for each of the K hypotheses, one decoder
+    step and output layer per output token (EOS included), counted by ``FlopCounterMode`` on
+    a forward pass of a (source, output) pair alone (no padding).
+
+    Both counts are linear in the source length |x|, the decoder's also in the steps |y|+1
+    (encoder a + b|x|, decoder (|y|+1)(c + d|x|)): three pairs give a, b, c and d, and a
+    fourth checks them; where it disagrees (a score whose work grows otherwise), every
+    pair of lengths is counted."""
+    model = translator.model
+    assert model is not None
+    lengths = [(len(src_ids), len(tokens) + 1) for src_ids, tokens in outputs]
+    with torch.no_grad(), eval_mode(model):
+
+        def count(source: int, steps: int) -> tuple[int, int]:
+            return _pair_flops(model, [4] * source, [4] * (steps - 1), translator.device)
+
+        (e1, d11), (e2, d21) = count(1, 1), count(2, 1)
+        b, d = e2 - e1, d21 - d11
+        a, c = e1 - b, d11 - d
+
+        def formula(key: tuple[int, int]) -> tuple[int, int]:
+            source, steps = key
+            return a + b * source, steps * (c + d * source)
+
+        flops_of = formula
+        if count(3, 4) != formula((3, 4)):
+            flops_of = {key: count(*key) for key in set(lengths)}.__getitem__
+    return float(sum(e + beam_size * dec for e, dec in map(flops_of, lengths)))
+
+
+def _pair_flops(
+    model: Seq2Seq, src_ids: list[int], tokens: list[int], device: torch.device
+) -> tuple[int, int]:
+    """(encoder FLOPs, decoder and output layer FLOPs) of one (source, output) pair."""
+    src = torch.tensor([src_ids], device=device)
+    lengths = torch.tensor([len(src_ids)], device=device)
+    trg_in = torch.tensor([[BOS_ID, *tokens]], device=device)
+    encoder, _ = count_step_flops(model, lambda: model.encode(src, lengths), 1)
+    both, _ = count_step_flops(model, lambda: model.log_probs(model(src, lengths, trg_in)[0]), 1)
+    return encoder, both - encoder
 
 
 def bench_decoding(
@@ -952,7 +1022,7 @@ def run(options: Options, names: list[str]) -> BenchResult:
     result.precision, options = resolve_precision(options, names[0], device, result.data.vocab_size)
     result.machine.precision = options.precision
     log(f"precision: {options.precision} ({result.precision['precision_reason']})")
-    if "matmul" in options.parts:
+    if "matmul" in options.parts or "decode" in options.parts:  # decode: its FLOP bound
         log(f"matmul rate ({MATMUL_SIZE}^3)")
         size = TINY_MATMUL_SIZE if options.tiny else MATMUL_SIZE
         result.matmul = matmul_rates(device, options.precision, options.quick, size)
@@ -964,6 +1034,7 @@ def run(options: Options, names: list[str]) -> BenchResult:
         add_matmul_fractions(result)
     if "decode" in options.parts or "translate" in options.parts:
         add_decoding(result, options, device)
+        add_flop_bound(result)
     result.load_average_end = os.getloadavg()
     result.runtime_s = time.perf_counter() - started
     return result
@@ -990,6 +1061,20 @@ def add_matmul_fractions(result: BenchResult) -> None:
         if isinstance(entry, TrainingResult) and peak:
             entry.matmul_gflops = peak.gflops
             entry.fraction_of_matmul = entry.achieved_gflops / peak.gflops
+
+
+def add_flop_bound(result: BenchResult) -> None:
+    """Each decoding row's achieved FLOP/s as a fraction of the matmul rate in the precision
+    it decoded in (fp32's where that one was not measured): the fraction of the FLOP bound."""
+    rates = result.matmul or {}
+    if result.decoding is None or not rates:
+        return
+    precision = result.decoding.precision.split(" ", 1)[0]
+    peak = rates.get(precision, rates.get("fp32"))
+    for row in result.decoding.results:
+        if peak is not None and row.achieved_gflops is not None:
+            row.matmul_gflops = peak.gflops
+            row.fraction_of_flop_bound = row.achieved_gflops / peak.gflops
 
 
 def add_decoding(result: BenchResult, options: Options, device: torch.device) -> None:
@@ -1060,7 +1145,16 @@ TRAINING_HEADER = [
     "of matmul",
     "note",
 ]
-DECODING_HEADER = ["search", "batch", "sentences/s", "target tok/s", "seconds"]
+DECODING_HEADER = [
+    "search",
+    "batch",
+    "sentences/s",
+    "target tok/s",
+    "seconds",
+    "MFLOP/hyp step",
+    "GFLOP/s",
+    "of FLOP bound",
+]
 
 
 def decoding_rows(result: dict[str, Any]) -> list[list[str]]:
@@ -1071,6 +1165,9 @@ def decoding_rows(result: dict[str, Any]) -> list[list[str]]:
             _fmt(entry["sentences_per_s"], 1),
             _fmt(entry["target_tokens_per_s"]),
             _fmt(entry["seconds"], 1),
+            _fmt(entry.get("mflop_per_hypothesis_step"), 2),
+            _fmt(entry.get("achieved_gflops"), 1),
+            _percent(entry.get("fraction_of_flop_bound")),
         ]
         for entry in result.get("decoding", {}).get("results", [])
     ]
@@ -1083,9 +1180,16 @@ def decoding_rows(result: dict[str, Any]) -> list[list[str]]:
                 _fmt(command["sentences_per_s"], 1),
                 "-",
                 _fmt(command["seconds"], 1),
+                "-",
+                "-",
+                "-",
             ]
         )
     return rows
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def summary_lines(result: dict[str, Any]) -> list[str]:

@@ -16,7 +16,6 @@ from nmt.decoding.options import Backend
 from nmt.decoding.translator import Translator
 from nmt.errors import ConfigError, DataError
 from nmt.files import STDIN, check_output
-from nmt.plots import save_attention
 
 
 @dataclass(frozen=True)
@@ -97,6 +96,8 @@ class Heatmaps:
         src = tokenizer.src_pieces(src_ids)
         trg = tokenizer.trg_pieces_and_eos(trg_ids)
         weights = alphas.float().numpy()
+        from nmt.plots import save_attention  # matplotlib: imported only when drawn
+
         save_attention(self.directory / f"{index:06d}", src, trg, weights, links)
 
 

@@ -16,8 +16,8 @@ outputs.
 The members may have different architectures (a Bahdanau and a Luong model); they must
 share the tokenizer, which the Translator checks.
 
-Search steps anything that keeps the step contract ``Stepper`` (encode, step, reorder) with
-a state of its own: an Ensemble, or the exported graphs under onnxruntime
+Search steps anything that keeps the step contract ``Stepper`` (encode, step, reorder,
+select) with a state of its own: an Ensemble, or the exported graphs under onnxruntime
 (``nmt.decoding.exported``).
 """
 
@@ -54,6 +54,11 @@ class Stepper(Protocol[State]):
 
     def reorder(self, state: State, index: Tensor) -> State:
         """The state of the rows ``index`` (N',)."""
+        ...
+
+    def select(self, state: State, index: Tensor) -> State:
+        """The rows ``index`` (N',), their source memory included: what search keeps of
+        a batch once some of its sentences are done (their rows are dropped for good)."""
         ...
 
 
@@ -118,6 +123,11 @@ class Ensemble:
             for model, member in zip(self.models, state.states, strict=True)
         ]
         return EnsembleState(state.memories, states)
+
+    def select(self, state: EnsembleState, index: Tensor) -> EnsembleState:
+        """The rows ``index`` (N',), memories included (finished sentences dropped)."""
+        memories = [memory.index_select(index) for memory in state.memories]
+        return EnsembleState(memories, self.reorder(state, index).states)
 
     def teacher_forced(
         self, src: Tensor, src_lengths: Tensor, trg_in: Tensor, trg_out: Tensor | None = None

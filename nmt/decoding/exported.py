@@ -118,7 +118,7 @@ class GraphState:
 
 class ExportedModel:
     """The two graphs under onnxruntime (CPU), stepped as search steps an ``Ensemble``:
-    ``encode``, ``step`` and ``reorder`` (``nmt.decoding.ensemble.Stepper``)."""
+    ``encode``, ``step``, ``reorder`` and ``select`` (``nmt.decoding.ensemble.Stepper``)."""
 
     def __init__(self, directory: Path, metadata: Metadata, threads: int | None = None):
         ort = require("onnxruntime", "--backend onnxruntime")
@@ -163,6 +163,12 @@ class ExportedModel:
         index = index.cpu()
         decoder = {n: t.index_select(self.batch_axis[n], index) for n, t in state.decoder.items()}
         return GraphState(state.memory, decoder, state.step)
+
+    def select(self, state: GraphState, index: Tensor) -> GraphState:
+        """The rows ``index`` (N'), the memory's included (finished sentences dropped)."""
+        index = index.cpu()
+        memory = {n: t.index_select(self.batch_axis[n], index) for n, t in state.memory.items()}
+        return GraphState(memory, self.reorder(state, index).decoder, state.step)
 
 
 def _axis(dims: dict[int, str], kind: str) -> int:

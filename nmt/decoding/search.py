@@ -4,8 +4,8 @@ that keeps the step contract, ``nmt.decoding.ensemble.Stepper``), with or withou
 penalty, target prefixes and lexical constraints (nmt.decoding.steering).
 
 Beam search keeps sentences x beams in one (B*K) batch: the encoder runs once, the keys are
-projected once, finished hypotheses are set aside with their score, and the loop ends when
-every sentence is done. A finished hypothesis Y of source x scores (Wu et al. 2016, eq. 14)
+projected once, finished hypotheses are set aside with their score, sentences that are done
+leave the batch (``kept_rows``), and the loop ends when every sentence is done. A finished hypothesis Y of source x scores (Wu et al. 2016, eq. 14)
 
     s(Y, x) = log P(Y | x) / lp(Y) + cp(x; Y)
     lp(Y) = ((5 + |Y|) / 6)^alpha
@@ -37,6 +37,7 @@ from nmt.decoding.steering import (
     force_prefixes,
     search_limits,
 )
+from nmt.fast.topk import row_max, top_k
 from nmt.model import Seq2Seq
 from nmt.vocab import BOS_ID, EOS_ID
 
@@ -82,39 +83,81 @@ def greedy_search(
     runs for beam size 1.
 
     Like beam search, a sentence at its maximum length may only end (EOS is forced), and the
-    score is s(Y, x) of the output including EOS.
+    score is s(Y, x) of the output including EOS. Rows that have ended are dropped from the
+    batch (``kept_rows``); each step's results are written back into whole-batch rows.
     """
     scorer = stepper(model)
     batch = src.size(0)
     no_repeat_ngram = decoding.no_repeat_ngram
     steering = Steering(prefixes) if prefixes is not None else None
     limits = search_limits(src_lengths, decoding.max_len_ratio, decoding.max_len_offset, steering)
-    limit_tensor = torch.tensor(limits, device=src.device)
     state = scorer.encode(src, src_lengths)
     prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=src.device)
+    rows = torch.arange(batch, device=src.device)  # the batch rows still stepped
+    live_limits = torch.tensor(limits, device=src.device)  # (N,) of those rows
+    live_prefixes = prefixes
     tokens: list[Tensor] = []
     scores: list[Tensor] = []
     alphas: list[Tensor] = []
     keep_alphas = return_attention or decoding.coverage_penalty > 0
-    done = torch.zeros(batch, dtype=torch.bool, device=src.device)
+    ended = torch.zeros(batch, dtype=torch.bool, device=src.device)  # (N,) rows past EOS
     for t in range(max(limits)):
-        log_probs, alphas_t, state = scorer.step(prev, state)  # (B, V), (B, S)
+        log_probs, alphas_t, state = scorer.step(prev, state)  # (N, V), (N, S)
         if no_repeat_ngram and tokens:
-            block_repeated_ngrams(log_probs, torch.stack(tokens, dim=1), no_repeat_ngram)
-        if prefixes is not None:
-            force_prefixes(log_probs, prefixes, t + 1, 1)
-        best, prev = log_probs.max(dim=-1)  # (B,), (B,)
-        at_limit = limit_tensor <= t + 1  # (B,) only EOS may follow
+            history = torch.stack(tokens, dim=1)  # (B, t)
+            block_repeated_ngrams(log_probs, history[rows], no_repeat_ngram)
+        if live_prefixes is not None:
+            force_prefixes(log_probs, live_prefixes, t + 1, 1)
+        best, prev = row_max(log_probs)  # (N,), (N,)
+        at_limit = live_limits <= t + 1  # (N,) only EOS may follow
         prev = prev.masked_fill(at_limit, EOS_ID)
         best = torch.where(at_limit, log_probs[:, EOS_ID], best)
-        tokens.append(prev)
-        scores.append(best.masked_fill(done, 0.0))
+        tokens.append(_whole(prev, rows, batch, EOS_ID))
+        scores.append(_whole(best.masked_fill(ended, 0.0), rows, batch, 0.0))
         if keep_alphas:
-            alphas.append(alphas_t.float())
-        done = done | (prev == EOS_ID)
-        if bool(done.all()):
+            alphas.append(_whole(alphas_t.float(), rows, batch, 0.0))
+        ended = ended | (prev == EOS_ID)
+        if bool(ended.all()):
             break
+        chosen = kept_rows(ended.tolist()) if rows.numel() > MIN_ROWS else None
+        if chosen is not None:
+            keep = torch.tensor(chosen, device=src.device)  # (N',)
+            state = scorer.select(state, keep)
+            rows, prev, live_limits, ended = rows[keep], prev[keep], live_limits[keep], ended[keep]
+            if live_prefixes is not None:
+                live_prefixes = [live_prefixes[i] for i in chosen]
     return _collect_greedy(tokens, scores, alphas, src_lengths, decoding, return_attention)
+
+
+MIN_ROWS = 32  # rows a batch keeps while it drops ended sentences (see ``kept_rows``)
+DROP_SHARE = 8  # ended sentences are dropped once they are 1/DROP_SHARE of the batch
+
+
+def kept_rows(ended: Sequence[bool], width: int = 1) -> list[int] | None:
+    """The sentences (each ``width`` rows: its beams) that a batch keeps when it drops those
+    that have ended, or None to keep them all for now.
+
+    Each drop copies the source memory of the rest, so it waits until an eighth of the
+    sentences have ended. A batch never falls below MIN_ROWS rows (ended sentences stay to
+    fill them): the matmul library takes other kernels for a few rows (up to 15 on the x86
+    CPUs measured), whose round-off differs, and a sentence's outcome would then depend on
+    when the others ended.
+    """
+    alive = [i for i, done in enumerate(ended) if not done]
+    filler = [i for i, done in enumerate(ended) if done]
+    wanted = max(len(alive), math.ceil(MIN_ROWS / width))
+    keep = sorted(alive + filler[: max(0, wanted - len(alive))])
+    dropped = len(ended) - len(keep)
+    return keep if dropped > 0 and dropped * DROP_SHARE >= len(ended) else None
+
+
+def _whole(values: Tensor, rows: Tensor, batch: int, fill: float) -> Tensor:
+    """values (N, ...) of the batch rows ``rows`` (N,) -> (B, ...), ``fill`` elsewhere."""
+    if rows.numel() == batch:
+        return values
+    out = values.new_full((batch, *values.shape[1:]), fill)
+    out[rows] = values
+    return out
 
 
 def _collect_greedy(
@@ -154,16 +197,34 @@ class _Beams:
     coverage: Tensor | None  # (B*K, S) summed attention, with a coverage penalty
     constraints: list[ConstraintState | None] | None  # (B*K) with constraints
 
+    def select(self, sentences: Tensor, rows: Tensor) -> _Beams:
+        """The hypotheses of ``sentences`` (B',), whose rows are ``rows`` (B'*K,)."""
+        constraints = None
+        if self.constraints is not None:
+            constraints = [self.constraints[r] for r in rows.tolist()]
+        return _Beams(
+            self.scores[sentences],
+            self.tokens[rows],
+            self.alphas[rows] if self.alphas is not None else None,
+            self.coverage[rows] if self.coverage is not None else None,
+            constraints,
+        )
+
 
 def _top_candidates(
     beams: _Beams, log_probs: Tensor, beam_size: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(B*K, V) -> scores, source beam, token of the 2K best continuations, each (B, 2K)."""
+    """(B*K, V) -> scores, source beam, token of the 2K best continuations, each (B, 2K).
+
+    A sentence's best 2K continuations are among each of its hypotheses' own best 2K
+    tokens (a hypothesis adds one score to all of its tokens), so the top-k runs per row
+    and then over the K x 2K survivors, without a (B, K, V) sum."""
     batch = beams.scores.size(0)
-    vocab = log_probs.size(-1)
-    total = beams.scores.unsqueeze(-1) + log_probs.view(batch, beam_size, vocab)  # (B, K, V)
+    width = min(2 * beam_size, log_probs.size(-1))
+    row_best, row_tokens = top_k(log_probs, width)  # (B*K, 2K)
+    total = beams.scores.view(-1, 1) + row_best  # (B*K, 2K)
     scores, flat = total.view(batch, -1).topk(2 * beam_size, dim=-1)  # (B, 2K)
-    return scores, flat // vocab, flat % vocab
+    return scores, flat // width, row_tokens.view(batch, -1).gather(1, flat)
 
 
 @dataclass
@@ -249,14 +310,14 @@ def beam_search(
     limits = search_limits(src_lengths, decoding.max_len_ratio, decoding.max_len_offset, steering)
     state = scorer.encode(src, src_lengths, repeat=beam_size)
     beams = _first_beams(src, decoding, return_attention, steering)
+    live = _Live(list(range(batch)), limits, [False] * batch, steering)
     row_lengths = src_lengths.repeat_interleave(beam_size)
     prev = torch.full((batch * beam_size,), BOS_ID, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    done = [False] * batch
-    while not all(done):
+    while not all(live.done):
         length = beams.tokens.size(1) + 1
-        log_probs, step_alphas, state = scorer.step(prev, state)  # (B*K, V), (B*K, S)
-        _restrict(log_probs, beams, decoding, steering, limits, length)
+        log_probs, step_alphas, state = scorer.step(prev, state)  # (N*K, V), (N*K, S)
+        _restrict(log_probs, beams, decoding, live.steering, live.limits, length)
         scores, origins, tokens = _top_candidates(beams, log_probs, beam_size)
         kept = None  # this step's attention, when a hypothesis keeps it or sums it
         if beams.alphas is not None or beams.coverage is not None:
@@ -266,20 +327,51 @@ def beam_search(
             coverage = beams.coverage + kept
             penalties = coverage_penalty(coverage, row_lengths, decoding.coverage_penalty).tolist()
         step = _Step(scores, origins, tokens, kept, penalties)
-        _finalise(finished, beams, step, done, alpha)
+        _finalise([finished[b] for b in live.sentences], beams, step, live.done, alpha)
         alive_scores, origins, tokens, constraint_states = _next_alive(
-            beams, log_probs, step, limits, length
+            beams, log_probs, step, live.limits, length
         )
-        flat = (torch.arange(batch, device=device)[:, None] * beam_size + origins).view(-1)
+        present = len(live.sentences)
+        flat = (torch.arange(present, device=device)[:, None] * beam_size + origins).view(-1)
         state = scorer.reorder(state, flat)
         beams = _advance(beams, step, alive_scores, flat, tokens, constraint_states)
         prev = tokens.view(-1)
         best_alive = alive_scores[:, 0].tolist()
-        for b in range(batch):
-            if not done[b]:
-                done[b] = _is_done(finished[b], best_alive[b], length, limits[b], beam_size, alpha)
-        beams.scores.masked_fill_(torch.tensor(done, device=device)[:, None], -math.inf)
+        for i, b in enumerate(live.sentences):
+            if not live.done[i]:
+                live.done[i] = _is_done(
+                    finished[b], best_alive[i], length, live.limits[i], beam_size, alpha
+                )
+        keep = kept_rows(live.done, beam_size) if not all(live.done) else None
+        beams.scores.masked_fill_(torch.tensor(live.done, device=device)[:, None], -math.inf)
+        if keep is not None:
+            index = torch.tensor(keep, device=device)
+            rows = (index[:, None] * beam_size + torch.arange(beam_size, device=device)).view(-1)
+            state = scorer.select(state, rows)
+            beams = beams.select(index, rows)
+            prev, row_lengths = prev[rows], row_lengths[rows]
+            live = live.subset(keep)
     return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
+
+
+@dataclass
+class _Live:
+    """The sentences a beam search still steps, in row order: their index in the batch,
+    length limit, whether each is done (a done one stays until ``kept_rows`` drops it), and
+    their steering."""
+
+    sentences: list[int]
+    limits: list[int]
+    done: list[bool]
+    steering: Steering | None
+
+    def subset(self, keep: list[int]) -> _Live:
+        return _Live(
+            [self.sentences[i] for i in keep],
+            [self.limits[i] for i in keep],
+            [self.done[i] for i in keep],
+            self.steering.subset(keep) if self.steering is not None else None,
+        )
 
 
 def _first_beams(

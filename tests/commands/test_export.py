@@ -19,6 +19,7 @@ from nmt import checkpoint, load
 from nmt.config import Config, DecodingConfig, from_dict
 from nmt.data.batching import pad
 from nmt.data.tokenizer import Tokenizer, train_sentencepiece
+from nmt.decoding import search
 from nmt.decoding.exported import ExportedModel, load_exported
 from nmt.decoding.onnx import check_recurrences, export_onnx
 from nmt.decoding.search import Hypothesis, beam_search, greedy_search
@@ -166,10 +167,16 @@ def _same_up_to_ties(expected: list[Hypothesis], found: list[Hypothesis]) -> Non
             assert found[rank].tokens == hyp.tokens
 
 
+@pytest.mark.parametrize("floor", [None, 1], ids=["default", "dropping"])
 @pytest.mark.parametrize("name", ALL)
-def test_search_over_the_graphs_finds_the_models_outputs(name: str, exported) -> None:
+def test_search_over_the_graphs_finds_the_models_outputs(
+    name: str, floor: int | None, exported, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """nmt's own greedy and beam search stepping the graphs: the model's greedy ids, and its
-    n-best lists up to score ties."""
+    n-best lists up to score ties; also when the batch drops its ended sentences' rows (a
+    floor of 1 row: the graphs' memory is selected too)."""
+    if floor is not None:
+        monkeypatch.setattr(search, "MIN_ROWS", floor)
     model, graphs = exported(name)
     src, lengths = _source([6, 2, 5, 4], seed=4)
     limits = {"max_len_ratio": 1.5, "max_len_offset": 3}

@@ -147,6 +147,13 @@ def test_quick_tiny_run_writes_every_figure(tmp_path: Path) -> None:
         tokens = row["mean_output_tokens"] * 16
         assert math.isclose(row["target_tokens_per_s"], tokens / row["seconds"])
         assert 1 <= row["mean_output_tokens"]  # every output has at least its EOS
+        # the FLOP bound: the model's FLOPs for the outputs against the fp32 matmul rate
+        assert row["hypothesis_steps"] == round(row["beam_size"] * tokens)
+        assert positive(row["mflop_per_hypothesis_step"])
+        flops = row["mflop_per_hypothesis_step"] * 1e6 * row["hypothesis_steps"]
+        assert math.isclose(row["achieved_gflops"], flops / row["seconds"] / 1e9)
+        assert row["matmul_gflops"] == rate["gflops"]
+        assert row["fraction_of_flop_bound"] == row["achieved_gflops"] / rate["gflops"]
     command_result = result["translate_command"]
     assert "error" not in command_result, command_result
     assert command_result["output_lines"] == command_result["sentences"] == 16

@@ -1,0 +1,51 @@
+"""The best tokens of each row of a step's log-probabilities, as search asks for them: the k
+largest (``top_k``, beam search) and the largest (``row_max``, greedy search).
+
+On a CPU, ``torch.topk`` and ``Tensor.max(dim)`` over a (N, V) row cost several times the
+output layer's log-softmax: they copy every element with its index before they compare.
+The CPU path reads each row once in chunks of ``CHUNK`` values, keeping only each chunk's
+maximum (a vectorised ``amax``), and looks at the elements of the k best chunks alone:
+every one of the row's k largest values lies in one of them (a chunk with k chunks above it
+has k larger values outside it). The values are the row's own, bit for bit; among equal
+values the indices may differ from ``torch.topk``'s, whose order for ties is unspecified.
+``row_max`` returns what ``Tensor.max(dim=-1)`` returns, ties included (the first maximum:
+the first chunk that holds it, and its first place there). Elsewhere (a GPU) the torch ops
+run as they are, and so they do for a few rows (``MIN_ROWS``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+CHUNK = 64  # values per chunk: amax over them vectorises, and a row of 8,000 has 125
+MIN_ROWS = 16  # fewer rows: the torch op's one call costs less than the chunked path's five
+
+
+def top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k largest values of each row of ``values`` (N, V) and their indices, each (N, k),
+    largest first."""
+    rows, width = values.shape
+    full = width // CHUNK * CHUNK  # the chunked part; the rest (under CHUNK) joins as it is
+    if values.device.type != "cpu" or rows < MIN_ROWS or full // CHUNK < k:
+        return values.topk(k, dim=-1)
+    chunks = values[:, :full].view(rows, -1, CHUNK)  # (N, V/C, C)
+    best = chunks.amax(dim=-1).topk(k, dim=-1).indices  # (N, k) the k best chunks
+    picked = chunks.gather(1, best.unsqueeze(-1).expand(rows, k, CHUNK))  # (N, k, C)
+    candidates = torch.cat([picked.view(rows, k * CHUNK), values[:, full:]], dim=1)
+    top, place = candidates.topk(k, dim=-1)  # (N, k)
+    inside = place < k * CHUNK
+    chunked = best.gather(1, (place // CHUNK).clamp(max=k - 1)) * CHUNK + place % CHUNK
+    return top, torch.where(inside, chunked, full + place - k * CHUNK)
+
+
+def row_max(values: Tensor) -> tuple[Tensor, Tensor]:
+    """The largest value of each row of ``values`` (N, V) and its first index, each (N,):
+    ``values.max(dim=-1)``."""
+    rows, width = values.shape
+    if values.device.type != "cpu" or rows < MIN_ROWS or width % CHUNK:
+        return values.max(dim=-1)
+    chunks = values.view(rows, -1, CHUNK)  # (N, V/C, C)
+    chunk = chunks.amax(dim=-1).argmax(dim=-1)  # (N,) the first chunk holding the maximum
+    top, inside = chunks[torch.arange(rows, device=values.device), chunk].max(dim=-1)
+    return top, chunk * CHUNK + inside
