@@ -65,7 +65,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from nmt import checkpoint, files  # noqa: E402
 from nmt.config import Config, apply_override, from_dict  # noqa: E402
-from nmt.data.batching import bucket_batches, padding_fraction  # noqa: E402
+from nmt.data.batching import batch_shape, bucket_batches, padding_fraction  # noqa: E402
 from nmt.data.corpus import read_pairs  # noqa: E402
 from nmt.data.prepare import load_corpora  # noqa: E402
 from nmt.data.tokenizer import Tokenizer  # noqa: E402
@@ -82,6 +82,7 @@ from nmt.runtime import (  # noqa: E402
     seed_everything,
     set_threads,
 )
+from nmt.training.batches import device_batch, epoch_batches  # noqa: E402
 from nmt.training.distributed import Distributed  # noqa: E402
 from nmt.training.process import setup_process  # noqa: E402
 from nmt.training.run import allocate_model  # noqa: E402
@@ -263,13 +264,15 @@ def sampled_epoch(corpora: Any, work_dir: Path) -> tuple[Any, float]:
     return corpus, time.perf_counter() - started
 
 
-def training_batches(corpus: Any, batch_tokens: int, count: int) -> list[np.ndarray]:
+def training_batches(
+    corpus: Any, batch_tokens: int, count: int, shaped: bool = False
+) -> list[np.ndarray]:
     """The first ``count`` batches of the seeded epochs of ``nmt train`` (same for every
-    config)."""
+    config; ``shaped``: with the static shapes of CUDA graphs)."""
     batches: list[np.ndarray] = []
     epoch = 0
     while len(batches) < count:
-        batches += bucket_batches(corpus.src_lengths, corpus.trg_lengths, batch_tokens, SEED, epoch)
+        batches += epoch_batches(corpus, batch_tokens, SEED, epoch, shaped)
         epoch += 1
     return batches[:count]
 
@@ -468,6 +471,15 @@ class Warmup:
 
 
 @dataclass
+class Captures:
+    """The CUDA graphs captured before the timed windows."""
+
+    shapes: int  # static batch shapes, each a forward and a backward graph
+    capture_seconds: float  # in capturing (warm-up passes included)
+    steps_seconds: float  # the untimed steps that captured them, in all
+
+
+@dataclass
 class Window:
     """One timed window of steps."""
 
@@ -503,6 +515,7 @@ class TrainingResult:
     glibc_tunables: str | None
     native_kernels: str | None
     peak_gpu_memory_gib: float | None
+    cuda_graphs: Captures | None
     flops_per_step: float
     flops_per_target_token: float
     flops_counted_on: str
@@ -524,9 +537,10 @@ def make_step(config: Config, model: Seq2Seq, corpus: Any, device: torch.device)
     """One training step of ``nmt train`` (``nmt.training.step.train_step``) on a batch of
     corpus indices: -> (loss per target token, target tokens, source tokens)."""
     updater = Updater.build(config, model, config.training.precision, device, Distributed())
+    shaped, budget = model.graphs is not None, config.training.batch_tokens
 
     def step(indices: np.ndarray) -> tuple[float, int, int]:
-        batch = corpus.batch(indices).to(device)
+        batch = device_batch(corpus, indices, device, budget, shaped)
         tokens = int(corpus.trg_lengths[indices].sum())
         result = train_step(updater, [batch], tokens)
         return result.loss / tokens, tokens, int(corpus.src_lengths[indices].sum())
@@ -534,11 +548,18 @@ def make_step(config: Config, model: Seq2Seq, corpus: Any, device: torch.device)
     return step
 
 
-def counted_warmup(model: nn.Module, step: Step, batches: list[np.ndarray], corpus: Any) -> Warmup:
-    """Warm-up steps, each under the FLOP counter."""
+def counted_warmup(model: Seq2Seq, step: Step, batches: list[np.ndarray], corpus: Any) -> Warmup:
+    """Warm-up steps, each under the FLOP counter (a model's CUDA graphs paused: a replay
+    shows the counter nothing)."""
     flops, tokens, analytic = 0, 0, set()
     for indices in batches:
-        step_flops, added = count_step_flops(model, lambda i=indices: step(i))
+        if model.graphs is not None:
+            model.graphs.paused = True
+        try:
+            step_flops, added = count_step_flops(model, lambda i=indices: step(i))
+        finally:
+            if model.graphs is not None:
+                model.graphs.paused = False
         flops += step_flops
         tokens += int(corpus.trg_lengths[indices].sum())
         analytic.update(added)
@@ -548,6 +569,29 @@ def counted_warmup(model: nn.Module, step: Step, batches: list[np.ndarray], corp
         flops_counted_on=f"{len(batches)} warm-up steps, {tokens} target tokens",
         rnn_flops_added_analytically=sorted(analytic),
         rss_after_warmup_gib=(current_rss_bytes() or 0) / GIB,
+    )
+
+
+def capture_shapes(
+    model: Seq2Seq, step: Step, batches: list[np.ndarray], corpus: Any, batch_tokens: int
+) -> Captures | None:
+    """With CUDA graphs: one untimed step on a batch of each static shape the timed windows
+    will meet, so that they time replays (a training run captures each shape once, at its
+    first batch). -> the shapes and the capture seconds; None without graphs."""
+    if model.graphs is None:
+        return None
+    graphs = model.graphs
+    started, seconds = time.perf_counter(), graphs.capture_seconds
+    firsts: dict[tuple[int, int], np.ndarray] = {}
+    for indices in batches:
+        lengths = corpus.src_lengths[indices], corpus.trg_lengths[indices]
+        firsts.setdefault(batch_shape(*lengths, batch_tokens), indices)
+    for indices in firsts.values():
+        step(indices)
+    return Captures(
+        shapes=len(graphs),
+        capture_seconds=graphs.capture_seconds - seconds,
+        steps_seconds=time.perf_counter() - started,
     )
 
 
@@ -577,10 +621,14 @@ def bench_training(name: str, options: Options) -> TrainingResult:
     model = allocate_model(config, tokenizer, device).train()
     step = make_step(config, model, corpus, device)
     total = lengths.warmup + lengths.windows * lengths.steps
-    batches = training_batches(corpus, config.training.batch_tokens, total)
+    shaped = model.graphs is not None
+    batches = training_batches(corpus, config.training.batch_tokens, total, shaped)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     warmup = counted_warmup(model, step, batches[: lengths.warmup], corpus)
+    captures = capture_shapes(
+        model, step, batches[lengths.warmup :], corpus, config.training.batch_tokens
+    )
     windows = []
     for w in range(lengths.windows):
         first = lengths.warmup + w * lengths.steps
@@ -597,7 +645,13 @@ def bench_training(name: str, options: Options) -> TrainingResult:
         target_tokens_per_s=Spread.of(target_rates),
         tokens_per_s=Spread.of([(w.target_tokens + w.source_tokens) / w.seconds for w in windows]),
         windows=windows,
-        padding_fraction=padding_fraction(batches, corpus.src_lengths, corpus.trg_lengths),
+        padding_fraction=padding_fraction(
+            batches,
+            corpus.src_lengths,
+            corpus.trg_lengths,
+            config.training.batch_tokens if shaped else None,
+        ),
+        cuda_graphs=captures,
         subword_sampling=Sampling(
             config.tokenizer.sampling_alpha, sampling_s, int(corpus.trg_lengths.sum())
         ),
@@ -666,6 +720,8 @@ def training_from_json(data: dict[str, Any]) -> TrainingResult:
     """A training result back from its subprocess's JSON."""
     data = {**data, "windows": [Window(**w) for w in data["windows"]]}
     data["subword_sampling"] = Sampling(**data["subword_sampling"])
+    if data.get("cuda_graphs") is not None:
+        data["cuda_graphs"] = Captures(**data["cuda_graphs"])
     for key in ("target_tokens_per_s", "tokens_per_s"):
         data[key] = Spread(**data[key])
     return TrainingResult(**data)
@@ -1117,7 +1173,16 @@ def training_rows(result: dict[str, Any]) -> list[list[str]]:
         target, both = entry["target_tokens_per_s"], entry["tokens_per_s"]
         memory = entry["peak_gpu_memory_gib"] if gpu else entry["peak_rss_gib"]
         fraction = entry.get("fraction_of_matmul")
-        note = "analytic: " + ", ".join(entry["rnn_flops_added_analytically"])
+        notes = []
+        if entry["rnn_flops_added_analytically"]:
+            notes.append("analytic: " + ", ".join(entry["rnn_flops_added_analytically"]))
+        graphs = entry.get("cuda_graphs")
+        if graphs:
+            notes.append(
+                f"CUDA graphs: {graphs['shapes']} shapes, {graphs['capture_seconds']:.1f} s "
+                f"to capture, padding {100 * entry['padding_fraction']:.0f}%"
+            )
+        note = "; ".join(notes)
         rows.append(
             [
                 name,
@@ -1128,7 +1193,7 @@ def training_rows(result: dict[str, Any]) -> list[list[str]]:
                 _fmt(entry["flops_per_target_token"] / 1e6, 1),
                 _fmt(entry["achieved_gflops"], 1),
                 "-" if fraction is None else f"{100 * fraction:.1f}%",
-                note if entry["rnn_flops_added_analytically"] else "",
+                note,
             ]
         )
     return rows

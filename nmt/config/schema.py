@@ -235,6 +235,12 @@ class TrainingConfig(Section):
         False,
         description="on GPU out-of-memory, retry the batch in halves (same update) instead of stopping",
     )
+    cuda_graphs: bool = Field(
+        True,
+        description="on one GPU (not under torchrun), a step-by-step decoder's teacher-forced "
+        "unroll (Bahdanau's, Luong's with input feeding) runs as CUDA graphs captured once per "
+        "batch shape, its batches padded to a few static shapes; no effect on a CPU",
+    )
     seed: int = Field(1, ge=0, le=2**32 - 1, description="random seed (0 to 2^32 - 1)")
     init_from: str | None = Field(
         None,

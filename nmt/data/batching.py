@@ -1,5 +1,6 @@
 """Token ids -> padded batches, and the orders that group sentences of similar length:
-token-budget buckets for training (``bucket_batches``), sentence-count batches for decoding
+token-budget buckets for training (``bucket_batches``), the same with a few fixed shapes for
+CUDA graphs (``shaped_batches``), sentence-count batches for decoding
 (``length_sorted_batches``)."""
 
 from __future__ import annotations
@@ -31,6 +32,40 @@ class Batch:
     @property
     def n_target_tokens(self) -> int:
         return int((self.trg_out != PAD_ID).sum())
+
+    def padded(self, rows: int, length: int) -> Batch:
+        """The batch padded to ``rows`` sentences of ``length`` source and target positions (a
+        CUDA graph's static shape). An added row is a source of EOS alone (length 1) and a
+        target of BOS then padding, which adds no target token to the loss."""
+        count, src_len, trg_len = self.src.size(0), self.src.size(1), self.trg_in.size(1)
+        if rows < count or length < max(src_len, trg_len):
+            raise ValueError(f"a batch of {count} x {src_len}/{trg_len} exceeds {rows} x {length}")
+        src = self.src.new_full((rows, length), PAD_ID)
+        src[:count, :src_len] = self.src
+        src[count:, 0] = EOS_ID
+        src_lengths = self.src_lengths.new_ones(rows)
+        src_lengths[:count] = self.src_lengths
+        trg_in = self.trg_in.new_full((rows, length), PAD_ID)
+        trg_in[:count, :trg_len] = self.trg_in
+        trg_in[count:, 0] = BOS_ID
+        trg_out = self.trg_out.new_full((rows, length), PAD_ID)
+        trg_out[:count, :trg_len] = self.trg_out
+        guide = None
+        if self.guide is not None:
+            guide = self.guide.new_zeros((rows, length, length))
+            guide[:count, :trg_len, :src_len] = self.guide
+        return Batch(src, src_lengths, trg_in, trg_out, self.indices, guide)
+
+    def pin_memory(self) -> Batch:
+        """The batch in page-locked host memory, so that ``to(cuda)`` copies asynchronously."""
+        return Batch(
+            self.src.pin_memory(),
+            self.src_lengths.pin_memory(),
+            self.trg_in.pin_memory(),
+            self.trg_out.pin_memory(),
+            self.indices,
+            None if self.guide is None else self.guide.pin_memory(),
+        )
 
     def to(self, device: torch.device) -> Batch:
         return Batch(
@@ -84,15 +119,67 @@ def bucket_batches(
     return [batches[i] for i in shuffled]
 
 
+def shape_length(length: int) -> int:
+    """The static length a CUDA graph's batch pads ``length`` to: the next multiple of 8 up to
+    64, of 16 up to 128, of 32 up to 256, then of 64 (about 16 lengths cover a corpus whose
+    pairs reach 300 pieces, each at most an eighth over its sentences' length past 64)."""
+    for limit, step in ((64, 8), (128, 16), (256, 32)):
+        if length <= limit:
+            return max(step, -(-length // step) * step)
+    return -(-length // 64) * 64
+
+
+def shape_rows(length: int, batch_tokens: int) -> int:
+    """The sentences of a static batch of ``shape_length`` ``length`` within the budget."""
+    return max(1, batch_tokens // length)
+
+
+def batch_shape(
+    src_lengths: np.ndarray, trg_lengths: np.ndarray, batch_tokens: int
+) -> tuple[int, int]:
+    """(rows, length): the static shape of the batch of these pairs' lengths."""
+    length = shape_length(int(max(src_lengths.max(), trg_lengths.max())))
+    return shape_rows(length, batch_tokens), length
+
+
+def shaped_batches(
+    src_lengths: np.ndarray, trg_lengths: np.ndarray, batch_tokens: int, seed: int, epoch: int
+) -> list[np.ndarray]:
+    """``bucket_batches`` for CUDA graphs: each batch's pairs share one ``shape_length`` L of
+    their longer side and number at most ``batch_tokens // L`` (the batch's static shape,
+    ``batch_shape``; only a class's last batch has fewer, padded with empty rows). A graph is
+    captured once per shape, so an epoch has as few shapes as length classes. Sorted and
+    shuffled as ``bucket_batches`` does, from (lengths, batch_tokens, seed, epoch) alone."""
+    rng = np.random.default_rng([seed, epoch])
+    tie_break = rng.permutation(len(src_lengths))
+    longer = np.maximum(src_lengths, trg_lengths)
+    order = np.lexsort((tie_break, trg_lengths, src_lengths, longer))
+    classes = np.array([shape_length(int(n)) for n in longer[order]])
+    batches: list[np.ndarray] = []
+    starts = np.flatnonzero(np.r_[True, classes[1:] != classes[:-1]])
+    for start, end in zip(starts, [*starts[1:], len(order)], strict=True):
+        rows = shape_rows(int(classes[start]), batch_tokens)
+        batches += [order[i : min(i + rows, end)] for i in range(start, end, rows)]
+    shuffled = rng.permutation(len(batches))
+    return [batches[i] for i in shuffled]
+
+
 def padding_fraction(
-    batches: list[np.ndarray], src_lengths: np.ndarray, trg_lengths: np.ndarray
+    batches: list[np.ndarray],
+    src_lengths: np.ndarray,
+    trg_lengths: np.ndarray,
+    batch_tokens: int | None = None,
 ) -> float:
-    """Fraction of padded positions over all batches (source and target)."""
+    """Fraction of padded positions over all batches (source and target); with
+    ``batch_tokens``, of batches padded to their static shape (``batch_shape``)."""
     real = padded = 0
     for batch in batches:
+        shape = None
+        if batch_tokens is not None:
+            shape = batch_shape(src_lengths[batch], trg_lengths[batch], batch_tokens)
         for lengths in (src_lengths[batch], trg_lengths[batch]):
             real += int(lengths.sum())
-            padded += int(lengths.max()) * len(batch)
+            padded += shape[0] * shape[1] if shape else int(lengths.max()) * len(batch)
     return 1.0 - real / max(padded, 1)
 
 

@@ -63,7 +63,9 @@ class Translator:
         backend: Stepper[Any] | None = None,
     ):
         members = [model] if isinstance(model, Seq2Seq) else list(model)
-        self.models = [m.to(device) for m in members]
+        # a model already there stays as it is: moving it would re-pack a GPU RNN's weights
+        # into new memory, under a training run's CUDA graphs and optimiser
+        self.models = [m if _on(m, device) else m.to(device) for m in members]
         self.model = self.models[0] if self.models else None
         self.backend = backend
         self.tokenizer = tokenizer
@@ -279,6 +281,15 @@ def _load_member(path: Path) -> tuple[Path, Seq2Seq, Tokenizer, Config]:
     model.load_state_dict(state["model"])
     model.eval()
     return path, model, tokenizer, config
+
+
+def _on(model: Seq2Seq, device: torch.device) -> bool:
+    """Whether every tensor of ``model`` is on ``device``."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return all(
+        t.device == device or (t.device.type == device.type and device.index is None)
+        for t in tensors
+    )
 
 
 @contextmanager

@@ -14,6 +14,9 @@ keep it and call its seams, never a global switch. Three choices make it:
 - ``fused``: autograd rearranged so that a step-by-step decoder's shared tensors get their
   gradient once per batch, and the output layer's loss never holds a float32 (N, V) tensor.
   On every device; ``FastPaths.plain()`` turns it off for the reference.
+- ``graphs``: the teacher-forced unroll of a step-by-step decoder is graph-ready: its RNN steps
+  through matmuls (``fast.cells``), and the model captures the unroll as CUDA graphs
+  (``fast.graphs``) on a GPU. Set for CUDA training by ``training.cuda_graphs``.
 
 | seam | fast path | plain path | when |
 | --- | --- | --- | --- |
@@ -22,6 +25,7 @@ keep it and call its seams, never a global switch. Three choices make it:
 | ``additive_energies`` | ``fast.additive.RecomputedEnergies`` | broadcast v^T tanh(q + k) | cpu_kernels, training, CPU |
 | ``step_products`` | ``fast.sinks.SinkProducts`` | ``fast.sinks.Products`` | fused, training |
 | ``step_linear`` | ``fast.sinks.WeightSink`` | the ``nn.Linear`` | fused, training |
+| ``step_rnn`` | ``fast.cells.rnn_step`` (capturable) | the module's call | graphs, training |
 | ``output_loss`` | ``fast.loss.OutputLayerLoss`` (compiled kernel: cpu_kernels, native_kernels, training, CPU) | ``F.cross_entropy`` | fused |
 
 Measured effects: docs/benchmarks.md.
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from nmt.fast import additive, compiled, loss, recurrence, sinks
+from nmt.fast import additive, cells, compiled, loss, recurrence, sinks
 from nmt.fast.dropout import FastDropout
 
 
@@ -46,6 +50,7 @@ class FastPaths:
     cpu_kernels: bool = True
     fused: bool = True
     native_kernels: bool = field(default_factory=compiled.enabled_by_default)
+    graphs: bool = False
 
     @classmethod
     def plain(cls) -> FastPaths:
@@ -73,6 +78,15 @@ class FastPaths:
             positions = torch.arange(inputs.size(1), device=inputs.device)  # (T,)
             mask = positions[None, :] < lengths.to(inputs.device)[:, None]  # (B, T)
         return recurrence.run_rnn(rnn, inputs, mask, state, native=self.native_kernels)
+
+    def step_rnn(
+        self, rnn: nn.RNNBase, inputs: Tensor, state: cells.RNNState, training: bool
+    ) -> tuple[Tensor, cells.RNNState]:
+        """One step of a decoder's RNN: inputs (B, 1, I), state (L, B, H) -> output
+        (B, 1, H), the next state."""
+        if self.graphs and training:
+            return cells.rnn_step(rnn, inputs, state)
+        return recurrence.plain_rnn(rnn, inputs, None, state)
 
     def dropout(self, p: float) -> nn.Module:
         """A dropout module with probability p."""

@@ -141,6 +141,7 @@ class SinkCast(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor | None) -> tuple[Tensor | None, None, None]:  # type: ignore[override]
         recorded = ctx.sink.gradient()
+        ctx.sink = None  # the sink holds this node's output: free the cycle now, not at gc
         if recorded is None:
             return (grad.to(ctx.dtype) if grad is not None else None), None, None
         total = recorded.to(ctx.dtype)

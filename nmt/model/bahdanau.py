@@ -8,7 +8,6 @@ import torch
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths
-from nmt.fast.recurrence import plain_rnn
 from nmt.model.attention import Attention, Memory
 from nmt.model.decoder import Decoder, DecoderState, split_rnn_state
 from nmt.model.encoder import stacked_rnn
@@ -48,7 +47,9 @@ class BahdanauDecoder(Decoder):
             query, memory, state.position(query), state.coverage
         )  # c_i, alpha_i, C_i
         rnn_input = torch.cat([embedded, context], dim=-1)  # (B, 1, E+Hk)
-        output, rnn_state = plain_rnn(self.rnn, rnn_input, None, state.rnn_state())  # (B, 1, H)
+        output, rnn_state = self.fast.step_rnn(
+            self.rnn, rnn_input, state.rnn_state(), self.training
+        )  # (B, 1, H)
         hidden, cell = split_rnn_state(rnn_state)
         return output, context, alphas, DecoderState(hidden, cell, state.step + 1, coverage)
 

@@ -67,12 +67,14 @@ class Decoder(nn.Module, ABC):
 
     Attributes: ``embed`` (the target embedding, which the output layer may share),
     ``attention`` (its score function, which prepares the memory), ``output_size`` (the width
-    of the features the output layer reads).
+    of the features the output layer reads), ``stepwise`` (whether teacher forcing runs one
+    target position after another: what a CUDA graph of the unroll speeds up).
     """
 
     embed: nn.Embedding
     attention: Attention
     output_size: int
+    stepwise: bool = True
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, attention: Attention, fast: FastPaths):
         """The target embedding and ``attention``; a decoder adds its RNN and output layers."""

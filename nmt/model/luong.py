@@ -10,7 +10,6 @@ import torch
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths
-from nmt.fast.recurrence import plain_rnn
 from nmt.model.attention import Attention, Memory
 from nmt.model.decoder import Decoder, DecoderState, split_rnn_state
 from nmt.model.encoder import stacked_rnn
@@ -48,6 +47,7 @@ class LuongDecoder(Decoder):
         super().__init__(cfg, vocab_size, attention, fast)
         dec = cfg.decoder
         self.input_feeding = dec.input_feeding
+        self.stepwise = dec.input_feeding
         self.hidden_size = dec.hidden_size
         feed_size = dec.hidden_size if dec.input_feeding else 0
         self.rnn = stacked_rnn(dec, cfg.embedding_size + feed_size)
@@ -88,7 +88,9 @@ class LuongDecoder(Decoder):
             assert state.feed is not None
             feed = state.feed.to(embedded.dtype).unsqueeze(1)  # (B, 1, H)
             rnn_input = torch.cat([embedded, feed], dim=-1)
-        output, rnn_state = plain_rnn(self.rnn, rnn_input, None, state.rnn_state())  # (B, 1, H)
+        output, rnn_state = self.fast.step_rnn(
+            self.rnn, rnn_input, state.rnn_state(), self.training
+        )  # (B, 1, H)
         attentional, alphas, coverage = self._attend(
             output, memory, state.position(output), combine, state.coverage
         )

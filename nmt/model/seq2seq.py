@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths
+from nmt.fast.graphs import StepGraphs
 from nmt.model.aligner import AlignmentHead
 from nmt.model.attention import Memory
 from nmt.model.decoder import Decoder, DecoderState
@@ -47,6 +48,8 @@ class Seq2Seq(nn.Module):
                 )
         self.trg_vocab_size = trg_vocab_size
         self.fast = fast
+        # a step-by-step decoder's unroll as CUDA graphs in training (FastPaths.graphs)
+        self.graphs = StepGraphs() if fast.graphs and self.decoder.stepwise else None
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Memory, DecoderState]:
         """src: (B, S) -> attention memory and the decoder's initial state."""
@@ -77,6 +80,19 @@ class Seq2Seq(nn.Module):
         lengths = (trg_out != PAD_ID).sum(dim=1)
         return self.aligner(features, embedded, memory.values, memory.mask, lengths)
 
+    def _teacher_forced(
+        self, trg_in: Tensor, memory: Memory, state: DecoderState
+    ) -> tuple[Tensor, Tensor]:
+        """The decoder over trg_in: captured as CUDA graphs where ``self.graphs`` is set, in
+        training, for a step-by-step decoder on a GPU; else its plain call."""
+        graphed = (
+            self.graphs is not None and self.training and trg_in.is_cuda and torch.is_grad_enabled()
+        )
+        if not graphed:
+            return self.decoder(trg_in, memory, state)  # type: ignore[no-any-return]
+        assert self.graphs is not None
+        return self.graphs(self.decoder, self.decoder, trg_in, memory, state)  # type: ignore[no-any-return]
+
     def log_probs(self, features: Tensor) -> Tensor:
         """(..., O) -> (..., V) float32 log-probabilities."""
         return F.log_softmax(self.generator(features).float(), dim=-1)
@@ -100,7 +116,7 @@ class Seq2Seq(nn.Module):
         head's weights when the model has one; the NLL does not.
         """
         memory, state = self.encode(src, src_lengths)
-        features, alphas = self.decoder(trg_in, memory, state)
+        features, alphas = self._teacher_forced(trg_in, memory, state)
         flat = features.reshape(-1, features.size(-1))  # (B*T, O)
         gold = trg_out.reshape(-1)  # (B*T,)
         keep = gold != PAD_ID

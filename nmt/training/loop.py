@@ -31,10 +31,11 @@ import numpy as np
 import torch
 
 from nmt.config import Config
-from nmt.data.batching import bucket_batches, padding_fraction
+from nmt.data.batching import padding_fraction
 from nmt.data.corpus import check_files
 from nmt.data.store import TokenizedCorpus
 from nmt.errors import NMTError, WriteError
+from nmt.training.batches import device_batch, epoch_batches
 from nmt.training.distributed import Distributed, init_distributed, shutdown_distributed
 from nmt.training.finetune import Initial, check_initial_weights, read_initial
 from nmt.training.process import setup_process
@@ -138,9 +139,7 @@ def _loop(run: Run, stop: StopFlag, bar: ProgressBar) -> None:
     reason = _stop_reason(run, None)
     while reason is None and progress.epoch < cfg.epochs:
         corpus = epoch_corpus_in_turn(run.corpora, progress.epoch, run.place)  # its pairs
-        batches = bucket_batches(
-            corpus.src_lengths, corpus.trg_lengths, cfg.batch_tokens, cfg.seed, progress.epoch
-        )
+        batches = epoch_batches(corpus, cfg.batch_tokens, cfg.seed, progress.epoch, _shaped(run))
         _log_epoch(run, corpus, batches)
         per_update = world * cfg.accumulate
         run.schedule.epoch_updates = -(-(len(batches) // world) // cfg.accumulate)
@@ -174,15 +173,25 @@ def _loop(run: Run, stop: StopFlag, bar: ProgressBar) -> None:
     _finish(run, reason or "training.epochs done")
 
 
+def _shaped(run: Run) -> bool:
+    """Whether batches take static shapes: the model captures CUDA graphs."""
+    return run.updater.model.graphs is not None
+
+
 def _log_epoch(run: Run, corpus: TokenizedCorpus, batches: list[np.ndarray]) -> None:
     if run.progress.batch_in_epoch == 0:
-        world = run.place.world_size
+        world, graphs = run.place.world_size, run.updater.model.graphs
+        shaped = run.config.training.batch_tokens if graphs is not None else None
         log.info(
-            "epoch %d: %d batches, %.1f%% padding%s",
+            "epoch %d: %d batches, %.1f%% padding%s%s",
             run.progress.epoch + 1,
             len(batches),
-            100 * padding_fraction(batches, corpus.src_lengths, corpus.trg_lengths),
+            100 * padding_fraction(batches, corpus.src_lengths, corpus.trg_lengths, shaped),
             f"; {len(batches) // world} steps of {world} batches" if world > 1 else "",
+            ""
+            if graphs is None
+            else f"; static shapes for CUDA graphs ({len(graphs)} captured so far, "
+            f"{graphs.capture_seconds:.1f} s)",
         )
 
 
@@ -226,7 +235,8 @@ def _update(
     for group in updater.optimizer.param_groups:
         group["lr"] = lr
     mine = shard[run.place.rank :: run.place.world_size]
-    batches = [corpus.batch(indices).to(updater.device) for indices in mine]
+    shaped, budget = _shaped(run), run.config.training.batch_tokens
+    batches = [device_batch(corpus, i, updater.device, budget, shaped) for i in mine]
     tokens = sum(int(corpus.trg_lengths[indices].sum()) for indices in shard)  # all ranks'
     result = train_step(updater, batches, tokens, run.clock, stop)
     progress.minutes = result.minutes  # agreed by every rank: the clock's share of the lr

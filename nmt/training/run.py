@@ -81,7 +81,7 @@ class Run:
         cfg = config.training
         saved, tokenizer, corpora = _load(config, run_dir, place, resume_from, initial)
         dev_alignment = load_dev_alignment(config, corpora)
-        model = allocate_model(config, tokenizer, device)
+        model = allocate_model(config, tokenizer, device, distributed=place.enabled)
         chosen = _choose_precision(config, model, device, place)
         allow_tf32(device, chosen.name)
         log.info("precision: %s", chosen)
@@ -169,10 +169,21 @@ def checkpoint_bytes(state: Any) -> int:
     return 0
 
 
-def allocate_model(config: Config, tokenizer: Tokenizer, device: torch.device) -> Seq2Seq:
-    """The model on ``device``, with the fast paths of ``run.fast_kernels``; a model too large
-    for its memory is an NMTError naming the sizes to lower, not an allocator's traceback."""
-    fast = FastPaths(cpu_kernels=config.run.fast_kernels)
+def uses_cuda_graphs(config: Config, device: torch.device, distributed: bool) -> bool:
+    """Whether training captures the decoder's unroll as CUDA graphs: ``training.cuda_graphs``
+    on one GPU (DistributedDataParallel's hooks stay eager), for a step-by-step decoder
+    (``Seq2Seq.graphs``)."""
+    return config.training.cuda_graphs and device.type == "cuda" and not distributed
+
+
+def allocate_model(
+    config: Config, tokenizer: Tokenizer, device: torch.device, *, distributed: bool = False
+) -> Seq2Seq:
+    """The model on ``device``, with the fast paths of ``run.fast_kernels`` (and CUDA graphs
+    with ``training.cuda_graphs`` on one GPU: ``uses_cuda_graphs``); a model too large for its
+    memory is an NMTError naming the sizes to lower, not an allocator's traceback."""
+    graphs = uses_cuda_graphs(config, device, distributed)
+    fast = FastPaths(cpu_kernels=config.run.fast_kernels, graphs=graphs)
     try:
         return build_model(
             config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size, fast

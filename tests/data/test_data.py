@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 from nmt.config import DataConfig
-from nmt.data.batching import bucket_batches, make_batch, padding_fraction
+from nmt.data.batching import (
+    batch_shape,
+    bucket_batches,
+    make_batch,
+    padding_fraction,
+    shape_length,
+    shaped_batches,
+)
 from nmt.data.corpus import read_pairs
 from nmt.data.store import Encode, Store, TokenizedCorpus, prepare
 from nmt.data.tokenizer import (
@@ -412,3 +419,52 @@ def test_the_vectorised_cut_gives_the_plain_walks_batches() -> None:
         fast = _cut(order, sizes, tokens, sentences)
         plain = _cut_walk(order, sizes, tokens, sentences)
         assert [b.tolist() for b in fast] == [b.tolist() for b in plain], (tokens, sentences)
+
+
+def test_shape_lengths_by_hand() -> None:
+    got = [shape_length(n) for n in (1, 8, 9, 64, 65, 128, 129, 256, 257, 900)]
+    assert got == [8, 8, 16, 64, 80, 128, 160, 256, 320, 960]
+
+
+def test_shaped_batches_cover_every_index_once_with_one_shape_per_length_class() -> None:
+    src, trg = _realistic_lengths(4000, seed=3)
+    src[5], trg[77] = 900, 1200  # over the budget alone: a batch of one row
+    batch_tokens = 1000
+    batches = shaped_batches(src, trg, batch_tokens, seed=1, epoch=0)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(4000))
+    shapes: dict[int, set[tuple[int, int]]] = {}
+    for batch in batches:
+        rows, length = batch_shape(src[batch], trg[batch], batch_tokens)
+        assert len(batch) <= rows
+        assert max(src[batch].max(), trg[batch].max()) <= length
+        assert rows * length <= batch_tokens or rows == 1
+        shapes.setdefault(length, set()).add((rows, length))
+    assert all(len(s) == 1 for s in shapes.values())
+    assert len(shapes) <= 20  # few graphs to capture
+    # every class but its last batch is full
+    full = [len(b) == batch_shape(src[b], trg[b], batch_tokens)[0] for b in batches]
+    assert sum(not f for f in full) <= len(shapes)
+    again = shaped_batches(src, trg, batch_tokens, seed=1, epoch=0)
+    assert [b.tolist() for b in again] == [b.tolist() for b in batches]
+    other = shaped_batches(src, trg, batch_tokens, seed=1, epoch=1)
+    assert [b.tolist() for b in other] != [b.tolist() for b in batches]
+    # the padding cost, against the bucketed batches'
+    shaped = padding_fraction(batches, src, trg, batch_tokens)
+    bucketed = padding_fraction(bucket_batches(src, trg, batch_tokens, 1, 0), src, trg)
+    assert bucketed < shaped < bucketed + 0.25
+
+
+def test_a_padded_batch_keeps_its_rows_and_adds_empty_ones() -> None:
+    batch = make_batch([[5, 6, 2], [7, 2]], [[8], [9, 10, 11]], np.array([3, 4]))
+    padded = batch.padded(3, 8)
+    assert padded.src.shape == padded.trg_in.shape == padded.trg_out.shape == (3, 8)
+    assert padded.src[:2, :3].tolist() == batch.src.tolist()
+    assert padded.src[2].tolist() == [EOS_ID] + [PAD_ID] * 7
+    assert padded.src_lengths.tolist() == [3, 2, 1]
+    assert padded.trg_in[2].tolist() == [BOS_ID] + [PAD_ID] * 7
+    assert padded.trg_out[:2, :4].tolist() == batch.trg_out.tolist()
+    assert not padded.trg_out[2].ne(PAD_ID).any() and not padded.trg_out[:, 4:].ne(PAD_ID).any()
+    assert padded.n_target_tokens == batch.n_target_tokens
+    assert padded.indices.tolist() == [3, 4]
+    with pytest.raises(ValueError, match="exceeds"):
+        batch.padded(1, 8)

@@ -1,0 +1,87 @@
+"""One time step of an ``nn.GRU`` / ``nn.LSTM`` written from matmuls and elementwise ops: the
+step a CUDA graph can capture (``nmt.fast.graphs``).
+
+A step-by-step decoder calls its RNN once per target position. Through the module, CUDA runs
+each call as a cuDNN RNN, which a captured graph cannot be relied on to hold and which costs
+several launches for one step. Here each layer is two matmuls and its gates, with the module's
+own parameters (same names, same checkpoints), so the step is the module's to float
+tolerance (tests/fast/test_cells.py checks it in float64):
+
+    GRU:  r = sigma(W_ir x + b_ir + W_hr h + b_hr)      z = sigma(W_iz x + b_iz + W_hz h + b_hz)
+          n = tanh(W_in x + b_in + r * (W_hn h + b_hn))  h' = (1 - z) * n + z * h
+    LSTM: i, f, g, o = sigma, sigma, tanh, sigma of (W_i. x + b_i. + W_h. h + b_h.)
+          c' = f * c + i * g                             h' = o * tanh(c')
+
+Between stacked layers the module's dropout applies in training. Under autocast the matmuls
+run in the autocast dtype and the gates and states in the parameters' dtype, as in the CPU
+training path (``nmt.fast.recurrence``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.runtime import compute_dtype
+
+RNNState = Tensor | tuple[Tensor, Tensor]
+
+
+def rnn_step(rnn: nn.RNNBase, inputs: Tensor, state: RNNState) -> tuple[Tensor, RNNState]:
+    """One step of a unidirectional batch-first ``nn.GRU``/``nn.LSTM``: inputs (B, 1, I),
+    state (L, B, H) (a tuple (h, c) for an LSTM) -> output (B, 1, H), the next state, as the
+    module's call on one position returns them."""
+    if rnn.bidirectional or getattr(rnn, "proj_size", False):
+        raise ValueError("rnn_step: a unidirectional RNN without projections")
+    lstm = isinstance(rnn, nn.LSTM)
+    hidden, cell = state if isinstance(state, tuple) else (state, None)
+    weights: torch.dtype = next(rnn.parameters()).dtype
+    compute = compute_dtype(inputs.device, weights)
+    x = inputs.squeeze(1)
+    hiddens, cells = [], []
+    with torch.autocast(inputs.device.type, enabled=False):
+        for layer in range(rnn.num_layers):
+            w_ih, w_hh = getattr(rnn, f"weight_ih_l{layer}"), getattr(rnn, f"weight_hh_l{layer}")
+            b_ih = getattr(rnn, f"bias_ih_l{layer}", None)
+            b_hh = getattr(rnn, f"bias_hh_l{layer}", None)
+            h = hidden[layer].to(weights)
+            gates_x = _product(x, w_ih, b_ih, compute, weights)  # (B, G*H)
+            gates_h = _product(h, w_hh, b_hh, compute, weights)
+            if lstm:
+                assert cell is not None
+                h, c = _lstm_gates(gates_x + gates_h, cell[layer].to(weights))
+                cells.append(c)
+            else:
+                h = _gru_gates(gates_x, gates_h, h)
+            hiddens.append(h)
+            x = h
+            if layer < rnn.num_layers - 1 and rnn.training and rnn.dropout > 0:
+                x = F.dropout(x, rnn.dropout, True)
+    next_hidden = torch.stack(hiddens)
+    next_state: RNNState = (next_hidden, torch.stack(cells)) if lstm else next_hidden
+    return x.unsqueeze(1), next_state
+
+
+def _product(
+    x: Tensor, weight: Tensor, bias: Tensor | None, compute: torch.dtype, out: torch.dtype
+) -> Tensor:
+    """x W^T + b, the product in ``compute``, the sum in ``out``."""
+    product = x.to(compute) @ weight.to(compute).t()
+    product = product.to(out)
+    return product + bias if bias is not None else product
+
+
+def _gru_gates(gates_x: Tensor, gates_h: Tensor, h: Tensor) -> Tensor:
+    x_r, x_z, x_n = gates_x.chunk(3, dim=-1)
+    h_r, h_z, h_n = gates_h.chunk(3, dim=-1)
+    r = torch.sigmoid(x_r + h_r)
+    z = torch.sigmoid(x_z + h_z)
+    n = torch.tanh(x_n + r * h_n)
+    return n + z * (h - n)  # (1 - z) n + z h
+
+
+def _lstm_gates(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    i, f, g, o = gates.chunk(4, dim=-1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c

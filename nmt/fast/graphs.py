@@ -1,0 +1,192 @@
+"""CUDA graphs of a step-by-step decoder's teacher-forced unroll, forward and backward.
+
+A step-by-step decoder (Bahdanau's, Luong's with input feeding) runs a few small kernels per
+target position, forward and backward; on a GPU each step waits on its launches, not on
+arithmetic. ``StepGraphs`` captures the whole unroll of a batch shape once, as two CUDA graphs
+(``torch.cuda.make_graphed_callables``: the forward, and the backward of the decoder's inputs
+and parameters), and replays them for every later batch of that shape: one launch each instead
+of thousands.
+
+A graph holds fixed shapes, so the training loop pads its batches to a few static shapes
+(``nmt.data.batching.shaped_batches``); the decoder steps its RNN through matmuls
+(``nmt.fast.cells``), which a capture holds. What a graph cannot hold stays outside: the
+encoder's packed cuDNN RNN and the loss's selection of real target tokens run as before.
+Dropout inside the unroll draws from CUDA's generator through the graph's own offsets, so
+every replay draws new masks.
+
+Each shape's graphs keep their own memory (the activations the backward reads). Arguments are
+tensors, None, or dataclasses of them (the attention memory, the decoder state); their other
+fields are part of the shape's key.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import logging
+import time
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from nmt.errors import NMTError
+
+log = logging.getLogger("nmt")
+
+WARMUP_ITERATIONS = 3  # eager passes on a side stream before a capture (torch's default)
+
+
+class _Call(nn.Module):
+    """``function(*args)`` over flat tensors: the module ``make_graphed_callables`` graphs;
+    ``owner``'s parameters are its own, so their gradients come out of the graph."""
+
+    def __init__(self, owner: nn.Module, function: Callable[..., Any], rebuild: Callable[..., Any]):
+        super().__init__()
+        self.owner = owner
+        self.function = function
+        self.rebuild = rebuild
+
+    def forward(self, *flat: Tensor) -> Any:
+        return self.function(*self.rebuild(flat))
+
+
+class StepGraphs:
+    """Captured graphs of calls, one per signature (the owner, its mode, the tensors' shapes,
+    dtypes and grad flags, the other fields, autocast's state); see the module docstring."""
+
+    def __init__(self) -> None:
+        self.graphs: dict[tuple[Any, ...], nn.Module] = {}
+        self.paused = False  # call eagerly (e.g. while counting FLOPs)
+        self._storages: dict[int, tuple[int, ...]] = {}  # the parameters' memory at capture
+        self.capture_seconds = 0.0
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> StepGraphs:
+        return StepGraphs()  # graphs belong to one module's parameters
+
+    def __len__(self) -> int:
+        return len(self.graphs)
+
+    def __call__(self, owner: nn.Module, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)``, through the graph of this signature (captured now if new)."""
+        if self.paused:
+            return function(*args)
+        flat: list[Tensor] = []
+        structure = tuple(_flatten(arg, flat) for arg in args)
+        key = (
+            id(owner),
+            owner.training,
+            structure,
+            tuple((t.shape, t.dtype, t.requires_grad) for t in flat),
+            torch.is_autocast_enabled("cuda"),
+            torch.get_autocast_dtype("cuda"),
+        )
+        storages = tuple(p.data_ptr() for p in owner.parameters())
+        if self._storages.get(id(owner), storages) != storages:
+            # the parameters were given new memory (a GPU RNN's weights re-packed by a move,
+            # a load into new tensors): the graphs read the old; capture again
+            self.graphs = {k: g for k, g in self.graphs.items() if k[0] != id(owner)}
+            log.debug("the decoder's parameters moved: its graphs are captured again")
+        self._storages[id(owner)] = storages
+        graphed = self.graphs.get(key)
+        if graphed is None:
+            try:
+                graphed = self._capture(owner, function, structure, flat)
+            except RuntimeError as exc:  # an op a graph cannot hold
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                raise NMTError(
+                    f"training.cuda_graphs: the decoder's unroll could not be captured "
+                    f"({reason}); set training.cuda_graphs: false"
+                ) from exc
+            self.graphs[key] = graphed
+        return graphed(*flat)
+
+    def _capture(
+        self,
+        owner: nn.Module,
+        function: Callable[..., Any],
+        structure: tuple[Any, ...],
+        flat: list[Tensor],
+    ) -> nn.Module:
+        started = time.perf_counter()
+        gc.collect()  # an eager step's graph left for the collector would hold its params'
+        # gradient nodes on the default stream, which a capture on another stream cannot wait on
+
+        def rebuild(tensors: Sequence[Tensor]) -> list[Any]:
+            source = iter(tensors)
+            return [_unflatten(part, source) for part in structure]
+
+        call = _Call(owner, function, rebuild)
+        # fresh leaves as the sample inputs: the graphs keep them as their input buffers
+        samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in flat)
+        dtype = torch.get_autocast_dtype("cuda")
+        enabled = torch.is_autocast_enabled("cuda")
+        # the warm-up passes draw dropout masks: the run's random numbers stay as they were,
+        # so that a resumed run draws what the uninterrupted one drew
+        rng = torch.cuda.get_rng_state()
+        try:
+            with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
+                graphed = torch.cuda.make_graphed_callables(
+                    call, samples, num_warmup_iters=WARMUP_ITERATIONS, allow_unused_input=True
+                )
+        finally:
+            torch.cuda.set_rng_state(rng)
+        seconds = time.perf_counter() - started
+        self.capture_seconds += seconds
+        shapes = " ".join("x".join(map(str, t.shape)) for t in flat[:2])
+        log.debug("captured the decoder's graphs for %s in %.2f s", shapes, seconds)
+        assert isinstance(graphed, nn.Module)
+        return graphed
+
+
+# a flattened argument: ("tensor",), ("none",), ("value", v) or ("dataclass", type, fields)
+
+
+def _flatten(arg: Any, flat: list[Tensor]) -> Any:
+    if isinstance(arg, Tensor):
+        flat.append(arg)
+        return ("tensor",)
+    if arg is None:
+        return ("none",)
+    if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
+        parts = tuple(
+            (field.name, _flatten(getattr(arg, field.name), flat))
+            for field in dataclasses.fields(arg)
+            if field.init
+        )
+        return ("dataclass", type(arg), parts)
+    return ("value", _Static(arg))
+
+
+def _unflatten(part: Any, source: Any) -> Any:
+    kind = part[0]
+    if kind == "tensor":
+        return next(source)
+    if kind == "none":
+        return None
+    if kind == "dataclass":
+        return part[1](**{name: _unflatten(sub, source) for name, sub in part[2]})
+    return part[1].value
+
+
+class _Static:
+    """A non-tensor field in a signature: equal by value where it is hashable, else by
+    identity (a shared object such as the plain attention products)."""
+
+    def __init__(self, value: Any):
+        self.value = value
+        try:
+            self._key: Hashable = ("hash", hash(value), value)
+        except TypeError:
+            self._key = ("id", id(value))
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Static) and self._key == other._key
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Static:
+        return _Static(copy.deepcopy(self.value, memo))

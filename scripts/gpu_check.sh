@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The GPU checks in one run: the CUDA tests, the training bench with and without CUDA graphs
+# (each configuration in both, back to back, on the same GPU), and the RNNs' precisions on
+# CUDA. Every figure goes to files under $OUT (default runs/gpu):
+#   nvidia-smi.txt  tests.log  bench-eager.json  bench-graphs.json  bench.md  rnn.txt  log.txt
+#
+#   OUT=runs/gpu bash scripts/gpu_check.sh [configs]     # configs: scripts/bench.py --configs
+#
+# Needs a CUDA GPU and the project's dependencies (a machine without pydantic or datasets can
+# take their wheels from .whl/: they are installed into /tmp/site first).
+set -u
+OUT=${OUT:-runs/gpu}
+CONFIGS=${1:-bahdanau,luong-feed,luong-nofeed}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+exec > >(tee -a "$OUT/log.txt") 2>&1
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+$PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0), 'cudnn', torch.backends.cudnn.version())"
+
+echo "== tests"
+timeout "${TEST_SECONDS:-210}" $PY -m pytest -p no:cacheprovider -o addopts="" -m "gpu and not slow" -q \
+    --timeout 200 tests/fast/test_graphs_cuda.py tests/training/test_gpu.py 2>&1 \
+    | tee "$OUT/tests.log" | tail -25
+
+echo "== bench"
+common=(--device cuda --parts train --configs "$CONFIGS" --warmup 2 --windows 3 --steps 6
+        --work-dir runs/bench)
+timeout 170 $PY scripts/bench.py "${common[@]}" --override training.cuda_graphs=false \
+    --json "$OUT/bench-eager.json" 2>&1 | tail -12
+timeout 170 $PY scripts/bench.py "${common[@]}" --json "$OUT/bench-graphs.json" 2>&1 | tail -12
+for f in eager graphs; do
+    echo "### $f"; $PY scripts/bench.py --report "$OUT/bench-$f.json" --markdown 2>/dev/null
+done > "$OUT/bench.md"
+
+echo "== RNN precision"
+timeout 45 $PY - <<'PY' 2>&1 | tee "$OUT/rnn.txt"
+import torch
+from torch import nn
+
+# cuDNN GRU forward and backward at the bench's encoder size: fp32, TF32, bf16 weights
+torch.manual_seed(0)
+B, T, I, H = 64, 60, 256, 512
+flops = 3 * 2 * 2 * 3 * H * (I + H) * B * T  # two directions, forward + 2 backward products
+for name, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
+                          ("bf16", torch.bfloat16, False)):
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    rnn = nn.GRU(I, H, batch_first=True, bidirectional=True).cuda().to(dtype)
+    x = torch.randn(B, T, I, device="cuda", dtype=dtype, requires_grad=True)
+    ref = nn.GRU(I, H, batch_first=True, bidirectional=True).cuda().double()
+    ref.load_state_dict({k: v.double() for k, v in rnn.state_dict().items()})
+    out = rnn(x)[0]
+    want = ref(x.detach().double())[0]
+    error = ((out.double() - want).norm() / want.norm()).item()
+    for _ in range(3):
+        rnn(x)[0].sum().backward()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        rnn(x)[0].sum().backward()
+    end.record()
+    torch.cuda.synchronize()
+    ms = start.elapsed_time(end) / 20
+    print(f"{name}: {ms:.2f} ms forward+backward, {flops / ms / 1e9:.1f} TFLOP/s, "
+          f"relative error of the forward {error:.1e}")
+PY
+echo "== done"

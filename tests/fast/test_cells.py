@@ -1,0 +1,129 @@
+"""The graph-ready decoder step (nmt.fast.cells, FastPaths.graphs) against the module's own
+call, in float64 with random inputs: one step of a GRU and an LSTM, one and two layers, and
+their gradients; then every step-by-step decoder's training loss and gradients through the
+cells, on a batch padded to its static shape (nmt.data.batching), against the plain path on
+the unpadded batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from nmt.config import from_dict
+from nmt.data.batching import batch_shape, make_batch
+from nmt.fast import FastPaths
+from nmt.fast.cells import rnn_step
+from nmt.model import build_model
+
+
+@pytest.mark.parametrize("kind", [nn.GRU, nn.LSTM])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_cell_step_is_the_modules_step(kind: type[nn.RNNBase], layers: int) -> None:
+    torch.manual_seed(layers)
+    rnn = kind(5, 7, num_layers=layers, batch_first=True).double()
+    with torch.no_grad():
+        for param in rnn.parameters():
+            param.add_(0.5 * torch.randn_like(param))
+    x = torch.randn(3, 1, 5, dtype=torch.float64, requires_grad=True)
+    h = torch.randn(layers, 3, 7, dtype=torch.float64, requires_grad=True)
+    state = (h, torch.randn_like(h).requires_grad_()) if kind is nn.LSTM else h
+    want_out, want_state = rnn(x, state)
+    got_out, got_state = rnn_step(rnn, x, state)
+    wants = [want_out, *(want_state if isinstance(want_state, tuple) else (want_state,))]
+    gots = [got_out, *(got_state if isinstance(got_state, tuple) else (got_state,))]
+    for want, got in zip(wants, gots, strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    inputs = [x, *(state if isinstance(state, tuple) else (state,)), *rnn.parameters()]
+    probes = [torch.randn_like(w) for w in wants]
+    want_grads = torch.autograd.grad(wants, inputs, probes)
+    got_grads = torch.autograd.grad(gots, inputs, probes)
+    for want, got in zip(want_grads, got_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_a_cell_step_refuses_a_bidirectional_rnn() -> None:
+    rnn = nn.GRU(3, 4, bidirectional=True, batch_first=True)
+    with pytest.raises(ValueError, match="unidirectional"):
+        rnn_step(rnn, torch.zeros(2, 1, 3), torch.zeros(2, 2, 4))
+
+
+SRC_VOCAB, TRG_VOCAB = 11, 13
+
+
+def _models(style: str, feeding: bool, rnn: str, score: str, coverage: str):
+    raw = {
+        "embedding_size": 6,
+        "embedding_dropout": 0.0,
+        "encoder": {"rnn": rnn, "hidden_size": 4, "layers": 2, "dropout": 0.0},
+        "decoder": {
+            "style": style,
+            "rnn": rnn,
+            "hidden_size": 8,
+            "layers": 2,
+            "dropout": 0.0,
+            "input_feeding": feeding,
+        },
+        "attention": {"score": score, "hidden_size": 5, "coverage": coverage},
+    }
+    config = from_dict({"model": raw}).model
+    torch.manual_seed(0)
+    plain = build_model(config, SRC_VOCAB, TRG_VOCAB, FastPaths.plain()).double().train()
+    with torch.no_grad():
+        for param in plain.parameters():
+            param.add_(0.3 * torch.randn_like(param))
+    ready = build_model(config, SRC_VOCAB, TRG_VOCAB, FastPaths(graphs=True)).double().train()
+    ready.load_state_dict(plain.state_dict())
+    return plain, ready
+
+
+@pytest.mark.parametrize(
+    ("style", "feeding", "rnn", "score", "coverage"),
+    [
+        ("bahdanau", False, "gru", "additive", "none"),
+        ("bahdanau", False, "lstm", "additive", "neural"),
+        ("luong", True, "gru", "general", "none"),
+        ("luong", True, "lstm", "dot", "none"),
+        ("luong", True, "gru", "local-p", "none"),
+    ],
+)
+def test_a_padded_batch_through_the_cells_gives_the_plain_loss_and_gradients(
+    style: str, feeding: bool, rnn: str, score: str, coverage: str
+) -> None:
+    plain, ready = _models(style, feeding, rnn, score, coverage)
+    generator = torch.Generator().manual_seed(1)
+    src_lengths, trg_lengths = [7, 3, 5, 1], [4, 6, 2, 5]
+    src = [torch.randint(4, SRC_VOCAB, (n,), generator=generator).tolist() for n in src_lengths]
+    trg = [torch.randint(4, TRG_VOCAB, (n,), generator=generator).tolist() for n in trg_lengths]
+    batch = make_batch(src, trg, np.arange(4))
+    rows, length = batch_shape(
+        batch.src_lengths.numpy(), (batch.trg_out != 0).sum(1).numpy(), batch_tokens=40
+    )
+    assert (rows, length) == (5, 8)  # one empty row, two more positions: padding present
+    padded = batch.padded(rows, length)
+    want_loss, want_nll = plain.loss(*batch.tensors(), label_smoothing=0.1)
+    got_loss, got_nll = ready.loss(*padded.tensors(), label_smoothing=0.1)
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got_nll, want_nll, rtol=1e-12, atol=1e-12)
+    want_grads = torch.autograd.grad(want_loss, list(plain.parameters()), allow_unused=True)
+    got_grads = torch.autograd.grad(got_loss, list(ready.parameters()), allow_unused=True)
+    for (name, _), want, got in zip(plain.named_parameters(), want_grads, got_grads, strict=True):
+        if want is None:
+            assert got is None or not got.any(), name
+            continue
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_graphs_are_kept_only_for_a_stepwise_decoder() -> None:
+    for feeding, kept in ((True, True), (False, False)):
+        raw = {
+            "embedding_size": 4,
+            "encoder": {"hidden_size": 4},
+            "decoder": {"style": "luong", "hidden_size": 4, "input_feeding": feeding},
+        }
+        config = from_dict({"model": raw}).model
+        model = build_model(config, 7, 7, FastPaths(graphs=True))
+        assert (model.graphs is not None) is kept
+        assert build_model(config, 7, 7, FastPaths()).graphs is None
