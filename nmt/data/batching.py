@@ -6,7 +6,7 @@ CUDA graphs (``shaped_batches``), sentence-count batches for decoding
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -24,10 +24,18 @@ class Batch:
     trg_out: torch.Tensor
     indices: np.ndarray
     guide: torch.Tensor | None = None  # (B, T, S) attention targets (nmt.data.guidance)
+    # (N,) the positions of trg_out.view(-1) that are target tokens, found on the host before
+    # the batch goes to a GPU, so that the loss never waits for the GPU to find them
+    target_rows: torch.Tensor | None = None
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(src, src_lengths, trg_in, trg_out): what ``Seq2Seq.loss`` takes."""
         return self.src, self.src_lengths, self.trg_in, self.trg_out
+
+    def with_target_rows(self) -> Batch:
+        """The batch with ``target_rows`` (for the batch as it is: after any padding)."""
+        rows = (self.trg_out.reshape(-1) != PAD_ID).nonzero().squeeze(1)
+        return replace(self, target_rows=rows)
 
     @property
     def n_target_tokens(self) -> int:
@@ -65,6 +73,7 @@ class Batch:
             self.trg_out.pin_memory(),
             self.indices,
             None if self.guide is None else self.guide.pin_memory(),
+            None if self.target_rows is None else self.target_rows.pin_memory(),
         )
 
     def to(self, device: torch.device) -> Batch:
@@ -75,6 +84,7 @@ class Batch:
             self.trg_out.to(device, non_blocking=True),
             self.indices,
             None if self.guide is None else self.guide.to(device, non_blocking=True),
+            None if self.target_rows is None else self.target_rows.to(device, non_blocking=True),
         )
 
 

@@ -106,6 +106,7 @@ class Seq2Seq(nn.Module):
         label_smoothing: float = 0.0,
         guide: Tensor | None = None,
         guide_weight: float = 0.0,
+        target_rows: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Summed label-smoothed cross-entropy and summed plain NLL over the target tokens.
 
@@ -113,14 +114,19 @@ class Seq2Seq(nn.Module):
         with PAD_ID. Divide by the number of target tokens for per-token means. With
         ``guide`` (B, T, S) attention targets, the loss adds ``guide_weight`` times their
         cross-entropy with the attention (``guided_alignment_loss``), or with the alignment
-        head's weights when the model has one; the NLL does not.
+        head's weights when the model has one; the NLL does not. ``target_rows``: the
+        positions of trg_out.view(-1) that are not padding, where the caller knows them
+        (``Batch.target_rows``): then finding them costs no wait on a GPU.
         """
         memory, state = self.encode(src, src_lengths)
         features, alphas = self._teacher_forced(trg_in, memory, state)
         flat = features.reshape(-1, features.size(-1))  # (B*T, O)
         gold = trg_out.reshape(-1)  # (B*T,)
-        keep = gold != PAD_ID
-        flat, gold = flat[keep], gold[keep]  # padding never reaches the output layer
+        if target_rows is None:
+            keep = gold != PAD_ID
+            flat, gold = flat[keep], gold[keep]  # padding never reaches the output layer
+        else:
+            flat, gold = flat.index_select(0, target_rows), gold.index_select(0, target_rows)
         weight = self.generator.weight  # (V, O)
         loss, nll = self.fast.output_loss(flat, weight, gold, label_smoothing, self.training)
         if guide is not None and guide_weight > 0:

@@ -32,14 +32,15 @@ def device_batch(
     corpus: Corpus, indices: np.ndarray, device: torch.device, batch_tokens: int, shaped: bool
 ) -> Batch:
     """The padded batch of ``indices`` on ``device``; ``shaped``: padded to its static shape
-    (``batch_shape``). A GPU's batch goes through page-locked memory, so that its copy does
-    not wait for the GPU."""
+    (``batch_shape``); its target rows found here (``Batch.target_rows``). A GPU's batch goes
+    through page-locked memory, so that its copy does not wait for the GPU."""
     batch = corpus.batch(indices)
     if shaped:
         rows, length = batch_shape(
             corpus.src_lengths[indices], corpus.trg_lengths[indices], batch_tokens
         )
         batch = batch.padded(rows, length)
+    batch = batch.with_target_rows()
     if device.type == "cuda":
         batch = batch.pin_memory()
     return batch.to(device)

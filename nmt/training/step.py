@@ -45,13 +45,15 @@ class TrainingLoss(nn.Module):
     def forward(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """-> (loss_sum, nll_sum), scalars summed over the batch's target tokens; with
         attention targets, the loss adds their weighted cross-entropy (summed over rows)."""
+        rows = batch.target_rows
         if batch.guide is None or self.guide_weight == 0:
-            return self.model.loss(*batch.tensors(), self.label_smoothing)
+            return self.model.loss(*batch.tensors(), self.label_smoothing, target_rows=rows)
         return self.model.loss(
             *batch.tensors(),
             self.label_smoothing,
             guide=batch.guide,
             guide_weight=self.guide_weight,
+            target_rows=rows,
         )
 
 

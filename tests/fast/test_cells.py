@@ -127,3 +127,19 @@ def test_graphs_are_kept_only_for_a_stepwise_decoder() -> None:
         model = build_model(config, 7, 7, FastPaths(graphs=True))
         assert (model.graphs is not None) is kept
         assert build_model(config, 7, 7, FastPaths()).graphs is None
+
+
+def test_target_rows_found_on_the_host_give_the_same_loss_to_the_bit() -> None:
+    _, ready = _models("bahdanau", False, "gru", "additive", "none")
+    generator = torch.Generator().manual_seed(2)
+    src = [torch.randint(4, SRC_VOCAB, (n,), generator=generator).tolist() for n in (5, 2, 7)]
+    trg = [torch.randint(4, TRG_VOCAB, (n,), generator=generator).tolist() for n in (3, 6, 1)]
+    batch = make_batch(src, trg, np.arange(3)).padded(4, 8).with_target_rows()
+    assert batch.target_rows is not None
+    assert batch.target_rows.tolist() == (batch.trg_out.view(-1) != 0).nonzero().view(-1).tolist()
+    assert len(batch.target_rows) == batch.n_target_tokens == 3 + 6 + 1 + 3
+    torch.manual_seed(0)
+    want = ready.loss(*batch.tensors(), label_smoothing=0.1)
+    torch.manual_seed(0)
+    got = ready.loss(*batch.tensors(), label_smoothing=0.1, target_rows=batch.target_rows)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
