@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# The GPU checks in one run: the CUDA tests, the training bench with and without CUDA graphs
-# (each configuration in both, back to back, on the same GPU), and the RNNs' precisions on
-# CUDA. Every figure goes to files under $OUT (default runs/gpu):
-#   nvidia-smi.txt  tests.log  bench-eager.json  bench-graphs.json  bench.md  rnn.txt  log.txt
+# The GPU checks in one run, by stage: the CUDA tests, the training bench with and without
+# CUDA graphs (each configuration both ways, back to back, on the same GPU), the same at the
+# large sizes, and the RNNs' precisions on CUDA. Every figure goes to files under $OUT
+# (default runs/gpu): nvidia-smi.txt, log.txt, tests.log, bench-{eager,graphs}.json,
+# large-{eager,graphs}.json, bench.md (the tables of every bench run), rnn.txt.
 #
-#   OUT=runs/gpu bash scripts/gpu_check.sh [configs]     # configs: scripts/bench.py --configs
+#   OUT=runs/gpu bash scripts/gpu_check.sh [STAGE ...]   # stages: tests bench large rnn
+#                                                        # (default: all four, in that order)
+#   CONFIGS=bahdanau bash scripts/gpu_check.sh bench      # scripts/bench.py --configs
 #
-# Needs a CUDA GPU and the project's dependencies (a machine without pydantic or datasets can
-# take their wheels from .whl/: they are installed into /tmp/site first).
+# Each stage has a time limit, so that the run fits one call of ten minutes. Needs a CUDA
+# GPU and the project's dependencies (a machine without pydantic or datasets can take their
+# wheels from .whl/: they are installed into /tmp/site first).
 set -u
 OUT=${OUT:-runs/gpu}
-CONFIGS=${1:-bahdanau,luong-feed,luong-nofeed}
+CONFIGS=${CONFIGS:-bahdanau,luong-feed,luong-nofeed}
+LARGE_CONFIGS=${LARGE_CONFIGS:-bahdanau,luong-feed}
 PY=${PYTHON:-python3}
+STAGES=${*:-tests bench large rnn}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -22,23 +28,35 @@ exec > >(tee -a "$OUT/log.txt") 2>&1
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0), 'cudnn', torch.backends.cudnn.version())"
 
-echo "== tests"
-timeout "${TEST_SECONDS:-210}" $PY -m pytest -p no:cacheprovider -o addopts="" -m "gpu and not slow" -q \
-    --timeout 200 tests/fast/test_graphs_cuda.py tests/training/test_gpu.py 2>&1 \
-    | tee "$OUT/tests.log" | tail -25
+bench_pair() {  # NAME SECONDS ARGS...: the bench eager, then with graphs
+    local name=$1 seconds=$2
+    shift 2
+    local common=(--device cuda --parts train --warmup 2 --windows 3 --steps 6
+                  --work-dir runs/bench "$@")
+    timeout "$seconds" $PY scripts/bench.py "${common[@]}" \
+        --override training.cuda_graphs=false --json "$OUT/$name-eager.json" 2>&1 | tail -12
+    timeout "$seconds" $PY scripts/bench.py "${common[@]}" --json "$OUT/$name-graphs.json" \
+        2>&1 | tail -12
+    for mode in eager graphs; do
+        [ -f "$OUT/$name-$mode.json" ] || continue
+        echo "### $name, $mode"
+        $PY scripts/bench.py --report "$OUT/$name-$mode.json" --markdown 2>/dev/null
+    done >> "$OUT/bench.md"
+}
 
-echo "== bench"
-common=(--device cuda --parts train --configs "$CONFIGS" --warmup 2 --windows 3 --steps 6
-        --work-dir runs/bench)
-timeout 170 $PY scripts/bench.py "${common[@]}" --override training.cuda_graphs=false \
-    --json "$OUT/bench-eager.json" 2>&1 | tail -12
-timeout 170 $PY scripts/bench.py "${common[@]}" --json "$OUT/bench-graphs.json" 2>&1 | tail -12
-for f in eager graphs; do
-    echo "### $f"; $PY scripts/bench.py --report "$OUT/bench-$f.json" --markdown 2>/dev/null
-done > "$OUT/bench.md"
-
-echo "== RNN precision"
-timeout 45 $PY - <<'PY' 2>&1 | tee "$OUT/rnn.txt"
+for stage in $STAGES; do
+    echo "== $stage"
+    case $stage in
+    tests)
+        timeout "${TEST_SECONDS:-210}" $PY -m pytest -p no:cacheprovider -o addopts="" \
+            -m "gpu and not slow" -q --timeout 200 tests/fast/test_graphs_cuda.py \
+            tests/training/test_gpu.py 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    bench)
+        bench_pair bench 170 --configs "$CONFIGS" ;;
+    large)
+        bench_pair large 150 --configs "$LARGE_CONFIGS" --large ;;
+    rnn)
+        timeout 45 $PY - <<'PY' 2>&1 | tee "$OUT/rnn.txt"
 import torch
 from torch import nn
 
@@ -51,6 +69,7 @@ for name, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     rnn = nn.GRU(I, H, batch_first=True, bidirectional=True).cuda().to(dtype)
+    rnn.flatten_parameters()  # one packed weight buffer, as a module moved once has
     x = torch.randn(B, T, I, device="cuda", dtype=dtype, requires_grad=True)
     ref = nn.GRU(I, H, batch_first=True, bidirectional=True).cuda().double()
     ref.load_state_dict({k: v.double() for k, v in rnn.state_dict().items()})
@@ -69,4 +88,8 @@ for name, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32
     print(f"{name}: {ms:.2f} ms forward+backward, {flops / ms / 1e9:.1f} TFLOP/s, "
           f"relative error of the forward {error:.1e}")
 PY
+        ;;
+    *) echo "unknown stage $stage (tests bench large rnn)" ;;
+    esac
+done
 echo "== done"

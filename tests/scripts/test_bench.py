@@ -181,3 +181,18 @@ def test_rnn_flops_are_counted_or_added() -> None:
     flops, added = bench.count_step_flops(lstm, lambda: lstm(x)[0].sum().backward())
     if added:  # oneDNN's fused LSTM: counted analytically
         assert flops == 3 * 2 * 4 * 8 * (4 + 8) * 2 * 5
+
+
+def test_the_large_sizes_make_a_valid_two_layer_config() -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    options = bench.parse_args(["--large", "--device", "cpu"])
+    config = bench.bench_config("luong-feed", options)
+    model = config.model
+    assert (model.encoder.hidden_size, model.decoder.hidden_size) == (1024, 1024)
+    assert model.decoder.layers == 2 and model.encoder.bidirectional
+    assert (config.tokenizer.vocab_size, config.training.batch_tokens) == (28000, 16000)
+    assert "--large" in bench.child_arguments(options)
