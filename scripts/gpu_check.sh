@@ -3,10 +3,11 @@
 # CUDA graphs (each configuration both ways, back to back, on the same GPU), the same at the
 # large sizes, and the RNNs' precisions on CUDA. Every figure goes to files under $OUT
 # (default runs/gpu): nvidia-smi.txt, log.txt, tests.log, bench-{eager,graphs}.json,
-# large-{eager,graphs}.json, bench.md (the tables of every bench run), rnn.txt.
+# large-{eager,graphs}.json, bench.md (the tables of every bench run), rnn.txt,
+# profile-{eager,graphs}.json (scripts/profile_step.py, Bahdanau at the bench sizes).
 #
-#   OUT=runs/gpu bash scripts/gpu_check.sh [STAGE ...]   # stages: tests bench large rnn
-#                                                        # (default: all four, in that order)
+#   OUT=runs/gpu bash scripts/gpu_check.sh [STAGE ...]   # stages: tests bench large profile rnn
+#                                                        # (default: all five, in that order)
 #   CONFIGS=bahdanau bash scripts/gpu_check.sh bench      # scripts/bench.py --configs
 #
 # Each stage has a time limit, so that the run fits one call of ten minutes. Needs a CUDA
@@ -17,7 +18,7 @@ OUT=${OUT:-runs/gpu}
 CONFIGS=${CONFIGS:-bahdanau,luong-feed,luong-nofeed}
 LARGE_CONFIGS=${LARGE_CONFIGS:-bahdanau,luong-feed}
 PY=${PYTHON:-python3}
-STAGES=${*:-tests bench large rnn}
+STAGES=${*:-tests bench large profile rnn}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -55,6 +56,12 @@ for stage in $STAGES; do
         bench_pair bench 170 --configs "$CONFIGS" ;;
     large)
         bench_pair large 150 --configs "$LARGE_CONFIGS" --large ;;
+    profile)
+        for mode in eager graphs; do
+            flag=(); [ $mode = eager ] && flag=(--override training.cuda_graphs=false)
+            timeout 90 $PY scripts/profile_step.py --device cuda --config bahdanau "${flag[@]}" \
+                --json "$OUT/profile-$mode.json" 2>&1 | tail -30
+        done ;;
     rnn)
         timeout 45 $PY - <<'PY' 2>&1 | tee "$OUT/rnn.txt"
 import torch
@@ -89,7 +96,7 @@ for name, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32
           f"relative error of the forward {error:.1e}")
 PY
         ;;
-    *) echo "unknown stage $stage (tests bench large rnn)" ;;
+    *) echo "unknown stage $stage (tests bench large profile rnn)" ;;
     esac
 done
 echo "== done"

@@ -196,3 +196,21 @@ def test_the_large_sizes_make_a_valid_two_layer_config() -> None:
     assert model.decoder.layers == 2 and model.encoder.bidirectional
     assert (config.tokenizer.vocab_size, config.training.batch_tokens) == (28000, 16000)
     assert "--large" in bench.child_arguments(options)
+
+
+def test_profile_step_runs_and_writes_its_figures(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    write_corpus(data)
+    out = tmp_path / "profile.json"
+    command = [sys.executable, str(ROOT / "scripts" / "profile_step.py"), "--tiny"]
+    command += ["--device", "cpu", "--data", str(data), "--work-dir", str(tmp_path / "work")]
+    command += ["--warmup", "1", "--steps", "2", "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["config"] == "bahdanau" and result["steps"] == 2
+    assert positive(result["wall_ms_per_step"]) and positive(result["target_tokens_per_s"])
+    assert result["device_busy_ms_per_step"] is None and not result["cuda_graphs"]
+    assert result["top_host"] and all(positive(row["ms_per_step"]) for row in result["top_host"])
+    assert "ms a step" in done.stdout

@@ -74,10 +74,10 @@ def split_above(sentences: int) -> None:
     """Make the loss run out of memory on batches of more than ``sentences``."""
     real_loss = Seq2Seq.loss
 
-    def loss(self: Seq2Seq, src: torch.Tensor, *tensors: Any) -> Any:
+    def loss(self: Seq2Seq, src: torch.Tensor, *tensors: Any, **options: Any) -> Any:
         if src.size(0) > sentences:
             raise torch.OutOfMemoryError("CUDA out of memory")
-        return real_loss(self, src, *tensors)
+        return real_loss(self, src, *tensors, **options)
 
     Seq2Seq.loss = loss  # type: ignore[method-assign]  # in a spawned worker only
 

@@ -232,11 +232,11 @@ def test_a_signal_on_a_validation_step_still_resumes_exactly(
     monkeypatch.setattr(step_module.StopFlag, "__enter__", remember)
     real_loss, calls = Seq2Seq.loss, [0]
 
-    def loss(self: Seq2Seq, *tensors: Any) -> Any:
+    def loss(self: Seq2Seq, *tensors: Any, **options: Any) -> Any:
         calls[0] += self.training
         if calls[0] == 40 and self.training:
             flags[-1].signal = signal.SIGTERM  # what the handler does
-        return real_loss(self, *tensors)
+        return real_loss(self, *tensors, **options)
 
     monkeypatch.setattr(Seq2Seq, "loss", loss)
     run_dir = tmp_path / "run"
@@ -339,8 +339,8 @@ def nan_losses(monkeypatch: pytest.MonkeyPatch, bad_calls: set[int] | range) -> 
     real_loss = Seq2Seq.loss
     calls = {"n": 0}
 
-    def loss(self: Seq2Seq, *tensors: Any) -> Any:
-        loss_sum, nll_sum = real_loss(self, *tensors)
+    def loss(self: Seq2Seq, *tensors: Any, **options: Any) -> Any:
+        loss_sum, nll_sum = real_loss(self, *tensors, **options)
         if self.training:
             calls["n"] += 1
             if calls["n"] in bad_calls:
@@ -743,11 +743,11 @@ def oom_above(monkeypatch: pytest.MonkeyPatch, sentences: int) -> list[int]:
     real_loss = Seq2Seq.loss
     seen: list[int] = []
 
-    def loss(self: Seq2Seq, src: Any, *tensors: Any) -> Any:
+    def loss(self: Seq2Seq, src: Any, *tensors: Any, **options: Any) -> Any:
         seen.append(src.size(0))
         if self.training and src.size(0) > sentences:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real_loss(self, src, *tensors)
+        return real_loss(self, src, *tensors, **options)
 
     monkeypatch.setattr(Seq2Seq, "loss", loss)
     return seen
