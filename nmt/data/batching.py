@@ -5,6 +5,7 @@ CUDA graphs (``shaped_batches``), sentence-count batches for decoding
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -90,21 +91,42 @@ class Batch:
 
 def pad(sequences: Sequence[Sequence[int]], length: int | None = None) -> torch.Tensor:
     """(B, L) long tensor, right-padded with PAD_ID."""
-    length = length or max(len(s) for s in sequences)
-    out = torch.full((len(sequences), length), PAD_ID, dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        out[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
-    return out
+    flat, lengths = _flat(sequences)
+    length = length or int(lengths.max(initial=0))
+    return _scatter(flat, lengths, length, 0)
 
 
 def make_batch(
     src_ids: Sequence[Sequence[int]], trg_ids: Sequence[Sequence[int]], indices: np.ndarray
 ) -> Batch:
-    src = pad(src_ids)
-    lengths = torch.tensor([len(s) for s in src_ids], dtype=torch.long)
-    trg_in = pad([[BOS_ID, *t] for t in trg_ids])
-    trg_out = pad([[*t, EOS_ID] for t in trg_ids])
-    return Batch(src, lengths, trg_in, trg_out, indices)
+    """The padded batch of the pairs: src, trg_in = BOS y and trg_out = y EOS."""
+    src_flat, src_lengths = _flat(src_ids)
+    src = _scatter(src_flat, src_lengths, int(src_lengths.max(initial=0)), 0)
+    trg_flat, trg_lengths = _flat(trg_ids)
+    width = int(trg_lengths.max(initial=0)) + 1
+    trg_in = _scatter(trg_flat, trg_lengths, width, 1)  # y shifted right by one: BOS y
+    trg_in[:, 0] = BOS_ID
+    trg_out = _scatter(trg_flat, trg_lengths, width, 0)
+    trg_out[torch.arange(len(trg_ids)), torch.from_numpy(trg_lengths)] = EOS_ID
+    return Batch(src, torch.from_numpy(src_lengths), trg_in, trg_out, indices)
+
+
+def _flat(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Every id of ``sequences`` in one int64 array, and each sequence's length."""
+    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+    flat = np.fromiter(itertools.chain.from_iterable(sequences), np.int64, int(lengths.sum()))
+    return flat, lengths
+
+
+def _scatter(flat: np.ndarray, lengths: np.ndarray, width: int, offset: int) -> torch.Tensor:
+    """(B, width) PAD_ID, with row b's ids at positions offset .. offset + lengths[b] - 1:
+    one vectorised write instead of a copy per sentence."""
+    out = np.full((len(lengths), width), PAD_ID, dtype=np.int64)
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    starts = np.cumsum(lengths) - lengths
+    positions = np.arange(len(flat)) - np.repeat(starts, lengths) + offset
+    out[rows, positions] = flat
+    return torch.from_numpy(out)
 
 
 def bucket_batches(

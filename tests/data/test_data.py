@@ -10,12 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from nmt.config import DataConfig
 from nmt.data.batching import (
     batch_shape,
     bucket_batches,
     make_batch,
+    pad,
     padding_fraction,
     shape_length,
     shaped_batches,
@@ -468,3 +470,28 @@ def test_a_padded_batch_keeps_its_rows_and_adds_empty_ones() -> None:
     assert padded.indices.tolist() == [3, 4]
     with pytest.raises(ValueError, match="exceeds"):
         batch.padded(1, 8)
+
+
+def _pad_reference(sequences: list[list[int]], length: int) -> torch.Tensor:
+    out = torch.full((len(sequences), length), PAD_ID, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        out[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return out
+
+
+def test_pad_and_make_batch_equal_a_copy_per_sentence() -> None:
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        count = int(rng.integers(1, 9))
+        src = [rng.integers(4, 90, int(rng.integers(1, 12))).tolist() for _ in range(count)]
+        trg = [rng.integers(4, 90, int(rng.integers(0, 12))).tolist() for _ in range(count)]
+        longest = max(len(s) for s in src)
+        assert torch.equal(pad(src), _pad_reference(src, longest))
+        assert torch.equal(pad(src, longest + 3), _pad_reference(src, longest + 3))
+        batch = make_batch(src, trg, np.arange(count))
+        width = max(len(t) for t in trg) + 1
+        assert torch.equal(batch.src, _pad_reference(src, longest))
+        assert batch.src_lengths.tolist() == [len(s) for s in src]
+        assert batch.src_lengths.dtype == torch.long
+        assert torch.equal(batch.trg_in, _pad_reference([[BOS_ID, *t] for t in trg], width))
+        assert torch.equal(batch.trg_out, _pad_reference([[*t, EOS_ID] for t in trg], width))
