@@ -102,6 +102,25 @@ def forward_backward(
     On out-of-memory: an NMTError that describes the batch, or with ``oom_split`` a retry in
     2, 4, ... pieces, each scaled the same way, so the gradient is unchanged.
     """
+    sums = _forward_backward(
+        loss_module, batch, scale, device, precision, scaler, oom_split, batch_tokens
+    )
+    loss_sum, nll_sum = sums.tolist()
+    return loss_sum, nll_sum
+
+
+def _forward_backward(
+    loss_module: nn.Module,
+    batch: Batch | Sequence[Batch],
+    scale: float,
+    device: torch.device,
+    precision: str,
+    scaler: Any = None,
+    oom_split: bool = False,
+    batch_tokens: int | None = None,
+) -> Tensor:
+    """``forward_backward``'s sums as a float64 tensor (2,) on the device: reading them waits
+    for the device, so a step reads them once, with its gradient norms."""
     batches = [batch] if isinstance(batch, Batch) else list(batch)
     pieces = 1
     while True:
@@ -138,8 +157,8 @@ def _accumulate(
     precision: str,
     scaler: Any,
     in_sync: list[bool],
-) -> tuple[float, float]:
-    loss_sum = nll_sum = 0.0
+) -> Tensor:
+    sums = None
     ddp = loss_module if isinstance(loss_module, DistributedDataParallel) else None
     for number, piece in enumerate(pieces, start=1):
         last = number == len(pieces)
@@ -151,9 +170,11 @@ def _accumulate(
             if ddp is not None and last:
                 in_sync.append(True)
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        loss_sum += float(loss.detach())
-        nll_sum += float(nll)
-    return loss_sum, nll_sum
+        # in float64: the sums of the float32 pieces as a host's float would add them
+        piece_sums = torch.stack([loss.detach().double(), nll.detach().double()])
+        sums = piece_sums if sums is None else sums + piece_sums
+    assert sums is not None
+    return sums
 
 
 def _split_batch(batch: Batch, pieces: int) -> list[Batch]:
@@ -207,6 +228,15 @@ def apply_update(
     gradients are clipped by their own norm, so that they never scale the translation
     model's; the norm returned is the translation model's.
     """
+    norms = clip_gradients(model, optimizer, scaler, clip_grad_norm)
+    return step_if_finite(norms.tolist(), optimizer, scaler)
+
+
+def clip_gradients(
+    model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, clip_grad_norm: float | None
+) -> Tensor:
+    """Unscale (fp16) and clip: -> the norms before clipping, (1,) the translation model's
+    and (2,) the alignment head's after it, on the device (reading them waits for it)."""
     if scaler is not None:
         scaler.unscale_(optimizer)
     max_norm = clip_grad_norm if clip_grad_norm is not None else float("inf")
@@ -214,10 +244,20 @@ def apply_update(
     head: list[nn.Parameter] = []
     for name, parameter in model.named_parameters():
         (head if name.startswith("aligner.") else translation).append(parameter)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(translation, max_norm))
+    norms = [torch.nn.utils.clip_grad_norm_(translation, max_norm)]
     if head:
-        head_norm = float(torch.nn.utils.clip_grad_norm_(head, max_norm))
-        grad_norm = grad_norm if math.isfinite(head_norm) else head_norm
+        norms.append(torch.nn.utils.clip_grad_norm_(head, max_norm))
+    return torch.stack([norm.double() for norm in norms])
+
+
+def step_if_finite(
+    norms: list[float], optimizer: torch.optim.Optimizer, scaler: Any
+) -> tuple[float, bool]:
+    """The optimiser step where the norms (``clip_gradients``'s, read) are finite, or the
+    scaler's step: -> (the gradient norm, applied)."""
+    grad_norm = norms[0]
+    if len(norms) > 1:
+        grad_norm = grad_norm if math.isfinite(norms[1]) else norms[1]
     if scaler is None:
         applied = math.isfinite(grad_norm)
         if applied:
@@ -355,7 +395,7 @@ def train_step(
     """
     cfg, place = updater.training, updater.place
     updater.optimizer.zero_grad(set_to_none=True)
-    loss, nll = forward_backward(
+    sums = _forward_backward(
         updater.loss_module,
         batches,
         place.world_size / global_tokens,
@@ -365,6 +405,16 @@ def train_step(
         cfg.oom_split,
         cfg.batch_tokens,
     )
+    norms = None
+    if not place.enabled and updater.scaler is None:
+        # one process: clip before reading anything, so that the step waits for the device
+        # once (a non-finite loss then skips the update of clipped gradients, which the next
+        # step discards)
+        clipped = clip_gradients(updater.model, updater.optimizer, None, cfg.clip_grad_norm)
+        values = torch.cat([sums, clipped]).tolist()
+        (loss, nll), norms = values[:2], values[2:]
+    else:
+        loss, nll = sums.tolist()
     mine = StepTotals(
         loss,
         nll,
@@ -378,8 +428,11 @@ def train_step(
     signalled, late = bool(totals.signalled), bool(totals.out_of_time)
     if totals.nonfinite:
         return StepResult(totals.loss, totals.nll, math.nan, "nonfinite", signalled, late, minutes)
-    grad_norm, applied = apply_update(
-        updater.model, updater.optimizer, updater.scaler, cfg.clip_grad_norm
-    )
+    if norms is not None:
+        grad_norm, applied = step_if_finite(norms, updater.optimizer, None)
+    else:
+        grad_norm, applied = apply_update(
+            updater.model, updater.optimizer, updater.scaler, cfg.clip_grad_norm
+        )
     status = "applied" if applied else "overflow" if updater.scaler is not None else "nonfinite"
     return StepResult(totals.loss, totals.nll, grad_norm, status, signalled, late, minutes)
