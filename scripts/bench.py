@@ -64,6 +64,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from nmt import checkpoint, files  # noqa: E402
+from nmt.commands.export import ExportRequest, export_command  # noqa: E402
 from nmt.config import Config, apply_override, from_dict  # noqa: E402
 from nmt.data.batching import batch_shape, bucket_batches, padding_fraction  # noqa: E402
 from nmt.data.corpus import read_pairs  # noqa: E402
@@ -136,6 +137,10 @@ TINY_MATMUL_SIZE = 256
 DECODE_SETTINGS = ((1, 1), (1, 64), (5, 1), (5, 64))  # (beam size, batch size)
 CONSTRAINT_COUNTS = (1, 3)  # constraint words per sentence, beam 5, batch 64
 PARTS = ("matmul", "train", "decode", "translate")  # what a run measures (--parts)
+# what the decode and translate parts run on (--backends): torch in the precision nmt
+# translate decides (--precision auto), torch in bf16, and the model exported to ONNX under
+# onnxruntime, fp32 and with int8 weights (nmt export --quantize int8)
+BACKENDS = ("torch", "torch-bf16", "onnxruntime", "onnxruntime-int8")
 GIB = 2.0**30
 T = TypeVar("T")
 
@@ -177,6 +182,7 @@ class Options:
     translate_sentences: int | None
     model: str | None
     parts: list[str]
+    backends: list[str]
     env: dict[str, str]
     overrides: list[str]
     in_process: bool
@@ -756,6 +762,7 @@ class DecodeRow:
     search: str
     beam_size: int
     batch_size: int
+    backend: str  # "torch fp32", "torch bf16", "onnxruntime fp32", "onnxruntime int8"
     constraints_per_sentence: int | None = omitted_when_none()
     sentences: int
     seconds: float
@@ -791,6 +798,7 @@ class DecodingResult(DecodingModel):
 class TranslateCommand(DecodingModel):
     """The whole ``nmt translate`` command; ``error`` instead of the figures if it failed."""
 
+    backend: str = "torch"  # as --backends names it
     error: str | None = omitted_when_none()
     command: str | None = omitted_when_none()
     sentences: int | None = omitted_when_none()
@@ -837,9 +845,13 @@ def decode_row(
     device: torch.device,
     setting: tuple[int, int],
     constrained: tuple[int, Steering] | None = None,
+    backend: str | None = None,
+    counter: Translator | None = None,
 ) -> DecodeRow:
     """The test sentences decoded with one (beam size, batch size), timed; ``constrained``:
-    (constraints per sentence, the constraints)."""
+    (constraints per sentence, the constraints); ``backend``: the row's name of what decoded
+    (default: torch in the translator's precision); ``counter``: the translator whose torch
+    model counts the FLOPs (default: ``translator``, which has none under onnxruntime)."""
     beam_size, batch_size = setting
     decoding = translator.config.decoding.model_copy(
         update={"beam_size": beam_size, "batch_size": batch_size}
@@ -852,15 +864,21 @@ def decode_row(
     search = "greedy" if beam_size == 1 else f"beam {beam_size}"
     if count is not None:
         search += f", {count} constraint{'s' if count > 1 else ''}"
-    log(f"decoding {search}, batch {batch_size}: {len(src_ids) / seconds:.1f} sentences/s")
+    backend = backend or f"torch {translator.precision}"
+    log(
+        f"decoding {search}, batch {batch_size}, {backend}: "
+        f"{len(src_ids) / seconds:.1f} sentences/s"
+    )
     outputs = [
         (ids, nbest[0].tokens) for ids, nbest in zip(src_ids, hypotheses, strict=True) if nbest
     ]
-    flops = decode_flops(translator, outputs, beam_size) if translator.model else None
+    counter = counter or translator
+    flops = decode_flops(counter, outputs, beam_size) if counter.model else None
     return DecodeRow(
         search=search,
         beam_size=beam_size,
         batch_size=batch_size,
+        backend=backend,
         constraints_per_sentence=count,
         sentences=len(src_ids),
         seconds=seconds,
@@ -920,12 +938,16 @@ def _pair_flops(
 
 
 def bench_decoding(
-    model_path: Path, sources: list[str], references: list[str], device: torch.device
+    model_path: Path,
+    sources: list[str],
+    references: list[str],
+    device: torch.device,
+    options: Options,
 ) -> tuple[str, list[DecodeRow]]:
     """Greedy and beam 5, batch sizes 1 and 64, through ``Translator.decode_ids``; then beam 5
     (batch 64) with 1 and 3 constraints per sentence, words of its reference (Post & Vilar's
     search). In the precision ``nmt translate`` decides (``--precision auto``); returns it
-    and the rows."""
+    and the rows. Each other backend of ``--backends`` adds the four unconstrained rows."""
     translator = Translator.from_checkpoint(model_path, device.type, "auto")
     src_ids = translator.tokenizer.encode_src(sources)
     warm = translator.config.decoding.model_copy(update={"beam_size": 1, "batch_size": 4})
@@ -940,8 +962,46 @@ def bench_decoding(
             ]
         )
         rows.append(decode_row(translator, src_ids, device, (5, 64), (count, steering)))
+    for backend in options.backends:
+        other = backend_translator(backend, translator, model_path, device, options)
+        if other is None:
+            continue
+        other.decode_ids(src_ids[:4], warm)
+        name = backend_name(backend, other)
+        for setting in DECODE_SETTINGS:
+            rows.append(decode_row(other, src_ids, device, setting, None, name, translator))
     precision = f"{translator.precision} ({translator.precision_reason}, as nmt translate)"
     return precision, rows
+
+
+def backend_name(backend: str, translator: Translator) -> str:
+    """A row's backend: "torch fp32", "onnxruntime int8", ..."""
+    if backend.startswith("onnxruntime"):
+        return "onnxruntime int8" if backend.endswith("int8") else "onnxruntime fp32"
+    return f"torch {translator.precision}"
+
+
+def backend_translator(
+    backend: str, default: Translator, model_path: Path, device: torch.device, options: Options
+) -> Translator | None:
+    """The translator of another ``--backends`` entry, None where it is the default's
+    (torch) or the same (torch-bf16 where auto chose bf16)."""
+    if backend == "torch" or (backend == "torch-bf16" and default.precision == "bf16"):
+        return None
+    if backend == "torch-bf16":
+        return Translator.from_checkpoint(model_path, device.type, "bf16")
+    return Translator.from_exported(exported_model(model_path, backend, options))
+
+
+def exported_model(model_path: Path, backend: str, options: Options) -> Path:
+    """``nmt export`` of the decoding model for an onnxruntime backend, under the work
+    directory (made again by every bench run: an export takes seconds)."""
+    quantize = "int8" if backend.endswith("int8") else None
+    output = Path(options.work_dir) / "exports" / f"{model_path.name}-{quantize or 'fp32'}"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    log(f"exporting {model_path} to {output}" + (" with int8 weights" if quantize else ""))
+    export_command(ExportRequest(model_path, output, "onnx", quantize))
+    return output
 
 
 def nmt_command() -> list[str]:
@@ -950,16 +1010,29 @@ def nmt_command() -> list[str]:
 
 
 def bench_translate_command(
-    options: Options, model: DecodingModel, sources: list[str], device: torch.device
+    options: Options,
+    model: DecodingModel,
+    sources: list[str],
+    device: torch.device,
+    backend: str = "torch",
 ) -> TranslateCommand:
-    """Wall clock of the whole ``nmt translate --beam 5`` command, start-up included."""
+    """Wall clock of the whole ``nmt translate --beam 5`` command, start-up included, on one
+    of ``BACKENDS`` (an onnxruntime one translates the export ``exported_model`` made)."""
     work_dir = Path(options.work_dir)
     input_path = work_dir / f"translate-input-{len(sources)}.txt"
     output_path = work_dir / "translate-output.txt"
     input_path.write_text("".join(line + "\n" for line in sources), encoding="utf-8")
-    command = [*nmt_command(), "translate", "--model", model.model, "--beam", "5"]
+    source = model.model
+    if backend.startswith("onnxruntime"):
+        source = str(exported_model(Path(model.model), backend, options))
+    command = [*nmt_command(), "translate", "--model", source, "--beam", "5"]
     command += ["--input", str(input_path), "--output", str(output_path)]
-    command += ["--device", device.type]
+    if backend.startswith("onnxruntime"):
+        command += ["--backend", "onnxruntime"]
+    else:
+        command += ["--device", device.type]
+    if backend == "torch-bf16":
+        command += ["--precision", "bf16"]
     start = time.perf_counter()
     proc = subprocess.Popen(
         command, env=child_environment(options), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
@@ -972,9 +1045,12 @@ def bench_translate_command(
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         tail = stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        return TranslateCommand(**vars(model), error=f"exit status {proc.returncode}: {tail[0]}")
+        return TranslateCommand(
+            **vars(model), backend=backend, error=f"exit status {proc.returncode}: {tail[0]}"
+        )
     return TranslateCommand(
         **vars(model),
+        backend=backend,
         command=" ".join(["nmt", *command[len(nmt_command()) :]]),
         sentences=len(sources),
         output_lines=output_path.read_text(encoding="utf-8").count("\n"),
@@ -1035,6 +1111,8 @@ class BenchResult:
     training: dict[str, TrainingResult | Failed] | None = omitted_when_none()
     decoding: DecodingResult | None = omitted_when_none()
     translate_command: TranslateCommand | None = omitted_when_none()
+    # the same command on each other backend of --backends
+    translate_backends: list[TranslateCommand] | None = omitted_when_none()
     load_average_end: tuple[float, float, float] | None = None
     runtime_s: float | None = None
 
@@ -1144,9 +1222,9 @@ def add_flop_bound(result: BenchResult) -> None:
     rates = result.matmul or {}
     if result.decoding is None or not rates:
         return
-    precision = result.decoding.precision.split(" ", 1)[0]
-    peak = rates.get(precision, rates.get("fp32"))
     for row in result.decoding.results:
+        precision = row.backend.split(" ")[-1]  # int8 rows: against fp32's rate
+        peak = rates.get(precision, rates.get("fp32"))
         if peak is not None and row.achieved_gflops is not None:
             row.matmul_gflops = peak.gflops
             row.fraction_of_flop_bound = row.achieved_gflops / peak.gflops
@@ -1161,7 +1239,9 @@ def add_decoding(result: BenchResult, options: Options, device: torch.device) ->
     if "decode" in options.parts:
         first = sources[: options.lengths.decode_sentences]
         log(f"decoding the first {len(first)} test sentences with {model_path} ({note})")
-        precision, rows = bench_decoding(model_path, first, references[: len(first)], device)
+        precision, rows = bench_decoding(
+            model_path, first, references[: len(first)], device, options
+        )
         result.decoding = DecodingResult(
             **vars(model),
             test_set=f"first {len(first)} of {len(sources)} sentences of {config.data.test}",
@@ -1173,6 +1253,12 @@ def add_decoding(result: BenchResult, options: Options, device: torch.device) ->
         chosen = sources[: options.translate_sentences or quick]
         log(f"nmt translate --beam 5 on {len(chosen)} test sentences")
         result.translate_command = bench_translate_command(options, model, chosen, device)
+        others = [b for b in options.backends if b != "torch"]
+        if others:
+            result.translate_backends = [
+                bench_translate_command(options, model, chosen, device, backend)
+                for backend in others
+            ]
 
 
 # ----------------------------------------------------------------------------- reports
@@ -1231,6 +1317,7 @@ TRAINING_HEADER = [
 ]
 DECODING_HEADER = [
     "search",
+    "backend",
     "batch",
     "sentences/s",
     "target tok/s",
@@ -1245,6 +1332,7 @@ def decoding_rows(result: dict[str, Any]) -> list[list[str]]:
     rows = [
         [
             entry["search"],
+            entry.get("backend", "torch"),
             str(entry["batch_size"]),
             _fmt(entry["sentences_per_s"], 1),
             _fmt(entry["target_tokens_per_s"]),
@@ -1255,11 +1343,14 @@ def decoding_rows(result: dict[str, Any]) -> list[list[str]]:
         ]
         for entry in result.get("decoding", {}).get("results", [])
     ]
-    command = result.get("translate_command")
-    if command and "error" not in command:
+    commands = [result.get("translate_command"), *result.get("translate_backends", [])]
+    for command in commands:
+        if not command or "error" in command:
+            continue
         rows.append(
             [
                 f"nmt translate --beam 5, whole command ({command['sentences']} sentences)",
+                command.get("backend", "torch"),
                 "-",
                 _fmt(command["sentences_per_s"], 1),
                 "-",
@@ -1418,6 +1509,12 @@ def parser() -> argparse.ArgumentParser:
     )
     add("--parts", default=",".join(PARTS), help=f"comma list of: {', '.join(PARTS)}")
     add(
+        "--backends",
+        default="torch",
+        help=f"what decode and translate run on, comma list of: {', '.join(BACKENDS)} "
+        "(default torch)",
+    )
+    add(
         "--env",
         action="append",
         type=environment_pair,
@@ -1459,8 +1556,13 @@ def parse_args(argv: list[str] | None = None) -> Options:
     unknown = set(parts) - set(PARTS)
     if unknown:
         command_line.error(f"--parts: unknown {', '.join(sorted(unknown))}")
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = set(backends) - set(BACKENDS)
+    if unknown or not backends:
+        command_line.error(f"--backends: unknown {', '.join(sorted(unknown)) or '(none)'}")
     values = {k: v for k, v in vars(args).items() if k not in vars(lengths)}
-    return Options(**{**values, "lengths": lengths, "parts": parts, "env": dict(args.env)})
+    values.update(parts=parts, backends=backends, env=dict(args.env))
+    return Options(**{**values, "lengths": lengths})
 
 
 def config_names(options: Options) -> list[str]:

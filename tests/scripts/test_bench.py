@@ -214,3 +214,37 @@ def test_profile_step_runs_and_writes_its_figures(tmp_path: Path) -> None:
     assert result["device_busy_ms_per_step"] is None and not result["cuda_graphs"]
     assert result["top_host"] and all(positive(row["ms_per_step"]) for row in result["top_host"])
     assert "ms a step" in done.stdout
+
+
+def test_decoding_backends_add_their_rows_and_commands(tmp_path: Path) -> None:
+    """--backends: torch in bf16 and the model exported under onnxruntime with int8 weights
+    (the fp32 export takes the same path), each with the four unconstrained rows and the
+    whole command, all decoding the same sentences (the onnxruntime rows' FLOPs counted on
+    the torch model)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_corpus(data)
+    out = tmp_path / "bench.json"
+    command = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--tiny", "--quick"]
+    command += ["--parts", "matmul,decode,translate", "--model", "untrained"]
+    command += ["--backends", "torch,torch-bf16,onnxruntime-int8"]
+    command += ["--data", str(data), "--work-dir", str(tmp_path / "work"), "--json", str(out)]
+    command += ["--threads", "1", "--translate-sentences", "8"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    rows = result["decoding"]["results"]
+    backends = [r["backend"] for r in rows]
+    assert backends[:6] == ["torch fp32"] * 6  # four settings and two constrained rows
+    assert backends[6:] == [*["torch bf16"] * 4, *["onnxruntime int8"] * 4]
+    for row in rows:
+        assert positive(row["sentences_per_s"]) and positive(row["achieved_gflops"]), row
+        assert positive(row["fraction_of_flop_bound"]), row
+    commands = [result["translate_command"], *result["translate_backends"]]
+    assert [c["backend"] for c in commands] == ["torch", "torch-bf16", "onnxruntime-int8"]
+    for entry in commands:
+        assert "error" not in entry, entry
+        assert entry["output_lines"] == entry["sentences"] == 8
+    assert "--backend onnxruntime" in commands[2]["command"]
+    assert "--precision bf16" in commands[1]["command"]
+    assert "onnxruntime int8" in proc.stdout
