@@ -94,33 +94,16 @@ def forward_backward(
     scaler: Any = None,
     oom_split: bool = False,
     batch_tokens: int | None = None,
-) -> tuple[float, float]:
+) -> Tensor:
     """Forward and backward of ``batch`` (or of several: ``training.accumulate``), the
     gradient of ``scale * loss_sum`` accumulated into ``.grad``; returns the batches'
-    (loss_sum, nll_sum). Under DDP only the last backward all-reduces.
+    (loss_sum, nll_sum) as a float64 tensor (2,) on the device, since reading it waits for
+    the device (a step reads it once, with its gradient norms). Under DDP only the last
+    backward all-reduces.
 
     On out-of-memory: an NMTError that describes the batch, or with ``oom_split`` a retry in
     2, 4, ... pieces, each scaled the same way, so the gradient is unchanged.
     """
-    sums = _forward_backward(
-        loss_module, batch, scale, device, precision, scaler, oom_split, batch_tokens
-    )
-    loss_sum, nll_sum = sums.tolist()
-    return loss_sum, nll_sum
-
-
-def _forward_backward(
-    loss_module: nn.Module,
-    batch: Batch | Sequence[Batch],
-    scale: float,
-    device: torch.device,
-    precision: str,
-    scaler: Any = None,
-    oom_split: bool = False,
-    batch_tokens: int | None = None,
-) -> Tensor:
-    """``forward_backward``'s sums as a float64 tensor (2,) on the device: reading them waits
-    for the device, so a step reads them once, with its gradient norms."""
     batches = [batch] if isinstance(batch, Batch) else list(batch)
     pieces = 1
     while True:
@@ -395,7 +378,7 @@ def train_step(
     """
     cfg, place = updater.training, updater.place
     updater.optimizer.zero_grad(set_to_none=True)
-    sums = _forward_backward(
+    sums = forward_backward(
         updater.loss_module,
         batches,
         place.world_size / global_tokens,
