@@ -74,10 +74,10 @@ def test_accumulated_batches_give_the_union_gradient_in_float64(fast: bool) -> N
     assert sum(b.n_target_tokens for b in batches) == tokens
     model = _model(FastPaths() if fast else FastPaths().plain()).double()
     loss_module = TrainingLoss(model, 0.1)
-    accumulated = forward_backward(loss_module, batches, 1 / tokens, CPU, "fp32")
+    accumulated = forward_backward(loss_module, batches, 1 / tokens, CPU, "fp32").tolist()
     separate = _grads(model)
     model.zero_grad(set_to_none=True)
-    whole = forward_backward(loss_module, union, 1 / tokens, CPU, "fp32")
+    whole = forward_backward(loss_module, union, 1 / tokens, CPU, "fp32").tolist()
     together = _grads(model)
     assert separate.keys() == together.keys() and separate
     for name, grad in together.items():
