@@ -105,6 +105,8 @@ def forward_backward(
     2, 4, ... pieces, each scaled the same way, so the gradient is unchanged.
     """
     batches = [batch] if isinstance(batch, Batch) else list(batch)
+    model = loss_module.module if isinstance(loss_module, DistributedDataParallel) else loss_module
+    kept = getattr(getattr(model, "model", None), "graphs", None) is not None
     pieces = 1
     while True:
         in_sync: list[bool] = []  # set once the backward that all-reduces has begun
@@ -114,7 +116,7 @@ def forward_backward(
         except torch.OutOfMemoryError:
             pass  # leave the except block, so that the failed graph can be freed
         for param in loss_module.parameters():
-            param.grad = None
+            param.grad = None if param.grad is None or not kept else param.grad.zero_()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         batch = max(batches, key=lambda b: b.src.numel() + b.trg_in.numel())
@@ -158,6 +160,23 @@ def _accumulate(
         sums = piece_sums if sums is None else sums + piece_sums
     assert sums is not None
     return sums
+
+
+def clear_gradients(optimizer: torch.optim.Optimizer, keep: bool) -> None:
+    """Before a step: every gradient None, or with ``keep`` (a model with CUDA graphs) zeros
+    in place. A captured backward returns the parameters' gradients in the graph's own
+    memory, which autograd would make a parameter's ``.grad`` when it has none; the next
+    replay (an accumulated batch, or a piece of a split one) would then overwrite it. Kept
+    gradients take each replay's by addition instead."""
+    if not keep:
+        optimizer.zero_grad(set_to_none=True)
+        return
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            else:
+                param.grad.zero_()
 
 
 def _split_batch(batch: Batch, pieces: int) -> list[Batch]:
@@ -377,7 +396,7 @@ def train_step(
     divided; ``clock`` and ``stop`` (none in a benchmark): the run's clock and signal flag.
     """
     cfg, place = updater.training, updater.place
-    updater.optimizer.zero_grad(set_to_none=True)
+    clear_gradients(updater.optimizer, keep=updater.model.graphs is not None)
     sums = forward_backward(
         updater.loss_module,
         batches,

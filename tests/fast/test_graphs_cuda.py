@@ -144,3 +144,24 @@ def test_bf16_training_with_graphs_reaches_the_eager_dev_loss(
         losses[graphs] = [r for r in read_metrics(run_dir) if r["split"] == "dev"][-1]["loss"]
     assert losses[False] < 1.5  # the task was learnt, so the comparison means something
     assert losses[True] == pytest.approx(losses[False], rel=0.1, abs=0.05)
+
+
+def test_accumulated_replays_add_up_as_the_eager_batches_do() -> None:
+    """Two batches of one shape in one step (training.accumulate, or a split batch): the
+    second replay must not overwrite the first's gradients (the step keeps gradients
+    allocated: nmt.training.step.clear_gradients)."""
+    from nmt.training.step import TrainingLoss, clear_gradients, forward_backward
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = _model("luong", True, "gru", "general", "none", dropout=0.0)
+    assert model.graphs is not None
+    optimizer = torch.optim.Adam(model.parameters())
+    batches = [_batch(5), _batch(6)]
+    grads = []
+    for paused in (False, True):
+        model.graphs.paused = paused
+        clear_gradients(optimizer, keep=True)
+        forward_backward(TrainingLoss(model, 0.1), batches, 0.01, torch.device("cuda"), "fp32")
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)

@@ -197,3 +197,28 @@ def test_a_run_with_accumulation_and_subword_sampling_resumes_exactly(
         assert torch.equal(b["model"][name], weight), name
     log = (whole / "run" / "train.log").read_text(encoding="utf-8")
     assert log.count("subword segmentations sampled") >= 2
+
+
+def test_a_model_with_graphs_keeps_its_gradients_and_steps_the_same() -> None:
+    """With CUDA graphs the step keeps every gradient allocated (zeroed, then each batch's
+    added in place: a captured backward returns gradients in the graph's own memory, which
+    the next replay overwrites). The same model and accumulated batches, its gradients
+    cleared to None instead, reach the same weights to the bit."""
+    from nmt.training.distributed import Distributed
+    from nmt.training.step import Updater, train_step
+
+    config = from_dict({"training": {"accumulate": 2, "learning_rate": 0.01}})
+    weights = []
+    for keep in (True, False):
+        model = _model(FastPaths(graphs=True)).double().train()
+        assert model.graphs is not None  # on a CPU nothing is captured: the unroll is eager
+        if not keep:
+            model.graphs = None
+        updater = Updater.build(config, model, "fp32", CPU, Distributed())
+        for seed in range(3):
+            batches, union = _batches([3, 4], seed=seed)
+            train_step(updater, batches, union.n_target_tokens)
+        grads = [p.grad for p in model.parameters()]
+        assert all(g is not None for g in grads) if keep else True
+        weights.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
