@@ -139,7 +139,9 @@ def _loop(run: Run, stop: StopFlag, bar: ProgressBar) -> None:
     reason = _stop_reason(run, None)
     while reason is None and progress.epoch < cfg.epochs:
         corpus = epoch_corpus_in_turn(run.corpora, progress.epoch, run.place)  # its pairs
-        batches = epoch_batches(corpus, cfg.batch_tokens, cfg.seed, progress.epoch, _shaped(run))
+        _begin_epoch(run)
+        shaped = progress.shaped_epoch
+        batches = epoch_batches(corpus, cfg.batch_tokens, cfg.seed, progress.epoch, shaped)
         _log_epoch(run, corpus, batches)
         per_update = world * cfg.accumulate
         run.schedule.epoch_updates = -(-(len(batches) // world) // cfg.accumulate)
@@ -174,14 +176,31 @@ def _loop(run: Run, stop: StopFlag, bar: ProgressBar) -> None:
 
 
 def _shaped(run: Run) -> bool:
-    """Whether batches take static shapes: the model captures CUDA graphs."""
+    """Whether a new epoch's batches take static shapes: the model captures CUDA graphs."""
     return run.updater.model.graphs is not None
+
+
+def _begin_epoch(run: Run) -> None:
+    """Decide the epoch's kind of batches (``Progress.shaped_epoch``): at its start, as the
+    model wants them; an epoch resumed part-way keeps the kind it began with, and where the
+    model's CUDA graphs would want the other kind, they rest until the epoch ends."""
+    progress, graphs = run.progress, run.updater.model.graphs
+    if progress.batch_in_epoch == 0:
+        progress.shaped_epoch = _shaped(run)
+    elif progress.shaped_epoch != _shaped(run):
+        log.info(
+            "epoch %d resumes with the %s batches it began with",
+            progress.epoch + 1,
+            "static-shape" if progress.shaped_epoch else "bucketed",
+        )
+    if graphs is not None:
+        graphs.paused = not progress.shaped_epoch  # no static shapes: no graphs to replay
 
 
 def _log_epoch(run: Run, corpus: TokenizedCorpus, batches: list[np.ndarray]) -> None:
     if run.progress.batch_in_epoch == 0:
         world, graphs = run.place.world_size, run.updater.model.graphs
-        shaped = run.config.training.batch_tokens if graphs is not None else None
+        shaped = run.config.training.batch_tokens if run.progress.shaped_epoch else None
         log.info(
             "epoch %d: %d batches, %.1f%% padding%s%s",
             run.progress.epoch + 1,
@@ -189,7 +208,7 @@ def _log_epoch(run: Run, corpus: TokenizedCorpus, batches: list[np.ndarray]) -> 
             100 * padding_fraction(batches, corpus.src_lengths, corpus.trg_lengths, shaped),
             f"; {len(batches) // world} steps of {world} batches" if world > 1 else "",
             ""
-            if graphs is None
+            if graphs is None or graphs.paused
             else f"; static shapes for CUDA graphs ({len(graphs)} captured so far, "
             f"{graphs.capture_seconds:.1f} s)",
         )
@@ -235,7 +254,7 @@ def _update(
     for group in updater.optimizer.param_groups:
         group["lr"] = lr
     mine = shard[run.place.rank :: run.place.world_size]
-    shaped, budget = _shaped(run), run.config.training.batch_tokens
+    shaped, budget = progress.shaped_epoch, run.config.training.batch_tokens
     batches = [device_batch(corpus, i, updater.device, budget, shaped) for i in mine]
     tokens = sum(int(corpus.trg_lengths[indices].sum()) for indices in shard)  # all ranks'
     result = train_step(updater, batches, tokens, run.clock, stop)

@@ -20,6 +20,9 @@ class Progress:
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0  # batches of this epoch used, over all ranks
+    # whether this epoch's batches take CUDA graphs' static shapes (shaped_batches): a run
+    # resumed on another device finishes the epoch with the batches it began it with
+    shaped_epoch: bool = False
     best_score: float | None = None
     bad_validations: int = 0
     lr_scale: float = 1.0

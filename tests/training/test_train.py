@@ -792,3 +792,25 @@ def test_oom_split_in_a_run(corpus: Path, tmp_path: Path, monkeypatch: pytest.Mo
     assert saved(run_dir / "last.pt")["progress"]["step"] == 10
     text = (run_dir / "train.log").read_text(encoding="utf-8")
     assert "out of memory on a batch of" in text and "retrying it in 2 pieces" in text
+
+
+def test_an_epoch_resumed_on_another_kind_of_device_keeps_its_batches(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An epoch begun with the static shapes of CUDA graphs (here forced on a CPU) and resumed
+    where the model wants bucketed batches (a CPU, torchrun) finishes with the batches it
+    began with: the same run as one that never stopped."""
+    options = {"max_steps": 15, "log_every": 1}
+    monkeypatch.setattr(train_module, "_shaped", lambda run: True)
+    whole = run_training(corpus, tmp_path / "whole", **options)
+    parts = tmp_path / "parts"
+    run_training(corpus, parts, **{**options, "max_steps": 10})
+    assert saved(parts / "last.pt")["progress"]["shaped_epoch"] is True
+    monkeypatch.setattr(train_module, "_shaped", lambda run: False)
+    run_training(corpus, parts, resume=True, **options)
+    result = saved(parts / "last.pt")["progress"]
+    assert result["epoch"] == 0 and result["shaped_epoch"] is True  # still the first epoch
+    assert "epoch 1 resumes with the static-shape batches it began with" in (
+        parts / "train.log"
+    ).read_text(encoding="utf-8")
+    assert_same_run(parts, whole)
