@@ -116,8 +116,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 # "bench": the sizes of the peer comparison; "large" (--large): a GPU-sized model (a 2-layer
 # decoder; 28,000 pieces, near the most the Bible corpus's sentencepiece vocabulary allows,
-# 29,658, short of the 32k such a model would use elsewhere) and GPU-sized batches; "tiny":
-# for the test of this script.
+# short of the 32k such a model would use elsewhere: docs/benchmarks.md) and GPU-sized
+# batches; "tiny": for the test of this script.
 SIZES: dict[str, dict[str, int]] = {
     "bench": {"embedding": 256, "encoder": 512, "decoder": 512, "vocab": 8000, "batch": 4000},
     "large": {
