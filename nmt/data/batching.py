@@ -6,7 +6,7 @@ CUDA graphs (``shaped_batches``), sentence-count batches for decoding
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -67,25 +67,22 @@ class Batch:
 
     def pin_memory(self) -> Batch:
         """The batch in page-locked host memory, so that ``to(cuda)`` copies asynchronously."""
-        return Batch(
-            self.src.pin_memory(),
-            self.src_lengths.pin_memory(),
-            self.trg_in.pin_memory(),
-            self.trg_out.pin_memory(),
-            self.indices,
-            None if self.guide is None else self.guide.pin_memory(),
-            None if self.target_rows is None else self.target_rows.pin_memory(),
-        )
+        return self._map(torch.Tensor.pin_memory)
 
     def to(self, device: torch.device) -> Batch:
+        return self._map(lambda tensor: tensor.to(device, non_blocking=True))
+
+    def _map(self, change: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+        """The batch with ``change`` applied to each of its tensors."""
+        guide, rows = (None if t is None else change(t) for t in (self.guide, self.target_rows))
         return Batch(
-            self.src.to(device, non_blocking=True),
-            self.src_lengths.to(device, non_blocking=True),
-            self.trg_in.to(device, non_blocking=True),
-            self.trg_out.to(device, non_blocking=True),
+            change(self.src),
+            change(self.src_lengths),
+            change(self.trg_in),
+            change(self.trg_out),
             self.indices,
-            None if self.guide is None else self.guide.to(device, non_blocking=True),
-            None if self.target_rows is None else self.target_rows.to(device, non_blocking=True),
+            guide,
+            rows,
         )
 
 
@@ -143,12 +140,22 @@ def bucket_batches(
     exact resume.
     """
     rng = np.random.default_rng([seed, epoch])
+    order, longer = _length_order(src_lengths, trg_lengths, rng)
+    return _shuffled(_cut(order, longer, batch_tokens, None), rng)
+
+
+def _length_order(
+    src_lengths: np.ndarray, trg_lengths: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs sorted by their longer side, then source, then target length, ties broken
+    at random; and each pair's longer side."""
     tie_break = rng.permutation(len(src_lengths))
     longer = np.maximum(src_lengths, trg_lengths)
-    order = np.lexsort((tie_break, trg_lengths, src_lengths, longer))
-    batches = _cut(order, longer, batch_tokens, None)
-    shuffled = rng.permutation(len(batches))
-    return [batches[i] for i in shuffled]
+    return np.lexsort((tie_break, trg_lengths, src_lengths, longer)), longer
+
+
+def _shuffled(batches: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
+    return [batches[i] for i in rng.permutation(len(batches))]
 
 
 def shape_length(length: int) -> int:
@@ -183,17 +190,14 @@ def shaped_batches(
     captured once per shape, so an epoch has as few shapes as length classes. Sorted and
     shuffled as ``bucket_batches`` does, from (lengths, batch_tokens, seed, epoch) alone."""
     rng = np.random.default_rng([seed, epoch])
-    tie_break = rng.permutation(len(src_lengths))
-    longer = np.maximum(src_lengths, trg_lengths)
-    order = np.lexsort((tie_break, trg_lengths, src_lengths, longer))
+    order, longer = _length_order(src_lengths, trg_lengths, rng)
     classes = np.array([shape_length(int(n)) for n in longer[order]])
     batches: list[np.ndarray] = []
     starts = np.flatnonzero(np.r_[True, classes[1:] != classes[:-1]])
     for start, end in zip(starts, [*starts[1:], len(order)], strict=True):
         rows = shape_rows(int(classes[start]), batch_tokens)
         batches += [order[i : min(i + rows, end)] for i in range(start, end, rows)]
-    shuffled = rng.permutation(len(batches))
-    return [batches[i] for i in shuffled]
+    return _shuffled(batches, rng)
 
 
 def padding_fraction(

@@ -21,7 +21,6 @@ fields are part of the shape's key.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import gc
 import logging
@@ -187,6 +186,3 @@ class _Static:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Static) and self._key == other._key
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Static:
-        return _Static(copy.deepcopy(self.value, memo))
