@@ -119,7 +119,8 @@ class Model:
         ``n_best`` > 1: a list of ``ScoredTranslation``s per sentence instead, best first.
         ``prefixes``: one target prefix per sentence ("" for none); ``constraints``: one list
         of target phrases per sentence. ``options``: decoding keys, e.g. ``beam_size=5``,
-        ``length_penalty``, ``coverage_penalty``, ``max_len_ratio``, ``no_repeat_ngram``.
+        ``length_penalty``, ``coverage_penalty``, ``max_len_ratio``, ``no_repeat_ngram``,
+        ``shortlist="off"``.
         """
         single = isinstance(sentences, str)
         lines = [sentences] if isinstance(sentences, str) else list(sentences)

@@ -30,10 +30,12 @@ if TYPE_CHECKING:
     Device = str
     Precision = str
     EnsembleAverage = str
+    ShortlistMode = str
 else:  # the config's own choices (Literal types), which Typer lists in the help and checks
     Device = RunConfig.model_fields["device"].annotation
     Precision = TrainingConfig.model_fields["precision"].annotation
     EnsembleAverage = DecodingConfig.model_fields["ensemble_average"].annotation
+    ShortlistMode = DecodingConfig.model_fields["shortlist"].annotation
 
 Request = TypeVar("Request", bound="DataclassInstance")
 
@@ -188,6 +190,16 @@ EnsembleAverageOption = Annotated[
     ),
 ]
 
+ShortlistOption = Annotated[
+    ShortlistMode | None,
+    typer.Option(
+        "--shortlist",
+        help="Decode each batch over the target pieces its source can bring (the lexical "
+        "shortlist the run built from its training pairs): auto when the checkpoint has "
+        "one, on, or off for the whole vocabulary.",
+    ),
+]
+
 
 def _request(kind: type[Request], parameters: dict[str, Any], **given: Any) -> Request:
     """A command's request (a dataclass of nmt.commands) from the command's parameters (its
@@ -274,6 +286,7 @@ def translate(
     coverage_penalty: CoveragePenalty = None,
     no_repeat_ngram: NoRepeatNgram = None,
     ensemble_average: EnsembleAverageOption = None,
+    shortlist: ShortlistOption = None,
     prefix: Prefix = None,
     constraints: Constraints = None,
     attention_dir: AttentionDir = None,
@@ -524,6 +537,7 @@ def eval_(
     length_penalty: LengthPenalty = None,
     coverage_penalty: CoveragePenalty = None,
     ensemble_average: EnsembleAverageOption = None,
+    shortlist: ShortlistOption = None,
     significance: Significance = "bootstrap",
     json_out: JsonOut = False,
     align: AlignFile = None,

@@ -70,6 +70,7 @@ from nmt.data.batching import batch_shape, bucket_batches, padding_fraction  # n
 from nmt.data.corpus import read_pairs  # noqa: E402
 from nmt.data.prepare import load_corpora  # noqa: E402
 from nmt.data.tokenizer import Tokenizer  # noqa: E402
+from nmt.decoding.shortlist import Shortlist  # noqa: E402
 from nmt.decoding.steering import Steering  # noqa: E402
 from nmt.decoding.translator import Translator  # noqa: E402
 from nmt.fast import compiled  # noqa: E402
@@ -140,7 +141,7 @@ PARTS = ("matmul", "train", "decode", "translate")  # what a run measures (--par
 # what the decode and translate parts run on (--backends): torch in the precision nmt
 # translate decides (--precision auto), torch in bf16, and the model exported to ONNX under
 # onnxruntime, fp32 and with int8 weights (nmt export --quantize int8)
-BACKENDS = ("torch", "torch-bf16", "onnxruntime", "onnxruntime-int8")
+BACKENDS = ("torch", "torch-whole", "torch-bf16", "onnxruntime", "onnxruntime-int8")
 GIB = 2.0**30
 T = TypeVar("T")
 
@@ -809,10 +810,13 @@ class TranslateCommand(DecodingModel):
 
 
 def untrained_checkpoint(options: Options) -> Path:
-    """A freshly initialised bench model saved as a checkpoint, so decoding and the translate
-    command can run without a trained model."""
+    """A freshly initialised bench model saved as a checkpoint, with the shortlist of its
+    training pairs as nmt train saves one, so decoding and the translate command can run
+    without a trained model."""
     config = bench_config(UNTRAINED_CONFIG, options)
-    _, tokenizer = load_data(config, Path(options.work_dir))
+    corpora, tokenizer = load_data(config, Path(options.work_dir))
+    sizes = (tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
+    shortlist = Shortlist.build(corpora.train, *sizes, config.training.seed)
     seed_everything(SEED)
     model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
     tiny = "tiny-" if options.tiny else "large-" if options.large else ""
@@ -822,6 +826,7 @@ def untrained_checkpoint(options: Options) -> Path:
         "model": model.state_dict(),
         "config": config.model_dump(mode="json"),
         "tokenizer": tokenizer.state_dict(),
+        "shortlist": shortlist.state_dict(),
     }
     checkpoint.save(path / "best.pt", state)
     return path
@@ -864,7 +869,7 @@ def decode_row(
     search = "greedy" if beam_size == 1 else f"beam {beam_size}"
     if count is not None:
         search += f", {count} constraint{'s' if count > 1 else ''}"
-    backend = backend or f"torch {translator.precision}"
+    backend = backend or backend_name("torch", translator)
     log(
         f"decoding {search}, batch {batch_size}, {backend}: "
         f"{len(src_ids) / seconds:.1f} sentences/s"
@@ -975,10 +980,13 @@ def bench_decoding(
 
 
 def backend_name(backend: str, translator: Translator) -> str:
-    """A row's backend: "torch fp32", "onnxruntime int8", ..."""
+    """A row's backend: "torch fp32 shortlist" (the model's lexical shortlist, which
+    ``nmt translate`` uses by default), "torch fp32" (the whole vocabulary), "onnxruntime
+    int8", ..."""
     if backend.startswith("onnxruntime"):
         return "onnxruntime int8" if backend.endswith("int8") else "onnxruntime fp32"
-    return f"torch {translator.precision}"
+    shortlisted = translator.decoding_shortlists(translator.config.decoding) is not None
+    return f"torch {translator.precision}" + (" shortlist" if shortlisted else "")
 
 
 def backend_translator(
@@ -990,6 +998,12 @@ def backend_translator(
         return None
     if backend == "torch-bf16":
         return Translator.from_checkpoint(model_path, device.type, "bf16")
+    if backend == "torch-whole":
+        if default.shortlists is None:  # the default row already decodes the whole vocabulary
+            return None
+        whole = Translator.from_checkpoint(model_path, device.type, default.precision)
+        whole.shortlists = None  # as --shortlist off
+        return whole
     return Translator.from_exported(exported_model(model_path, backend, options))
 
 
@@ -1033,6 +1047,8 @@ def bench_translate_command(
         command += ["--device", device.type]
     if backend == "torch-bf16":
         command += ["--precision", "bf16"]
+    if backend == "torch-whole":
+        command += ["--shortlist", "off"]
     start = time.perf_counter()
     proc = subprocess.Popen(
         command, env=child_environment(options), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE

@@ -218,7 +218,7 @@ FLAGS = {
     "translate": [
         "--model", "--input", "--output", "--beam", "--n-best", "--scores", "--batch-size",
         "--batch-tokens", "--max-len-ratio", "--max-len-offset", "--length-penalty",
-        "--coverage-penalty", "--no-repeat-ngram", "--ensemble-average", "--prefix",
+        "--coverage-penalty", "--no-repeat-ngram", "--ensemble-average", "--shortlist", "--prefix",
         "--constraints", "--attention-dir", "--alignments", "--unbuffered", "--device",
         "--precision", "--backend", "--help",
     ],
@@ -233,7 +233,7 @@ FLAGS = {
     "average": ["--output", "--run", "--last", "--help"],
     "export": ["--output", "--format", "--quantize", "--help"],
     "eval": [
-        "--ref", "--model", "--split", "--beam", "--save-hypotheses", *DECODING,
+        "--ref", "--model", "--split", "--beam", "--save-hypotheses", *DECODING, "--shortlist",
         "--significance", "--json", "--align", "--align-ref", "--align-src", "--align-trg",
         *MODELS,
     ],

@@ -83,6 +83,7 @@ def average_states(paths: Sequence[Path]) -> dict[str, Any]:
         "model": averaged,
         "config": states[newest]["config"],
         "tokenizer": states[newest]["tokenizer"],
+        "shortlist": states[newest].get("shortlist"),
         "averaged_from": [
             {"path": str(path), "step": checkpoint.step_of(state)}
             for path, state in zip(paths, states, strict=True)

@@ -288,6 +288,18 @@ class DecodingConfig(Section):
         description="with several --model: linear averages the models' probabilities, "
         "log_linear their log-probabilities (renormalised)",
     )
+    shortlist: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="decode each batch over a lexical shortlist of the target vocabulary, "
+        "built from the training pairs (auto: when the checkpoint has one; on: an error "
+        "if it has none; off: the whole vocabulary)",
+    )
+    shortlist_frequent: int = Field(
+        100, ge=0, le=1000, description="shortlist: the most frequent target pieces taken"
+    )
+    shortlist_per_word: int = Field(
+        50, ge=1, le=100, description="shortlist: translations taken per source piece"
+    )
 
 
 class RunConfig(Section):

@@ -561,6 +561,11 @@ class TokenizedCorpus:
     def __len__(self) -> int:
         return len(self.src_lengths)
 
+    def pairs(self, indices: np.ndarray) -> tuple[list[list[int]], list[list[int]]]:
+        """The source and target ids of the pairs ``indices``."""
+        picked = self.rows.select_columns(["src_ids", "trg_ids"])[self.row_ids[indices].tolist()]
+        return picked["src_ids"], picked["trg_ids"]
+
     def batch(self, indices: np.ndarray) -> Batch:
         picked = self.rows[self.row_ids[indices].tolist()]
         batch = make_batch(picked["src_ids"], picked["trg_ids"], indices)

@@ -85,6 +85,17 @@ class Ensemble:
             raise ValueError(f"average {average!r}: expected one of {', '.join(AVERAGES)}")
         self.models = list(models)
         self.average = average
+        self.columns: Tensor | None = None  # (V',) target ids: see ``restricted``
+        self.rows: list[Tensor] | None = None  # each member's W_o rows of those ids (V', O)
+
+    def restricted(self, columns: Tensor) -> Ensemble:
+        """The ensemble stepped over the target ids ``columns`` (V',) alone (a shortlist,
+        ``nmt.decoding.shortlist``): ``step`` takes and gives column indices, and its
+        log-probabilities (N, V') are normalised over those columns."""
+        ensemble = Ensemble(self.models, self.average)
+        ensemble.columns = columns
+        ensemble.rows = [model.generator.weight.detach()[columns] for model in self.models]
+        return ensemble
 
     def encode(self, src: Tensor, src_lengths: Tensor, repeat: int = 1) -> EnsembleState:
         """src (B, S) -> every member's memory and first state, each sentence ``repeat``
@@ -102,11 +113,16 @@ class Ensemble:
         return EnsembleState(memories, states)
 
     def step(self, prev: Tensor, state: EnsembleState) -> tuple[Tensor, Tensor, EnsembleState]:
-        """prev (N,) -> log-probabilities (N, V) float32, attention (N, S), the next state."""
+        """prev (N,) -> log-probabilities (N, V) float32, attention (N, S), the next state
+        (restricted: prev and the log-probabilities over the columns, (N, V'))."""
         log_probs, alphas, states = [], [], []
-        for model, memory, member in zip(self.models, state.memories, state.states, strict=True):
+        if self.columns is not None:
+            prev = self.columns[prev]  # (N,) the pieces of the columns chosen
+        rows: list[Tensor | None] = [*self.rows] if self.rows else [None] * len(self.models)
+        members = zip(self.models, state.memories, state.states, rows, strict=True)
+        for model, memory, member, weight in members:
             features, alphas_t, next_state = model.decoder.step(prev, memory, member)
-            log_probs.append(model.log_probs(features))
+            log_probs.append(model.log_probs(features, weight))
             alphas.append(alphas_t)
             states.append(next_state)
         return (

@@ -22,6 +22,7 @@ from nmt.decoding.exported import load_exported
 from nmt.decoding.options import SearchOptions
 from nmt.decoding.scoring import Scored, score_ids
 from nmt.decoding.search import Hypothesis, beam_search
+from nmt.decoding.shortlist import Columns, Shortlist, batch_columns, forced_pieces
 from nmt.decoding.steering import Steering
 from nmt.errors import CheckpointError, ConfigError, DataError
 from nmt.fast.precision import choose_precision
@@ -61,6 +62,7 @@ class Translator:
         precision: str = "fp32",
         precision_reason: str | None = None,
         backend: Stepper[Any] | None = None,
+        shortlists: Sequence[Shortlist] | None = None,
     ):
         members = [model] if isinstance(model, Seq2Seq) else list(model)
         # a model already there stays as it is: moving it would re-pack a GPU RNN's weights
@@ -73,6 +75,8 @@ class Translator:
         self.device = device
         self.precision = precision
         self.precision_reason = precision_reason or f"as given: {precision}"
+        # each model's lexical shortlist of its training data; None: a model has none
+        self.shortlists = list(shortlists) if shortlists is not None else None
 
     @classmethod
     def from_checkpoint(
@@ -88,8 +92,8 @@ class Translator:
         model must have the first one's tokenizer."""
         target = choose_device(device)
         loaded = [_load_member(Path(path)) for path in paths]
-        first_path, _, first_tokenizer, first_config = loaded[0]
-        for path, _, tokenizer, _ in loaded[1:]:
+        first_path, _, first_tokenizer, first_config, _ = loaded[0]
+        for path, _, tokenizer, _, _ in loaded[1:]:
             if tokenizer.state_dict() != first_tokenizer.state_dict():
                 raise CheckpointError(
                     f"--model {path}: its tokenizer differs from that of --model {first_path} "
@@ -102,8 +106,19 @@ class Translator:
         rows = decoding.batch_size * decoding.beam_size
         chosen = choose_precision(precision, target, loaded[0][1], rows, source="--precision")
         allow_tf32(target, chosen.name)
-        models = [m for _, m, _, _ in loaded]
-        return cls(models, first_tokenizer, first_config, target, chosen.name, chosen.reason)
+        models = [m for _, m, _, _, _ in loaded]
+        found = [member[4] for member in loaded]
+        shortlists = [s for s in found if s is not None] if None not in found else None
+        return cls(
+            models,
+            first_tokenizer,
+            first_config,
+            target,
+            chosen.name,
+            chosen.reason,
+            None,
+            shortlists,
+        )
 
     @classmethod
     def from_exported(
@@ -176,6 +191,7 @@ class Translator:
         out: list[list[Hypothesis]] = [[] for _ in src_ids]
         lengths = [len(s) for s in src_ids]
         scorer = self.stepper(decoding)
+        shortlists = self.decoding_shortlists(decoding)
         batches = length_sorted_batches(lengths, decoding.batch_size, search.batch_tokens)
         with eval_modes(self.models), autocast(self.device, self.precision):
             for index in batches:
@@ -183,9 +199,14 @@ class Translator:
                 src = pad(chunk).to(self.device)
                 src_lengths = torch.tensor([len(s) for s in chunk], device=self.device)
                 part = steering.subset(index.tolist()) if steering is not None else None
-                results = beam_search(
-                    scorer, src, src_lengths, decoding, search.n_best, search.attention, part
-                )
+                if shortlists is None:
+                    results = beam_search(
+                        scorer, src, src_lengths, decoding, search.n_best, search.attention, part
+                    )
+                else:
+                    results = self._shortlisted(
+                        shortlists, chunk, src, src_lengths, decoding, search, part
+                    )
                 for i, hyps in zip(index, results, strict=True):
                     for hyp in hyps:  # on the host, without the batch's padding columns
                         if hyp.alphas is not None:
@@ -194,6 +215,55 @@ class Translator:
                 if progress is not None:
                     progress(len(index))
         return out
+
+    def decoding_shortlists(self, decoding: DecodingConfig) -> list[Shortlist] | None:
+        """The shortlist search uses under ``decoding.shortlist``: auto takes the models' where
+        they have one (and the models, not exported graphs, decode); on insists."""
+        if decoding.shortlist == "off":
+            return None
+        if decoding.shortlist == "on":
+            if self.backend is not None:
+                raise ConfigError(
+                    "--shortlist on: the exported graphs compute the whole output layer; "
+                    "decode with --backend torch, or give --shortlist off"
+                )
+            if self.shortlists is None:
+                raise ConfigError(
+                    "--shortlist on: a model's checkpoint has no shortlist (runs trained "
+                    "before nmt built one with the run); give --shortlist off, or auto"
+                )
+        return self.shortlists if self.backend is None else None
+
+    def _shortlisted(
+        self,
+        shortlists: list[Shortlist],
+        chunk: list[list[int]],
+        src: Tensor,
+        src_lengths: Tensor,
+        decoding: DecodingConfig,
+        search: SearchOptions,
+        steering: Steering | None,
+    ) -> list[list[Hypothesis]]:
+        """One batch's search over its shortlist's columns, its outputs in target ids."""
+        ids = batch_columns(
+            shortlists,
+            chunk,
+            decoding.shortlist_frequent,
+            decoding.shortlist_per_word,
+            forced_pieces(steering),
+        )
+        columns = Columns(ids)
+        scorer = self.ensemble(decoding).restricted(ids.to(self.device))
+        results = beam_search(
+            scorer,
+            src,
+            src_lengths,
+            decoding,
+            search.n_best,
+            search.attention,
+            columns.steering(steering),
+        )
+        return [columns.hypotheses(hyps) for hyps in results]
 
     def translate(
         self,
@@ -270,8 +340,9 @@ class Translator:
         return ids
 
 
-def _load_member(path: Path) -> tuple[Path, Seq2Seq, Tokenizer, Config]:
-    """A checkpoint (or run directory) -> its path, model in eval mode, tokenizer, config."""
+def _load_member(path: Path) -> tuple[Path, Seq2Seq, Tokenizer, Config, Shortlist | None]:
+    """A checkpoint (or run directory) -> its path, model in eval mode, tokenizer, config
+    and shortlist (None: the checkpoint has none)."""
     path = checkpoint.resolve(path)
     state = checkpoint.load(path)
     config = from_dict(state["config"], f"{path} (saved config)")
@@ -280,7 +351,12 @@ def _load_member(path: Path) -> tuple[Path, Seq2Seq, Tokenizer, Config]:
     _check_weights(model, state["model"], tokenizer, path)
     model.load_state_dict(state["model"])
     model.eval()
-    return path, model, tokenizer, config
+    shortlist = None
+    if state.get("shortlist") is not None:
+        shortlist = Shortlist.from_state_dict(
+            state["shortlist"], tokenizer.src_vocab_size, tokenizer.trg_vocab_size, path
+        )
+    return path, model, tokenizer, config, shortlist
 
 
 def _on(model: Seq2Seq, device: torch.device) -> bool:

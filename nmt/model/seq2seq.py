@@ -93,9 +93,11 @@ class Seq2Seq(nn.Module):
         assert self.graphs is not None
         return self.graphs(self.decoder, self.decoder, trg_in, memory, state)  # type: ignore[no-any-return]
 
-    def log_probs(self, features: Tensor) -> Tensor:
-        """(..., O) -> (..., V) float32 log-probabilities."""
-        return F.log_softmax(self.generator(features).float(), dim=-1)
+    def log_probs(self, features: Tensor, rows: Tensor | None = None) -> Tensor:
+        """(..., O) -> (..., V) float32 log-probabilities; given ``rows`` (V', O) of W_o (a
+        shortlist's), the log-softmax over those V' outputs alone."""
+        logits = self.generator(features) if rows is None else F.linear(features, rows)
+        return F.log_softmax(logits.float(), dim=-1)
 
     def loss(
         self,

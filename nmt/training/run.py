@@ -16,6 +16,7 @@ from torch import nn
 from nmt.config import Config
 from nmt.data.prepare import Corpora
 from nmt.data.tokenizer import Tokenizer
+from nmt.decoding.shortlist import Shortlist
 from nmt.errors import CheckpointError, NMTError, WriteError
 from nmt.fast import FastPaths
 from nmt.fast.precision import Precision, choose_precision
@@ -61,6 +62,7 @@ class Run:
     window: Window = field(default_factory=Window)
     saved_step: int | None = None  # the step of the run's last.pt, once it has one
     dev_alignment: DevAlignment | None = None  # data.dev_alignment, checked before training
+    shortlist: Shortlist | None = None  # decoding's, from the training pairs (main rank)
 
     @classmethod
     def build(
@@ -81,6 +83,7 @@ class Run:
         cfg = config.training
         saved, tokenizer, corpora = _load(config, run_dir, place, resume_from, initial)
         dev_alignment = load_dev_alignment(config, corpora)
+        shortlist = _shortlist(saved, resume_from, corpora, tokenizer, place, cfg.seed)
         model = allocate_model(config, tokenizer, device, distributed=place.enabled)
         chosen = _choose_precision(config, model, device, place)
         allow_tf32(device, chosen.name)
@@ -111,6 +114,7 @@ class Run:
             window=Window(loss, nll, int(tokens)),
             saved_step=progress.step if saved is not None else None,
             dev_alignment=dev_alignment,
+            shortlist=shortlist,
         )
 
     def save(self, is_best: bool) -> None:
@@ -128,6 +132,7 @@ class Run:
             "config": self.config.model_dump(mode="json"),
             "tokenizer": self.tokenizer.state_dict(),
             "rng": rng_by_rank[0],
+            "shortlist": self.shortlist.state_dict() if self.shortlist is not None else None,
         }
         if self.place.enabled:
             state["rng_by_rank"] = rng_by_rank
@@ -139,6 +144,34 @@ class Run:
             exc.needed = f"a checkpoint takes about {human_size(checkpoint_bytes(state))}"
             raise
         self.saved_step = self.progress.step
+
+
+def _shortlist(
+    saved: dict[str, Any] | None,
+    resume_from: Path | None,
+    corpora: Corpora,
+    tokenizer: Tokenizer,
+    place: Distributed,
+    seed: int,
+) -> Shortlist | None:
+    """The run's lexical shortlist (``nmt.decoding.shortlist``), which its checkpoints carry
+    for decoding: a resumed run's own, else built from its training pairs. Only the rank that
+    writes checkpoints holds one; no random number of the run is drawn."""
+    if not place.is_main:
+        return None
+    sizes = (tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
+    if saved is not None and saved.get("shortlist") is not None:
+        assert resume_from is not None
+        return Shortlist.from_state_dict(saved["shortlist"], *sizes, resume_from)
+    started = time.perf_counter()
+    shortlist = Shortlist.build(corpora.train, *sizes, seed)
+    log.info(
+        "shortlist: %d translations per source piece, %d frequent pieces, built in %.1fs",
+        shortlist.table.size(1),
+        shortlist.frequent.numel(),
+        time.perf_counter() - started,
+    )
+    return shortlist
 
 
 def _load(

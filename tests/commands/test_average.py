@@ -42,6 +42,8 @@ def test_the_average_is_the_float64_mean_of_every_weight(kept: Path, tmp_path: P
         differs += not torch.equal(states[0]["model"][name], states[2]["model"][name])
     assert differs > 0  # the checkpoints do differ: the mean is not any one of them
     assert averaged["config"] == states[2]["config"]  # the newest's config and tokenizer
+    for key in ("frequent", "table"):  # and its decoding shortlist
+        assert torch.equal(averaged["shortlist"][key], states[2]["shortlist"][key])
     assert [entry["step"] for entry in averaged["averaged_from"]] == [2, 4, 6]
 
 

@@ -211,8 +211,9 @@ def test_scoring_a_translations_ids_reproduces_translate_scores(
     run: Path, corpus: Path, alpha: float | None, beta: float | None
 ) -> None:
     """Forced scoring of each best hypothesis' ids gives the score `nmt translate --scores`
-    printed (ids, not text: the tiny model's outputs do not survive detokenise-retokenise)."""
-    options: list[str] = []
+    printed (ids, not text: the tiny model's outputs do not survive detokenise-retokenise),
+    over the whole vocabulary: a shortlist's scores are normalised over its pieces alone."""
+    options: list[str] = ["--shortlist", "off"]
     if alpha is not None:
         options += ["--length-penalty", str(alpha), "--coverage-penalty", str(beta)]
     result = nmt("translate", "-m", str(run), "-i", str(corpus / "test.src"), "--scores", *options)
@@ -220,7 +221,8 @@ def test_scoring_a_translations_ids_reproduces_translate_scores(
     printed = _lines(result.out)
     translator = Translator.from_checkpoint(run, "cpu")
     decoding = decoding_options(
-        translator.config.decoding, {"length_penalty": alpha, "coverage_penalty": beta}
+        translator.config.decoding,
+        {"length_penalty": alpha, "coverage_penalty": beta, "shortlist": "off"},
     )
     sources = (corpus / "test.src").read_text(encoding="utf-8").splitlines()
     translations = translator.translate(sources, decoding)

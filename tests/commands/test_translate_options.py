@@ -344,3 +344,68 @@ def test_unbuffered_answers_each_line_before_stdin_closes(
     reader.join(timeout=10)
     assert [first, second] == [plain[0] + "\n", plain[1] + "\n"]
     assert lines.empty()
+
+
+# ----------------------------------------------------------------------------- shortlist
+
+
+def _checkpoint_with(run: Path, tmp_path: Path, shortlist: object) -> Path:
+    """A copy of the run's checkpoint whose shortlist is ``shortlist`` (None: none)."""
+    from nmt import checkpoint
+
+    state = checkpoint.load(run / "best.pt")
+    for key in ("format", "version"):
+        del state[key]
+    state["shortlist"] = shortlist
+    path = tmp_path / "best.pt"
+    checkpoint.save(path, state)
+    return path
+
+
+def test_a_run_carries_its_shortlist_and_translate_uses_it(run: Path, source: Path) -> None:
+    """nmt train saves a shortlist of the training pairs with the run; auto and on decode
+    with it, off without it, each line for line."""
+    from nmt.decoding.translator import Translator
+
+    translator = Translator.from_checkpoint(run, "cpu")
+    assert translator.shortlists is not None
+    (shortlist,) = translator.shortlists
+    assert shortlist.table.size(0) == translator.tokenizer.src_vocab_size
+    assert shortlist.frequent.numel() > 0
+    outputs = {}
+    for mode in ("auto", "on", "off"):
+        result = nmt("translate", "-m", str(run), "-i", str(source), "--shortlist", mode)
+        assert result.code == 0, result.err
+        assert len(result.out.split("\n")[:-1]) == len(SOURCES)
+        outputs[mode] = result.out
+    assert outputs["auto"] == outputs["on"]
+
+
+def test_shortlist_on_without_one(run: Path, source: Path, previous: Path, tmp_path: Path) -> None:
+    """A checkpoint without a shortlist (older runs): --shortlist on is one line and exit 2,
+    nothing written; auto decodes the whole vocabulary."""
+    old = _checkpoint_with(run, tmp_path, None)
+    refused = nmt("translate", "-m", str(old), "-i", str(source), "-o", str(previous),
+                  "--shortlist", "on")  # fmt: skip
+    assert refused.code == 2
+    assert refused.err.strip().count("\n") == 0
+    assert "--shortlist on: a model's checkpoint has no shortlist" in refused.err
+    assert unchanged(previous)
+    auto = nmt("translate", "-m", str(old), "-i", str(source))
+    whole = nmt("translate", "-m", str(run), "-i", str(source), "--shortlist", "off")
+    assert auto.code == 0, auto.err
+    assert auto.out == whole.out
+
+
+def test_a_damaged_shortlist_is_one_line(run: Path, source: Path, tmp_path: Path) -> None:
+    import torch
+
+    damaged = _checkpoint_with(
+        run,
+        tmp_path,
+        {"frequent": torch.tensor([10**6]), "table": torch.zeros(3, 2, dtype=torch.int32)},
+    )
+    result = nmt("translate", "-m", str(damaged), "-i", str(source))
+    assert result.code == 2
+    assert "best.pt: its shortlist has shapes" in result.err
+    assert result.err.strip().count("\n") == 0

@@ -156,6 +156,8 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(
     assert result["progress"]["step"] == final["progress"]["step"] == 66
     assert_same_weights(result["model"], final["model"])
     assert (run_dir / "spm.model").read_bytes() == (uninterrupted / "spm.model").read_bytes()
+    for key in ("frequent", "table"):  # the decoding shortlist, as the checkpoint carried it
+        assert torch.equal(result["shortlist"][key], final["shortlist"][key])
     assert f"resuming from {run_dir / 'last.pt'} (step {killed_at})" in (
         run_dir / "train.log"
     ).read_text(encoding="utf-8")

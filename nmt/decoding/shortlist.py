@@ -1,0 +1,176 @@
+"""The lexical shortlist: each batch is decoded over the target pieces its source can bring,
+not the whole vocabulary (Marian's lexical shortlist; Jean et al. 2015, section 3.2, for
+candidate lists per sentence).
+
+A batch's columns are the special pieces, the ``shortlist_frequent`` most frequent target
+pieces of the training data, the ``shortlist_per_word`` most probable translations of each
+piece of its sources (IBM Model 1, ``nmt.data.lexicon``) and the pieces of its prefixes and
+constraints. The output layer then computes only those rows of W_o, and the softmax
+normalises over them:
+
+    p'(y_t | y_<t, x) = exp(w_y . f_t) / sum_{v in C(batch)} exp(w_v . f_t),   y in C(batch)
+
+so a hypothesis's score is its log-probability under the model restricted to C(batch).
+
+Search runs unchanged over column indices: the columns are sorted and start with every
+special piece, so BOS, EOS, UNK and PAD keep their ids; the decoder is fed the piece of the
+column chosen (``Ensemble.restricted``), and the outputs, prefixes and constraints are
+mapped between pieces and columns here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt.data.lexicon import FREQUENT, PER_WORD, build_lexicon, lexicon_sample
+from nmt.data.store import TokenizedCorpus
+from nmt.decoding.search import Hypothesis
+from nmt.decoding.steering import Steering
+from nmt.errors import CheckpointError
+from nmt.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+SPECIALS = sorted((PAD_ID, UNK_ID, BOS_ID, EOS_ID))
+ALIGN = 64  # a batch's columns are filled up to a multiple of this with the next most
+# frequent pieces (while there are any): the output layer's matmul and the CPU's chunked
+# top-k (``nmt.fast.topk.CHUNK``) take whole chunks
+
+
+@dataclass
+class Shortlist:
+    """frequent: (F,) target ids, most frequent first; table: (V_src, K) target ids per
+    source id, most probable first, -1 where a source piece has fewer."""
+
+    frequent: Tensor
+    table: Tensor
+
+    @classmethod
+    def build(
+        cls, corpus: TokenizedCorpus, src_vocab_size: int, trg_vocab_size: int, seed: int
+    ) -> Shortlist:
+        """The shortlist of a prepared training split (``nmt.data.lexicon``: Model 1 on
+        its pairs, or on a seeded sample of a large corpus)."""
+        src_ids, trg_ids = corpus.pairs(
+            lexicon_sample(corpus.src_lengths, corpus.trg_lengths, seed)
+        )
+        lexicon = build_lexicon(src_ids, trg_ids, src_vocab_size, trg_vocab_size)
+        return cls(
+            torch.from_numpy(lexicon.frequent).long(), torch.from_numpy(lexicon.table).long()
+        )
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """What a checkpoint keeps: int32 tensors."""
+        return {"frequent": self.frequent.int(), "table": self.table.int()}
+
+    @classmethod
+    def from_state_dict(
+        cls, state: Any, src_vocab_size: int, trg_vocab_size: int, path: Path
+    ) -> Shortlist:
+        """A checkpoint's shortlist, checked: a damaged or foreign one is a CheckpointError."""
+        problem = _problem(state, src_vocab_size, trg_vocab_size)
+        if problem:
+            raise CheckpointError(
+                f"{path}: its shortlist {problem}; the checkpoint is damaged or was edited: "
+                f"use another checkpoint of the run, or decode with --shortlist off"
+            )
+        return cls(state["frequent"].long(), state["table"].long())
+
+    def columns(
+        self,
+        src_ids: Sequence[Sequence[int]],
+        frequent: int,
+        per_word: int,
+        forced: Sequence[int] = (),
+    ) -> Tensor:
+        """The sorted target ids (V',) a batch of sources (piece ids) is decoded over."""
+        sources = torch.tensor(sorted({i for ids in src_ids for i in ids}), dtype=torch.long)
+        parts = [
+            torch.tensor(SPECIALS, dtype=torch.long),
+            self.frequent[:frequent],
+            self.table[sources, :per_word].reshape(-1),
+            torch.tensor(list(forced), dtype=torch.long),
+        ]
+        ids = torch.unique(torch.cat(parts))  # sorted
+        return ids[ids >= 0]
+
+
+def batch_columns(
+    shortlists: Sequence[Shortlist],
+    src_ids: Sequence[Sequence[int]],
+    frequent: int,
+    per_word: int,
+    forced: Sequence[int] = (),
+) -> Tensor:
+    """The sorted target ids (V',) a batch is decoded over: the union of the columns of
+    each model's shortlist (an ensemble's members may come from different data), filled
+    up to a multiple of ALIGN."""
+    parts = [s.columns(src_ids, frequent, per_word, forced) for s in shortlists]
+    ids = parts[0] if len(parts) == 1 else torch.unique(torch.cat(parts))
+    short = -ids.numel() % ALIGN
+    spare = shortlists[0].frequent[frequent:]  # (F',) the next most frequent pieces
+    fill = spare[~torch.isin(spare, ids)][:short]
+    return torch.unique(torch.cat([ids, fill])) if short else ids
+
+
+def _problem(state: Any, src_vocab_size: int, trg_vocab_size: int) -> str | None:
+    """What is wrong with a saved shortlist, or None."""
+    if not isinstance(state, dict) or set(state) != {"frequent", "table"}:
+        return "is not a dict of frequent and table"
+    frequent, table = state["frequent"], state["table"]
+    if not all(isinstance(t, Tensor) and not t.is_floating_point() for t in (frequent, table)):
+        return "holds tensors that are not integer ids"
+    if frequent.dim() != 1 or table.dim() != 2 or table.size(0) != src_vocab_size:
+        return (
+            f"has shapes {tuple(frequent.shape)} and {tuple(table.shape)}, not (F,) and "
+            f"({src_vocab_size}, K)"
+        )
+    if frequent.numel() > FREQUENT or table.size(1) > PER_WORD:
+        return f"is larger than nmt builds ({FREQUENT} frequent, {PER_WORD} per word)"
+    for name, ids, low in (("frequent", frequent, 0), ("table", table, -1)):
+        if ids.numel() and (int(ids.min()) < low or int(ids.max()) >= trg_vocab_size):
+            return f"has {name} ids outside the target vocabulary of {trg_vocab_size}"
+    return None
+
+
+class Columns:
+    """One batch's columns (sorted target ids) and the maps between ids and columns."""
+
+    def __init__(self, ids: Tensor):
+        self.ids = ids  # (V',)
+        self.id_list: list[int] = ids.tolist()
+        self.column_of = {piece: column for column, piece in enumerate(self.id_list)}
+
+    def steering(self, steering: Steering | None) -> Steering | None:
+        """Prefixes and constraints in columns (each piece is among the columns)."""
+        if steering is None:
+            return None
+        column = self.column_of.__getitem__
+        prefixes = steering.prefixes
+        constraints = steering.constraints
+        return Steering(
+            [[column(i) for i in prefix] for prefix in prefixes] if prefixes is not None else None,
+            [[[column(i) for i in phrase] for phrase in phrases] for phrases in constraints]
+            if constraints is not None
+            else None,
+        )
+
+    def hypotheses(self, hyps: list[Hypothesis]) -> list[Hypothesis]:
+        """Hypotheses over columns -> over target ids (in place)."""
+        for hyp in hyps:
+            hyp.tokens = [self.id_list[c] for c in hyp.tokens]
+        return hyps
+
+
+def forced_pieces(steering: Steering | None) -> list[int]:
+    """Every piece of the prefixes and constraint phrases: each must be among the columns."""
+    if steering is None:
+        return []
+    pieces = [i for prefix in steering.prefixes or [] for i in prefix]
+    for phrases in steering.constraints or []:
+        pieces.extend(i for phrase in phrases for i in phrase)
+    return pieces

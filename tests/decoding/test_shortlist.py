@@ -1,0 +1,211 @@
+"""The lexical shortlist in search: the restricted step against the log-softmax over the
+columns written in float64, greedy search against a plain float64 reference over the
+columns, every column equal to the whole vocabulary to the bit, steering mapped through the
+columns, the batch's columns, the checks of a saved shortlist and when one is used."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from searchref import model, options, source
+
+from nmt.config import Config
+from nmt.data.tokenizer import BOS_ID, EOS_ID
+from nmt.decoding.ensemble import Ensemble
+from nmt.decoding.search import beam_search, greedy_search
+from nmt.decoding.shortlist import ALIGN, SPECIALS, Columns, Shortlist, batch_columns
+from nmt.decoding.steering import Steering
+from nmt.decoding.translator import Translator
+from nmt.errors import CheckpointError, ConfigError
+
+VOCAB = 12
+
+
+def _columns(*ids: int) -> torch.Tensor:
+    return torch.tensor(sorted({*SPECIALS, *ids}))
+
+
+def test_restricted_step_is_the_log_softmax_over_the_columns() -> None:
+    """A float64 model, padding in the batch: log p'(y) = w_y . f - log sum_{v in C}
+    exp(w_v . f) for each column, to float32's round-off (search's log-probabilities are
+    float32), the attention that of the whole model's step."""
+    m = model(VOCAB, seed=4).double()
+    src, src_lengths = source([6, 2, 4], VOCAB, seed=5)
+    columns = _columns(5, 7, 8, 11)
+    whole, restricted = Ensemble([m]), Ensemble([m]).restricted(columns)
+    state = whole.encode(src, src_lengths, repeat=2)
+    prev_columns = torch.tensor([2, 4, 5, 6, 7, 2])  # column indices: BOS and pieces 5 to 11
+    prev = columns[prev_columns]
+    with torch.no_grad():
+        log_probs, alphas, _ = restricted.step(prev_columns, state)
+        _, want_alphas, _ = whole.step(prev, state)
+        features, _, _ = m.decoder.step(prev, state.memories[0], state.states[0])
+        logits = features.double() @ m.generator.weight.double()[columns].T  # (N, V')
+    reference = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    assert log_probs.shape == (6, len(columns))
+    assert log_probs.dtype == torch.float32
+    assert torch.allclose(log_probs.double(), reference, rtol=0, atol=2e-6)
+    assert torch.equal(alphas, want_alphas)
+
+
+def _greedy_reference(m, src: torch.Tensor, length: int, columns: torch.Tensor, limit: int):
+    """Argmax over the columns at each step by teacher forcing the output so far, in float64:
+    the output's pieces and its summed restricted log-probability (EOS included)."""
+    output: list[int] = []
+    total = 0.0
+    with torch.no_grad():
+        for t in range(limit):
+            trg_in = torch.tensor([[BOS_ID, *output]])
+            features, _ = m(src[:, :length], torch.tensor([length]), trg_in)
+            logits = features[0, -1].double() @ m.generator.weight.double()[columns].T
+            log_probs = logits - torch.logsumexp(logits, dim=-1)
+            best = EOS_ID if t == limit - 1 else int(columns[log_probs.argmax()])
+            total += float(log_probs[(columns == best).nonzero()[0, 0]])
+            if best == EOS_ID:
+                break
+            output.append(best)
+    return output, total
+
+
+def test_greedy_over_the_columns_follows_the_reference() -> None:
+    """Greedy search through the columns (mapped back to pieces) gives the float64
+    reference's outputs and log-probabilities, for every sentence of a padded batch."""
+    m = model(VOCAB, seed=8, eos=0.5).double()
+    src, src_lengths = source([5, 2, 4, 3], VOCAB, seed=9)
+    ids = _columns(4, 6, 9, 10)
+    columns = Columns(ids)
+    cfg = options(beam_size=1, alpha=0.0, ratio=1.5, offset=2)
+    hyps = columns.hypotheses(greedy_search(Ensemble([m]).restricted(ids), src, src_lengths, cfg))
+    for row, hyp in enumerate(hyps):
+        length = int(src_lengths[row])
+        limit = -(-length * 3 // 2) + 2
+        want, log_prob = _greedy_reference(m, src[row : row + 1], length, ids, limit)
+        assert hyp.tokens == want
+        assert hyp.log_prob == pytest.approx(log_prob, abs=1e-5)  # float32 sums
+        assert set(hyp.tokens) <= set(ids.tolist())
+
+
+def test_every_column_decodes_as_the_whole_vocabulary() -> None:
+    """With every piece a column, beam search (n-best, attention, a prefix, constraints) and
+    greedy search give the unrestricted outputs and scores to the bit."""
+    m = model(VOCAB, seed=12)
+    src, src_lengths = source([5, 3, 6], VOCAB, seed=13)
+    every = torch.arange(VOCAB)
+    steering = Steering(prefixes=[[5], [], [7, 8]], constraints=[[[9]], [], [[10, 4]]])
+    cfg = options(beam_size=4, alpha=0.6, ratio=2.0, offset=4)
+    plain = beam_search(m, src, src_lengths, cfg, 3, True, steering)
+    columns = Columns(every)
+    restricted = beam_search(
+        Ensemble([m]).restricted(every), src, src_lengths, cfg, 3, True,
+        columns.steering(steering),
+    )  # fmt: skip
+    for a, b in zip(plain, restricted, strict=True):
+        assert [(h.tokens, h.score, h.log_prob) for h in a] == [
+            (h.tokens, h.score, h.log_prob) for h in columns.hypotheses(b)
+        ]
+        assert all(torch.equal(x.alphas, y.alphas) for x, y in zip(a, b, strict=True))
+    greedy = options(beam_size=1)
+    want = greedy_search(m, src, src_lengths, greedy)
+    got = greedy_search(Ensemble([m]).restricted(every), src, src_lengths, greedy)
+    assert [(h.tokens, h.score) for h in want] == [(h.tokens, h.score) for h in got]
+
+
+def test_steering_goes_through_the_columns() -> None:
+    """Prefix and constraint pieces become column indices and the outputs pieces again: a
+    forced piece outside the shortlist's translations is a column of its batch, and every
+    output starts with its prefix and holds its phrase."""
+    m = model(VOCAB, seed=14)
+    src, src_lengths = source([4, 5], VOCAB, seed=15)
+    shortlist = Shortlist(torch.tensor([4, 5]), torch.full((VOCAB, 2), -1))
+    steering = Steering(prefixes=[[11, 10], []], constraints=[[], [[9, 8]]])
+    forced = [11, 10, 9, 8]
+    ids = batch_columns([shortlist], src.tolist(), 2, 2, forced)
+    assert ids.tolist() == [0, 1, 2, 3, 4, 5, 8, 9, 10, 11]
+    columns = Columns(ids)
+    results = beam_search(
+        Ensemble([m]).restricted(ids), src, src_lengths, options(beam_size=3, offset=4), 2,
+        False, columns.steering(steering),
+    )  # fmt: skip
+    first, second = (columns.hypotheses(hyps) for hyps in results)
+    assert first and all(h.tokens[:2] == [11, 10] for h in first)
+    assert second and all(
+        any(h.tokens[i : i + 2] == [9, 8] for i in range(len(h.tokens))) for h in second
+    )
+    assert all(set(h.tokens) <= set(ids.tolist()) for h in first + second)
+
+
+def test_a_batchs_columns() -> None:
+    """The special pieces, the first F frequent, the first K translations of each source
+    piece in the batch and the forced pieces, sorted, once each; filled with the next
+    frequent pieces up to a multiple of ALIGN while there are any; an ensemble's union."""
+    frequent = torch.arange(200, 100, -1)  # (100,) pieces 200 down to 101
+    table = torch.full((50, 3), -1)
+    table[7] = torch.tensor([20, 21, 22])
+    table[9] = torch.tensor([21, 30, -1])
+    shortlist = Shortlist(frequent, table)
+    ids = batch_columns([shortlist], [[7, 9], [9]], frequent=2, per_word=2, forced=[40])
+    want = [*SPECIALS, 20, 21, 30, 40, 200, 199]
+    assert ids.numel() == ALIGN
+    assert ids.tolist() == sorted(want + list(range(198, 198 - (ALIGN - len(want)), -1)))
+    small = Shortlist(torch.tensor([5, 6]), table)
+    assert batch_columns([small], [[7]], 1, 1).tolist() == [*SPECIALS, 5, 6, 20]
+    other = Shortlist(torch.tensor([8]), torch.full((50, 1), 33))
+    union = batch_columns([small, other], [[7]], 1, 1)
+    assert union.tolist() == [*SPECIALS, 5, 6, 8, 20, 33]
+
+
+@pytest.mark.parametrize(
+    ("state", "problem"),
+    [
+        ({"frequent": torch.tensor([4])}, "not a dict of frequent and table"),
+        ({"frequent": torch.tensor([4.0]), "table": torch.zeros(6, 2)}, "not integer ids"),
+        ({"frequent": torch.tensor([4]), "table": torch.zeros(5, 2, dtype=torch.int32)}, "shapes"),
+        (
+            {"frequent": torch.tensor([12]), "table": torch.zeros(6, 2, dtype=torch.int32)},
+            "outside",
+        ),
+        ({"frequent": torch.tensor([4]), "table": torch.full((6, 2), -2)}, "outside"),
+        (
+            {"frequent": torch.tensor([4]), "table": torch.zeros(6, 101, dtype=torch.int32)},
+            "larger",
+        ),
+    ],
+)
+def test_a_damaged_shortlist_is_refused(state: dict, problem: str) -> None:
+    with pytest.raises(CheckpointError, match=f"best.pt: its shortlist .*{problem}"):
+        Shortlist.from_state_dict(state, 6, 12, Path("run/best.pt"))
+
+
+def test_a_saved_shortlist_reads_back() -> None:
+    shortlist = Shortlist(torch.tensor([5, 4]), torch.tensor([[6, -1], [7, 8]]))
+    again = Shortlist.from_state_dict(shortlist.state_dict(), 2, 12, Path("best.pt"))
+    assert torch.equal(again.frequent, shortlist.frequent)
+    assert torch.equal(again.table, shortlist.table)
+
+
+def test_when_a_shortlist_is_used() -> None:
+    """auto: the models' when they have one, none for exported graphs; on: an error without
+    one or with exported graphs; off: none."""
+    m = model(VOCAB, seed=1)
+    shortlist = Shortlist(torch.tensor([4]), torch.full((VOCAB, 1), 5))
+    cpu = torch.device("cpu")
+    tokenizer = None  # not read by the choice
+    config = Config()
+
+    def decoding(mode: str):
+        return config.decoding.model_copy(update={"shortlist": mode})
+
+    having = Translator(m, tokenizer, config, cpu, shortlists=[shortlist])  # type: ignore[arg-type]
+    lacking = Translator(m, tokenizer, config, cpu)  # type: ignore[arg-type]
+    exported = Translator([], tokenizer, config, cpu, backend=Ensemble([m]))  # type: ignore[arg-type]
+    assert having.decoding_shortlists(decoding("auto")) == [shortlist]
+    assert having.decoding_shortlists(decoding("on")) == [shortlist]
+    assert having.decoding_shortlists(decoding("off")) is None
+    assert lacking.decoding_shortlists(decoding("auto")) is None
+    assert exported.decoding_shortlists(decoding("auto")) is None
+    with pytest.raises(ConfigError, match="--shortlist on: a model's checkpoint has no shortlist"):
+        lacking.decoding_shortlists(decoding("on"))
+    with pytest.raises(ConfigError, match="--shortlist on: the exported graphs"):
+        exported.decoding_shortlists(decoding("on"))
