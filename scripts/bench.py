@@ -66,11 +66,16 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from nmt import checkpoint, files  # noqa: E402
 from nmt.commands.export import ExportRequest, export_command  # noqa: E402
 from nmt.config import Config, apply_override, from_dict  # noqa: E402
-from nmt.data.batching import batch_shape, bucket_batches, padding_fraction  # noqa: E402
+from nmt.data.batching import (  # noqa: E402
+    batch_shape,
+    bucket_batches,
+    length_sorted_batches,
+    padding_fraction,
+)
 from nmt.data.corpus import read_pairs  # noqa: E402
 from nmt.data.prepare import load_corpora  # noqa: E402
 from nmt.data.tokenizer import Tokenizer  # noqa: E402
-from nmt.decoding.shortlist import Shortlist  # noqa: E402
+from nmt.decoding.shortlist import Shortlist, batch_columns, forced_pieces  # noqa: E402
 from nmt.decoding.steering import Steering  # noqa: E402
 from nmt.decoding.translator import Translator  # noqa: E402
 from nmt.fast import compiled  # noqa: E402
@@ -777,6 +782,9 @@ class DecodeRow:
     achieved_gflops: float | None = omitted_when_none()
     matmul_gflops: float | None = omitted_when_none()  # the matmul rate it decoded in
     fraction_of_flop_bound: float | None = omitted_when_none()
+    # with a shortlist: the output layer's columns per batch, on average (the FLOPs above
+    # count the whole vocabulary, the work of a search without one)
+    mean_columns: float | None = omitted_when_none()
 
 
 @dataclass(kw_only=True)
@@ -879,6 +887,23 @@ def decode_row(
     ]
     counter = counter or translator
     flops = decode_flops(counter, outputs, beam_size) if counter.model else None
+    shortlists = translator.decoding_shortlists(decoding)
+    columns = None
+    if shortlists is not None:
+        batches = length_sorted_batches([len(s) for s in src_ids], batch_size)
+        sizes = [
+            len(
+                batch_columns(
+                    shortlists,
+                    [src_ids[i] for i in batch],
+                    decoding.shortlist_frequent,
+                    decoding.shortlist_per_word,
+                    forced_pieces(steering.subset(batch.tolist()) if steering else None),
+                )
+            )
+            for batch in batches
+        ]
+        columns = sum(sizes) / len(sizes)
     return DecodeRow(
         search=search,
         beam_size=beam_size,
@@ -893,6 +918,7 @@ def decode_row(
         hypothesis_steps=beam_size * tokens,
         mflop_per_hypothesis_step=None if flops is None else flops / (beam_size * tokens) / 1e6,
         achieved_gflops=None if flops is None else flops / seconds / 1e9,
+        mean_columns=columns,
     )
 
 
@@ -1341,6 +1367,7 @@ DECODING_HEADER = [
     "MFLOP/hyp step",
     "GFLOP/s",
     "of FLOP bound",
+    "columns",
 ]
 
 
@@ -1356,6 +1383,7 @@ def decoding_rows(result: dict[str, Any]) -> list[list[str]]:
             _fmt(entry.get("mflop_per_hypothesis_step"), 2),
             _fmt(entry.get("achieved_gflops"), 1),
             _percent(entry.get("fraction_of_flop_bound")),
+            _fmt(entry.get("mean_columns")),
         ]
         for entry in result.get("decoding", {}).get("results", [])
     ]
@@ -1371,6 +1399,7 @@ def decoding_rows(result: dict[str, Any]) -> list[list[str]]:
                 _fmt(command["sentences_per_s"], 1),
                 "-",
                 _fmt(command["seconds"], 1),
+                "-",
                 "-",
                 "-",
                 "-",

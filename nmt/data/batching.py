@@ -223,9 +223,18 @@ def length_sorted_batches(
     lengths: Sequence[int], batch_size: int, batch_tokens: int | None = None
 ) -> list[np.ndarray]:
     """Indices grouped by similar length, shortest first: at most ``batch_size`` sentences
-    and, when given, ``batch_tokens`` padded tokens per batch."""
+    and, when given, ``batch_tokens`` padded tokens per batch.
+
+    Without a token budget the fewest batches of at most ``batch_size`` share the sentences
+    evenly (their sizes differ by one at most): 200 sentences at 64 are four batches of 50,
+    not 64, 64, 64 and a last 8 that would decode the longest sentences a few rows at a
+    time."""
     sizes = np.asarray(lengths, dtype=np.int64)
-    return _cut(np.argsort(sizes, kind="stable"), sizes, batch_tokens, batch_size)
+    order = np.argsort(sizes, kind="stable")
+    if batch_tokens is None:
+        count = -(-len(order) // batch_size)  # ceil
+        return [part for part in np.array_split(order, count) if len(part)] if count else []
+    return _cut(order, sizes, batch_tokens, batch_size)
 
 
 def _cut(

@@ -16,6 +16,7 @@ from nmt.config import DataConfig
 from nmt.data.batching import (
     batch_shape,
     bucket_batches,
+    length_sorted_batches,
     make_batch,
     pad,
     padding_fraction,
@@ -495,3 +496,28 @@ def test_pad_and_make_batch_equal_a_copy_per_sentence() -> None:
         assert batch.src_lengths.dtype == torch.long
         assert torch.equal(batch.trg_in, _pad_reference([[BOS_ID, *t] for t in trg], width))
         assert torch.equal(batch.trg_out, _pad_reference([[*t, EOS_ID] for t in trg], width))
+
+
+@pytest.mark.parametrize(("count", "batch_size"), [(200, 64), (993, 64), (64, 64), (5, 64), (7, 1)])
+def test_decoding_batches_share_the_sentences_evenly(count: int, batch_size: int) -> None:
+    """Without a token budget: the fewest batches of at most batch_size, sizes one apart at
+    most, every index once, shortest sentences first."""
+    lengths = np.random.default_rng(count).integers(1, 40, size=count)
+    batches = length_sorted_batches(lengths.tolist(), batch_size)
+    assert len(batches) == -(-count // batch_size)
+    sizes = [len(b) for b in batches]
+    assert max(sizes) <= batch_size and max(sizes) - min(sizes) <= 1
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(count))
+    assert np.all(np.diff(lengths[flat]) >= 0)
+    assert length_sorted_batches([], batch_size) == []
+
+
+def test_decoding_batches_keep_a_token_budget() -> None:
+    """With batch_tokens, each batch's padded tokens stay within it (a longer sentence alone)."""
+    lengths = [3, 9, 4, 30, 8, 8, 2, 5]
+    batches = length_sorted_batches(lengths, 4, batch_tokens=20)
+    for batch in batches:
+        longest = max(lengths[i] for i in batch)
+        assert len(batch) <= 4 and (len(batch) * longest <= 20 or len(batch) == 1)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(lengths)))

@@ -242,6 +242,8 @@ def test_decoding_backends_add_their_rows_and_commands(tmp_path: Path) -> None:
     for row in rows:
         assert positive(row["sentences_per_s"]) and positive(row["achieved_gflops"]), row
         assert positive(row["fraction_of_flop_bound"]), row
+        shortlisted = "shortlist" in row["backend"]
+        assert positive(row["mean_columns"]) if shortlisted else "mean_columns" not in row, row
     commands = [result["translate_command"], *result["translate_backends"]]
     names = ["torch", "torch-whole", "torch-bf16", "onnxruntime-int8"]
     assert [c["backend"] for c in commands] == names
