@@ -24,6 +24,7 @@ PER_WORD = 100  # translations kept per source piece (decoding may take fewer)
 FREQUENT = 1000  # most frequent target pieces kept (decoding may take fewer)
 ITERATIONS = 5  # EM iterations of Model 1
 MAX_EVENTS = 30_000_000  # (source piece, target piece) co-occurrences Model 1 holds at once
+SLICE_POSITIONS = 200_000  # target positions per slice of the E-step
 DENSE_KEYS = 1 << 27  # (source, target) pairs up to which keys are indexed through a table
 
 
@@ -77,24 +78,34 @@ def model1(
     """IBM Model 1's t(t | s) over the (s, t) that co-occur: keys s * V_trg + t (sorted; s =
     src_vocab_size is NULL) and their probabilities, each (P,)."""
     null = src_vocab_size
-    events, positions = [], []  # per co-occurrence: its (s, t) key and target position
-    position = 0
-    for src, trg in zip(src_ids, trg_ids, strict=True):
+    sizes = [(len(src) + 1) * len(trg) for src, trg in zip(src_ids, trg_ids, strict=True)]
+    events = np.empty(sum(sizes), dtype=np.int64)  # (N,) each co-occurrence's (s, t) key
+    target_position = np.empty(sum(sizes), dtype=np.int32)  # (N,) and its target position
+    start = position = 0
+    for src, trg, size in zip(src_ids, trg_ids, sizes, strict=True):
         source = np.append(np.asarray(src, dtype=np.int64), null)  # (|x|+1,)
         target = np.asarray(trg, dtype=np.int64)  # (|y|,)
-        events.append((source[None, :] * trg_vocab_size + target[:, None]).ravel())
-        positions.append(np.repeat(np.arange(position, position + len(target)), len(source)))
-        position += len(target)
-    if not events or position == 0:
+        events[start : start + size] = (target[:, None] + source[None, :] * trg_vocab_size).ravel()
+        target_position[start : start + size] = np.repeat(
+            np.arange(position, position + len(target), dtype=np.int32), len(source)
+        )
+        start, position = start + size, position + len(target)
+    if position == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0)
-    keys, pair = _index(np.concatenate(events), (src_vocab_size + 1) * trg_vocab_size)
-    target_position = np.concatenate(positions)  # (N,)
+    keys, pair = _index(events, (src_vocab_size + 1) * trg_vocab_size)
+    del events
     source_of = keys // trg_vocab_size  # (P,)
+    # the E-step in slices of whole sentences, so that its float64 temporaries stay small
+    bounds = np.searchsorted(target_position, np.arange(0, position, SLICE_POSITIONS))
+    slices = list(zip(bounds, [*bounds[1:], len(pair)], strict=True))
     probs = np.ones(len(keys))  # uniform t(t | s): every E-step normalises per position
     for _ in range(iterations):
-        weight = probs[pair]  # (N,)
-        norm = np.bincount(target_position, weight, minlength=position)  # (|all y|,)
-        expected = np.bincount(pair, weight / norm[target_position], minlength=len(keys))
+        expected = np.zeros(len(keys))
+        for begin, end in slices:
+            weight = probs[pair[begin:end]]  # (n,)
+            place = target_position[begin:end] - target_position[begin]  # (n,)
+            norm = np.bincount(place, weight)  # (positions of the slice,)
+            expected += np.bincount(pair[begin:end], weight / norm[place], minlength=len(keys))
         totals = np.bincount(source_of, expected, minlength=src_vocab_size + 1)
         probs = expected / totals[source_of]
     return keys, probs
@@ -105,12 +116,13 @@ def _index(events: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray]:
     table of every possible key where it is small enough, else by sorting."""
     if space > DENSE_KEYS:
         keys, pair = np.unique(events, return_inverse=True)
-        return keys, pair
+        return keys, pair.astype(np.int32)
     seen = np.zeros(space, dtype=bool)
     seen[events] = True
     keys = np.flatnonzero(seen)
-    where = np.zeros(space, dtype=np.int64)
-    where[keys] = np.arange(len(keys))
+    del seen
+    where = np.zeros(space, dtype=np.int32)  # P < 2^31: at most DENSE_KEYS keys
+    where[keys] = np.arange(len(keys), dtype=np.int32)
     return keys, where[events]
 
 

@@ -40,12 +40,16 @@ def _model1_reference(src: list, trg: list, null: int, iterations: int) -> dict:
     return prob
 
 
-@pytest.mark.parametrize("dense", [True, False])
-def test_model1_follows_its_em_equations(monkeypatch: pytest.MonkeyPatch, dense: bool) -> None:
+@pytest.mark.parametrize(("dense", "sliced"), [(True, False), (False, False), (True, True)])
+def test_model1_follows_its_em_equations(
+    monkeypatch: pytest.MonkeyPatch, dense: bool, sliced: bool
+) -> None:
     """Every t(t | s) after three iterations equals the reference's, keys through a table
-    or by sorting."""
+    or by sorting, the E-step in one piece or in slices of a few sentences."""
     if not dense:
         monkeypatch.setattr(lexicon, "DENSE_KEYS", 0)
+    if sliced:
+        monkeypatch.setattr(lexicon, "SLICE_POSITIONS", 7)
     src, trg = _corpus(40, 7, 9, seed=3)
     keys, probs = model1(src, trg, 7, 9, iterations=3)
     reference = _model1_reference(src, trg, null=7, iterations=3)
