@@ -468,6 +468,24 @@ def export(
     )
 
 
+@app.command()
+def shortlist(
+    run: Annotated[
+        Path,
+        typer.Argument(help="Run directory (each of its checkpoints) or checkpoint file."),
+    ],
+) -> None:
+    """Build the lexical shortlist for a run trained without one, from its training data,
+    and add it to its checkpoints (README: Decoding)."""
+    from nmt.commands.shortlist import ShortlistRequest, shortlist_command
+
+    result = shortlist_command(_request(ShortlistRequest, locals()))
+    for path in result.added:
+        typer.echo(f"{path}: shortlist added (built in {result.seconds:.1f}s)", err=True)
+    for path in result.kept:
+        typer.echo(f"{path}: has a shortlist already, kept", err=True)
+
+
 # eval's own flags
 Hypotheses = Annotated[
     list[Path] | None, typer.Argument(help="Hypothesis file(s), one system each.")

@@ -898,8 +898,10 @@ def decode_row(
                     [src_ids[i] for i in batch],
                     decoding.shortlist_frequent,
                     decoding.shortlist_per_word,
-                    forced_pieces(steering.subset(batch.tolist()) if steering else None),
-                )
+                    forced_pieces(
+                        steering.subset(batch.tolist()) if steering else None, len(batch)
+                    ),
+                )[0]
             )
             for batch in batches
         ]

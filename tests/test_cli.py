@@ -209,7 +209,9 @@ def test_eval_prints_the_scores_of_a_pair_counted_by_hand(tmp_path: Path) -> Non
     assert round(report["systems"][0]["bleu"], 2) == round(bleu, 2)
 
 
-COMMANDS = ["train", "translate", "score", "align", "average", "export", "eval", "serve"]
+COMMANDS = [
+    "train", "translate", "score", "align", "average", "export", "shortlist", "eval", "serve",
+]  # fmt: skip
 DECODING = ["--length-penalty", "--coverage-penalty", "--ensemble-average"]
 MODELS = ["--device", "--precision", "--help"]
 FLAGS = {
@@ -232,6 +234,7 @@ FLAGS = {
     ],
     "average": ["--output", "--run", "--last", "--help"],
     "export": ["--output", "--format", "--quantize", "--help"],
+    "shortlist": ["--help"],
     "eval": [
         "--ref", "--model", "--split", "--beam", "--save-hypotheses", *DECODING, "--shortlist",
         "--significance", "--json", "--align", "--align-ref", "--align-src", "--align-trg",

@@ -295,10 +295,10 @@ class DecodingConfig(Section):
         "if it has none; off: the whole vocabulary)",
     )
     shortlist_frequent: int = Field(
-        100, ge=0, le=1000, description="shortlist: the most frequent target pieces taken"
+        300, ge=0, le=1000, description="shortlist: the most frequent target pieces taken"
     )
     shortlist_per_word: int = Field(
-        50, ge=1, le=100, description="shortlist: translations taken per source piece"
+        100, ge=1, le=100, description="shortlist: translations taken per source piece"
     )
 
 

@@ -69,10 +69,13 @@ def stepper(model: Seq2Seq | Stepper[Any]) -> Stepper[Any]:
 
 @dataclass
 class EnsembleState:
-    """Each member's attention memory and decoder state, in member order."""
+    """Each member's attention memory and decoder state, in member order; restricted to a
+    shortlist's columns, each row's bias (N, V'): -inf at the columns outside its own
+    sentence's shortlist, else 0."""
 
     memories: list[Memory]
     states: list[DecoderState]
+    bias: Tensor | None = None
 
 
 class Ensemble:
@@ -87,14 +90,17 @@ class Ensemble:
         self.average = average
         self.columns: Tensor | None = None  # (V',) target ids: see ``restricted``
         self.rows: list[Tensor] | None = None  # each member's W_o rows of those ids (V', O)
+        self.allowed: Tensor | None = None  # (B, V') each sentence's own columns
 
-    def restricted(self, columns: Tensor) -> Ensemble:
+    def restricted(self, columns: Tensor, allowed: Tensor) -> Ensemble:
         """The ensemble stepped over the target ids ``columns`` (V',) alone (a shortlist,
-        ``nmt.decoding.shortlist``): ``step`` takes and gives column indices, and its
-        log-probabilities (N, V') are normalised over those columns."""
+        ``nmt.decoding.shortlist``): ``step`` takes and gives column indices, and the
+        log-probabilities (N, V') of a row of sentence b are normalised over the columns
+        ``allowed`` (B, V') gives b, the others -inf."""
         ensemble = Ensemble(self.models, self.average)
         ensemble.columns = columns
         ensemble.rows = [model.generator.weight.detach()[columns] for model in self.models]
+        ensemble.allowed = allowed
         return ensemble
 
     def encode(self, src: Tensor, src_lengths: Tensor, repeat: int = 1) -> EnsembleState:
@@ -110,7 +116,11 @@ class Ensemble:
                 memory, state = memory.index_select(index), model.decoder.reorder(state, index)
             memories.append(memory)
             states.append(state)
-        return EnsembleState(memories, states)
+        bias = None
+        if self.allowed is not None and self.rows is not None:  # (B*repeat, V')
+            zeros = torch.zeros(self.allowed.shape, dtype=self.rows[0].dtype, device=src.device)
+            bias = zeros.masked_fill(~self.allowed, -math.inf).repeat_interleave(repeat, dim=0)
+        return EnsembleState(memories, states, bias)
 
     def step(self, prev: Tensor, state: EnsembleState) -> tuple[Tensor, Tensor, EnsembleState]:
         """prev (N,) -> log-probabilities (N, V) float32, attention (N, S), the next state
@@ -122,13 +132,13 @@ class Ensemble:
         members = zip(self.models, state.memories, state.states, rows, strict=True)
         for model, memory, member, weight in members:
             features, alphas_t, next_state = model.decoder.step(prev, memory, member)
-            log_probs.append(model.log_probs(features, weight))
+            log_probs.append(model.log_probs(features, weight, state.bias))
             alphas.append(alphas_t)
             states.append(next_state)
         return (
             self.combine(log_probs),
             self.mean_attention(alphas),
-            EnsembleState(state.memories, states),
+            EnsembleState(state.memories, states, state.bias),
         )
 
     def reorder(self, state: EnsembleState, index: Tensor) -> EnsembleState:
@@ -137,13 +147,14 @@ class Ensemble:
         states = [
             model.decoder.reorder(member, index)
             for model, member in zip(self.models, state.states, strict=True)
-        ]
-        return EnsembleState(state.memories, states)
+        ]  # the bias too stays: a row's sentence is the same
+        return EnsembleState(state.memories, states, state.bias)
 
     def select(self, state: EnsembleState, index: Tensor) -> EnsembleState:
         """The rows ``index`` (N',), memories included (finished sentences dropped)."""
         memories = [memory.index_select(index) for memory in state.memories]
-        return EnsembleState(memories, self.reorder(state, index).states)
+        bias = state.bias[index] if state.bias is not None else None
+        return EnsembleState(memories, self.reorder(state, index).states, bias)
 
     def teacher_forced(
         self, src: Tensor, src_lengths: Tensor, trg_in: Tensor, trg_out: Tensor | None = None

@@ -104,17 +104,29 @@ def batch_columns(
     src_ids: Sequence[Sequence[int]],
     frequent: int,
     per_word: int,
-    forced: Sequence[int] = (),
-) -> Tensor:
-    """The sorted target ids (V',) a batch is decoded over: the union of the columns of
-    each model's shortlist (an ensemble's members may come from different data), filled
-    up to a multiple of ALIGN."""
-    parts = [s.columns(src_ids, frequent, per_word, forced) for s in shortlists]
-    ids = parts[0] if len(parts) == 1 else torch.unique(torch.cat(parts))
+    forced: Sequence[Sequence[int]] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """A batch's columns: the sorted target ids (V',) it is decoded over, every sentence's
+    own columns together (an ensemble's: each model's shortlist's, as its members may come
+    from different data) filled up to a multiple of ALIGN; and which of them are each
+    sentence's own (B, V') bool, the only ones its search may choose and normalise over, so
+    that no sentence's translation depends on the others in its batch. ``forced``: each
+    sentence's prefix and constraint pieces."""
+    own: list[Tensor] = []  # each sentence's sorted target ids
+    for b, sentence in enumerate(src_ids):
+        pieces = forced[b] if forced is not None else ()
+        parts = [s.columns([sentence], frequent, per_word, pieces) for s in shortlists]
+        own.append(parts[0] if len(parts) == 1 else torch.unique(torch.cat(parts)))
+    ids = torch.unique(torch.cat(own)) if own else torch.tensor(SPECIALS)
     short = -ids.numel() % ALIGN
     spare = shortlists[0].frequent[frequent:]  # (F',) the next most frequent pieces
     fill = spare[~torch.isin(spare, ids)][:short]
-    return torch.unique(torch.cat([ids, fill])) if short else ids
+    if short and fill.numel():
+        ids = torch.unique(torch.cat([ids, fill]))
+    allowed = torch.zeros(len(own), ids.numel(), dtype=torch.bool)  # (B, V')
+    for b, mine in enumerate(own):
+        allowed[b, torch.searchsorted(ids, mine)] = True
+    return ids, allowed
 
 
 def _problem(state: Any, src_vocab_size: int, trg_vocab_size: int) -> str | None:
@@ -166,11 +178,13 @@ class Columns:
         return hyps
 
 
-def forced_pieces(steering: Steering | None) -> list[int]:
-    """Every piece of the prefixes and constraint phrases: each must be among the columns."""
+def forced_pieces(steering: Steering | None, sentences: int) -> list[list[int]]:
+    """Each sentence's prefix and constraint pieces: each must be among its columns."""
+    pieces: list[list[int]] = [[] for _ in range(sentences)]
     if steering is None:
-        return []
-    pieces = [i for prefix in steering.prefixes or [] for i in prefix]
-    for phrases in steering.constraints or []:
-        pieces.extend(i for phrase in phrases for i in phrase)
+        return pieces
+    for b, prefix in enumerate(steering.prefixes or []):
+        pieces[b].extend(prefix)
+    for b, phrases in enumerate(steering.constraints or []):
+        pieces[b].extend(i for phrase in phrases for i in phrase)
     return pieces

@@ -245,15 +245,15 @@ class Translator:
         steering: Steering | None,
     ) -> list[list[Hypothesis]]:
         """One batch's search over its shortlist's columns, its outputs in target ids."""
-        ids = batch_columns(
+        ids, allowed = batch_columns(
             shortlists,
             chunk,
             decoding.shortlist_frequent,
             decoding.shortlist_per_word,
-            forced_pieces(steering),
+            forced_pieces(steering, len(chunk)),
         )
         columns = Columns(ids)
-        scorer = self.ensemble(decoding).restricted(ids.to(self.device))
+        scorer = self.ensemble(decoding).restricted(ids.to(self.device), allowed.to(self.device))
         results = beam_search(
             scorer,
             src,

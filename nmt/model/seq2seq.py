@@ -93,10 +93,18 @@ class Seq2Seq(nn.Module):
         assert self.graphs is not None
         return self.graphs(self.decoder, self.decoder, trg_in, memory, state)  # type: ignore[no-any-return]
 
-    def log_probs(self, features: Tensor, rows: Tensor | None = None) -> Tensor:
+    def log_probs(
+        self, features: Tensor, rows: Tensor | None = None, bias: Tensor | None = None
+    ) -> Tensor:
         """(..., O) -> (..., V) float32 log-probabilities; given ``rows`` (V', O) of W_o (a
-        shortlist's), the log-softmax over those V' outputs alone."""
-        logits = self.generator(features) if rows is None else F.linear(features, rows)
+        shortlist's), the log-softmax over those V' outputs alone, and given ``bias`` (N, V')
+        too (0, or -inf where a row may not go), over each row's others: features (N, O)."""
+        if rows is None:
+            logits = self.generator(features)
+        elif bias is None:
+            logits = F.linear(features, rows)
+        else:  # the mask added in the matmul's own pass
+            logits = torch.addmm(bias, features, rows.t())
         return F.log_softmax(logits.float(), dim=-1)
 
     def loss(

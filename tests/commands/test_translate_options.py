@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import queue
+import shutil
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
+import torch
 from clirun import nmt, tiny_config, unchanged, write_config
 
 SOURCES = ["sol luna", "mar rio casa", "", "agua fuego", "perro gato"]
@@ -409,3 +411,53 @@ def test_a_damaged_shortlist_is_one_line(run: Path, source: Path, tmp_path: Path
     assert result.code == 2
     assert "best.pt: its shortlist has shapes" in result.err
     assert result.err.strip().count("\n") == 0
+
+
+def _strip_shortlists(run: Path, into: Path) -> list[Path]:
+    """A copy of the run directory whose checkpoints have no shortlist (as runs trained
+    before nmt built one): their paths."""
+    from nmt import checkpoint
+
+    shutil.copytree(run, into)
+    paths = sorted(into.glob("*.pt"))
+    for path in paths:
+        state = checkpoint.load(path)
+        for key in ("format", "version", "shortlist"):
+            state.pop(key, None)
+        checkpoint.save(path, state)
+    return paths
+
+
+def test_nmt_shortlist_adds_the_runs_shortlist(run: Path, tmp_path: Path) -> None:
+    """nmt shortlist RUN gives each checkpoint of a run without one the shortlist nmt train
+    builds (the same, from the same data); a second call keeps them as they are."""
+    from nmt import checkpoint
+
+    want = checkpoint.load(run / "best.pt")["shortlist"]
+    paths = _strip_shortlists(run, tmp_path / "old")
+    assert len(paths) >= 2
+    result = nmt("shortlist", str(tmp_path / "old"))
+    assert result.code == 0, result.err
+    for path in paths:
+        assert f"{path}: shortlist added" in result.err
+        got = checkpoint.load(path)["shortlist"]
+        assert all(torch.equal(got[key], want[key]) for key in ("frequent", "table"))
+    again = nmt("shortlist", str(paths[0]))
+    assert again.code == 0 and f"{paths[0]}: has a shortlist already, kept" in again.err
+
+
+def test_nmt_shortlist_without_the_training_data(run: Path, tmp_path: Path) -> None:
+    """The saved config's training data missing: one line naming it, exit 2, the checkpoint
+    as it was."""
+    from nmt import checkpoint
+
+    (path,) = [p for p in _strip_shortlists(run, tmp_path / "old") if p.name == "best.pt"]
+    state = checkpoint.load(path)
+    del state["format"], state["version"]
+    state["config"]["data"]["train"] = str(tmp_path / "gone" / "train")
+    checkpoint.save(path, state)
+    before = path.read_bytes()
+    result = nmt("shortlist", str(path))
+    assert result.code == 2
+    assert result.err.strip().count("\n") == 0 and "gone" in result.err
+    assert path.read_bytes() == before
