@@ -14,6 +14,7 @@ from searchref import model, options, source
 from nmt.config import Config
 from nmt.data.tokenizer import BOS_ID, EOS_ID
 from nmt.decoding.ensemble import Ensemble
+from nmt.decoding.options import SearchOptions
 from nmt.decoding.search import beam_search, greedy_search
 from nmt.decoding.shortlist import (
     ALIGN,
@@ -240,3 +241,26 @@ def test_when_a_shortlist_is_used() -> None:
         lacking.decoding_shortlists(decoding("on"))
     with pytest.raises(ConfigError, match="--shortlist on: the exported graphs"):
         exported.decoding_shortlists(decoding("on"))
+
+
+def test_a_translation_does_not_depend_on_its_batch() -> None:
+    """With shortlists that differ from sentence to sentence, each sentence decoded with the
+    others gives what it gives alone: its own columns only (beam 5, n-best 3)."""
+    m = model(VOCAB, seed=16)
+    table = torch.full((VOCAB, 2), -1)
+    for piece in range(4, VOCAB):  # each source piece brings two others
+        table[piece] = torch.tensor([4 + (piece * 3) % 8, 4 + (piece * 5 + 1) % 8])
+    shortlist = Shortlist(torch.tensor([4]), table)
+    config = Config()
+    decoding = config.decoding.model_copy(update={"shortlist_frequent": 1, "shortlist_per_word": 2})
+    translator = Translator(m, None, config, torch.device("cpu"), shortlists=[shortlist])  # type: ignore[arg-type]
+    sentences = [[5, 6], [9, 10, 11], [7], [8, 4, 6]]
+    search = SearchOptions(n_best=3)
+    together = translator.decode_ids(sentences, decoding, search)
+    columns = [set(batch_columns([shortlist], [s], 1, 2)[0].tolist()) for s in sentences]
+    assert len(set(map(frozenset, columns))) > 1  # the sentences' own pieces differ
+    for sentence, own, hyps in zip(sentences, columns, together, strict=True):
+        (alone,) = translator.decode_ids([sentence], decoding, search)
+        assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], abs=1e-5)
+        assert all(set(h.tokens) <= own for h in hyps)
