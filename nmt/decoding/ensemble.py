@@ -112,8 +112,11 @@ class Ensemble:
             index = torch.arange(src.size(0), device=src.device).repeat_interleave(repeat)
         for model in self.models:
             memory, state = model.encode(src, src_lengths)
-            if index is not None:
-                memory, state = memory.index_select(index), model.decoder.reorder(state, index)
+            if index is not None:  # the beams' states; their memory once per sentence where
+                # the score allows (Memory.shared), else a copy per beam
+                state = model.decoder.reorder(state, index)
+                shared = model.decoder.attention.shares_beams
+                memory = memory.shared(repeat) if shared else memory.index_select(index)
             memories.append(memory)
             states.append(state)
         bias = None

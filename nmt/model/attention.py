@@ -42,6 +42,11 @@ class Memory:
     values (B, h, S, Hk/h), else None; coverage_terms: the coverage update's terms of h_j
     alone (``nmt.model.coverage``), else None; products: how ``with_keys`` and
     ``with_values`` multiply (``FastPaths.step_products``).
+
+    beams: the query rows per sentence (``shared``, beam search), whose memory is held once
+    per sentence: the tensors above are then (B, ...) for queries of B * beams rows, sentence
+    after sentence. Only a score that reads the memory through ``with_keys``,
+    ``with_values`` and ``row_mask`` alone (``Attention.shares_beams``) is given one.
     """
 
     values: Tensor
@@ -50,28 +55,51 @@ class Memory:
     projected_values: Tensor | None = None
     coverage_terms: Tensor | None = None
     products: Products = PLAIN_PRODUCTS
+    beams: int = 1
 
     def with_keys(self, query: Tensor) -> Tensor:
-        """q_t^T k_s for every query and key: (B, T, A) -> (B, T, S)."""
-        return self.products.with_keys(query, self.keys)
+        """q_t^T k_s for every query and key: (B, T, A) -> (B, T, S); the beams of a
+        sentence in one product with its keys."""
+        if self.beams == 1:
+            return self.products.with_keys(query, self.keys)
+        rows, steps = query.shape[:2]
+        shared = query.reshape(rows // self.beams, self.beams * steps, -1)  # (B', K*T, A)
+        return self.products.with_keys(shared, self.keys).reshape(rows, steps, -1)
 
     def with_values(self, alphas: Tensor) -> Tensor:
         """sum_s alphas[t, s] h_s: (B, T, S) -> (B, T, Hk)."""
-        return self.products.with_values(alphas, self.values)
+        if self.beams == 1:
+            return self.products.with_values(alphas, self.values)
+        rows, steps = alphas.shape[:2]
+        shared = alphas.reshape(rows // self.beams, self.beams * steps, -1)  # (B', K*T, S)
+        return self.products.with_values(shared, self.values).reshape(rows, steps, -1)
+
+    @property
+    def row_mask(self) -> Tensor:
+        """The mask of each query row: (B * beams, S)."""
+        return self.mask if self.beams == 1 else self.mask.repeat_interleave(self.beams, 0)
+
+    def shared(self, beams: int) -> Memory:
+        """The memory of B sentences for B * beams query rows, held once (not copied)."""
+        return replace(self, beams=beams)
 
     def for_steps(self, products: Products) -> Memory:
         """The same memory, multiplied through ``products``."""
         return replace(self, products=products)
 
     def index_select(self, index: Tensor) -> Memory:
-        """The memory of the sentences ``index`` (B',): beams in search."""
+        """The memory of the rows ``index`` (B',): beams in search. Shared (``beams`` > 1),
+        ``index`` holds whole sentences' rows, in order (search drops whole sentences)."""
         projected, terms = self.projected_values, self.coverage_terms
+        if self.beams > 1:
+            index = index[:: self.beams] // self.beams  # (B'/beams,) their sentences
         return Memory(
             self.values[index],
             self.keys[index],
             self.mask[index],
             projected[index] if projected is not None else None,
             terms[index] if terms is not None else None,
+            beams=self.beams,
         )
 
 
@@ -111,6 +139,9 @@ class Attention(nn.Module):
     windowed: ClassVar[bool] = False  # Luong's local window around an inner content score
     splits_keys: ClassVar[bool] = False  # model.attention.heads must divide the key size
     covers: ClassVar[bool] = False  # model.attention.coverage feeds its energies
+    # reads the memory through Memory.with_keys, with_values and row_mask alone, so beam
+    # search may hold it once per sentence (Memory.shared)
+    shares_beams: ClassVar[bool] = False
     # the model.attention keys the constructor takes, in order, after the two sizes
     config_keys: ClassVar[tuple[str, ...]] = ()
 
@@ -139,7 +170,7 @@ class Attention(nn.Module):
 
     def alphas(self, query: Tensor, memory: Memory, positions: Tensor | None) -> Tensor:
         """(B, T, Hq) -> (B, T, S) float32 weights, zero at padding."""
-        return masked_softmax(self.energies(query, memory), memory.mask)
+        return masked_softmax(self.energies(query, memory), memory.row_mask)
 
     def forward(
         self, query: Tensor, memory: Memory, positions: Tensor | None = None

@@ -101,7 +101,7 @@ class DotAttention(Attention):
     scalar g initialised to 1). A fixed scale is folded into the keys once per batch.
     """
 
-    content = equal_sizes = scalable = True
+    content = equal_sizes = scalable = shares_beams = True
     config_keys: ClassVar[tuple[str, ...]] = ("scale",)
 
     def __init__(self, query_size: int, key_size: int, scale: str = "none"):
@@ -159,7 +159,7 @@ class CosineAttention(Attention):
     batch.
     """
 
-    content = equal_sizes = True
+    content = equal_sizes = shares_beams = True
     config_keys = ("beta", "learn_beta")
 
     def __init__(

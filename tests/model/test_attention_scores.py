@@ -354,3 +354,43 @@ def test_autocast_smoke(name: str, keys: dict, dtype: torch.dtype) -> None:
     assert torch.isfinite(context.float()).all() and torch.isfinite(alphas).all()
     assert torch.all(alphas[~mask[:, None, :].expand(B, T, S)] == 0)
     torch.testing.assert_close(rows.sum(-1), torch.ones(B, T), rtol=0, atol=1e-5)
+
+
+BEAMS = 3
+
+
+@pytest.mark.parametrize(("name", "keys"), CASES, ids=IDS)
+def test_a_memory_shared_by_the_beams_gives_each_beams_own(name: str, keys: dict) -> None:
+    """A score that shares its memory among a sentence's beams (Memory.shared) gives every
+    beam row what a copy of the memory per row gives, in float64, padding included, and
+    dropping sentences keeps their memory; the others are given a copy per row."""
+    cfg = _config(keys)
+    module = _module(cfg).double()
+    _, values, mask = _inputs(_key_size(cfg))
+    generator = torch.Generator().manual_seed(3)
+    query = torch.randn(B * BEAMS, T, QUERY, generator=generator).double()  # (B*K, T, Hq)
+    rows = torch.arange(B).repeat_interleave(BEAMS)  # (B*K,) each row's sentence
+    memory = module.prepare(values, mask)
+    copied = memory.index_select(rows)
+    positions = torch.tensor(POSITIONS)
+    with torch.no_grad():
+        want = module(query, copied, positions)
+        if not module.shares_beams:
+            return
+        shared = memory.shared(BEAMS)
+        got = module(query, shared, positions)
+        kept = torch.tensor([0, 1, 2, 6, 7, 8])  # sentences 0 and 2, beam rows in order
+        dropped = module(query[kept], shared.index_select(kept), positions)
+        want_dropped = module(query[kept], copied.index_select(kept), positions)
+    for a, b in [(got, want), (dropped, want_dropped)]:
+        torch.testing.assert_close(a[0], b[0], rtol=0, atol=1e-12)  # context
+        torch.testing.assert_close(a[1], b[1], rtol=0, atol=1e-12)  # alphas
+    assert shared.values.shape[0] == B and shared.index_select(kept).values.shape[0] == 2
+
+
+def test_the_scores_that_share_the_beams_memory() -> None:
+    """dot, scaled_dot, general (bilinear, multiplicative) and cosine read the memory through
+    with_keys, with_values and row_mask alone; every other score is given a copy per beam
+    row."""
+    sharing = sorted(name for name, score in SCORE_CLASSES.items() if score.shares_beams)
+    assert sharing == ["bilinear", "cosine", "dot", "general", "multiplicative", "scaled_dot"]
