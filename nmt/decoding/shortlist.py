@@ -1,16 +1,18 @@
-"""The lexical shortlist: each batch is decoded over the target pieces its source can bring,
-not the whole vocabulary (Marian's lexical shortlist; Jean et al. 2015, section 3.2, for
-candidate lists per sentence).
+"""The lexical shortlist: each sentence is decoded over the target pieces its source can
+bring, not the whole vocabulary (Marian's lexical shortlist; Jean et al. 2015, section 3.2,
+for candidate lists per sentence).
 
-A batch's columns are the special pieces, the ``shortlist_frequent`` most frequent target
-pieces of the training data, the ``shortlist_per_word`` most probable translations of each
-piece of its sources (IBM Model 1, ``nmt.data.lexicon``) and the pieces of its prefixes and
-constraints. The output layer then computes only those rows of W_o, and the softmax
-normalises over them:
+A sentence's pieces C(x) are the special pieces, the ``shortlist_frequent`` most frequent
+target pieces of the training data, the ``shortlist_per_word`` most probable translations of
+each piece of its source (IBM Model 1, ``nmt.data.lexicon``) and the pieces of its prefix and
+constraints. A batch's columns are its sentences' pieces together; the output layer computes
+only those rows of W_o, and each row's softmax normalises over its own sentence's pieces
+(the others get -inf, ``Ensemble.restricted``):
 
-    p'(y_t | y_<t, x) = exp(w_y . f_t) / sum_{v in C(batch)} exp(w_v . f_t),   y in C(batch)
+    p'(y_t | y_<t, x) = exp(w_y . f_t) / sum_{v in C(x)} exp(w_v . f_t),   y in C(x)
 
-so a hypothesis's score is its log-probability under the model restricted to C(batch).
+so a hypothesis's score is its log-probability under the model restricted to C(x), and no
+translation depends on the other sentences of its batch.
 
 Search runs unchanged over column indices: the columns are sorted and start with every
 special piece, so BOS, EOS, UNK and PAD keep their ids; the decoder is fed the piece of the
