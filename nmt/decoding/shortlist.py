@@ -182,11 +182,4 @@ class Columns:
 
 def forced_pieces(steering: Steering | None, sentences: int) -> list[list[int]]:
     """Each sentence's prefix and constraint pieces: each must be among its columns."""
-    pieces: list[list[int]] = [[] for _ in range(sentences)]
-    if steering is None:
-        return pieces
-    for b, prefix in enumerate(steering.prefixes or []):
-        pieces[b].extend(prefix)
-    for b, phrases in enumerate(steering.constraints or []):
-        pieces[b].extend(i for phrase in phrases for i in phrase)
-    return pieces
+    return [steering.forced_pieces(b) if steering else [] for b in range(sentences)]

@@ -39,12 +39,16 @@ class Steering:
             [self.constraints[i] for i in index] if self.constraints is not None else None,
         )
 
+    def forced_pieces(self, sentence: int) -> list[int]:
+        """The pieces of the sentence's prefix and constraint phrases, in that order."""
+        pieces = list(self.prefixes[sentence]) if self.prefixes is not None else []
+        if self.constraints is not None:
+            pieces.extend(i for phrase in self.constraints[sentence] for i in phrase)
+        return pieces
+
     def forced_tokens(self, sentence: int) -> int:
         """Tokens of the sentence's prefix and constraint phrases."""
-        count = len(self.prefixes[sentence]) if self.prefixes is not None else 0
-        if self.constraints is not None:
-            count += sum(len(p) for p in self.constraints[sentence])
-        return count
+        return len(self.forced_pieces(sentence))
 
     def initial_states(self, beam_size: int) -> list[ConstraintState | None]:
         """Each beam row's constraint state (None: an unconstrained sentence)."""
