@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,12 @@ class Shortlist:
 
     frequent: Tensor
     table: Tensor
+
+    @cached_property
+    def width(self) -> int:
+        """One past the largest target id it holds."""
+        largest = [int(t.max()) for t in (self.frequent, self.table) if t.numel()]
+        return max(largest, default=-1) + 1
 
     @classmethod
     def build(
@@ -82,24 +89,6 @@ class Shortlist:
             )
         return cls(state["frequent"].long(), state["table"].long())
 
-    def columns(
-        self,
-        src_ids: Sequence[Sequence[int]],
-        frequent: int,
-        per_word: int,
-        forced: Sequence[int] = (),
-    ) -> Tensor:
-        """The sorted target ids (V',) a batch of sources (piece ids) is decoded over."""
-        sources = torch.tensor(sorted({i for ids in src_ids for i in ids}), dtype=torch.long)
-        parts = [
-            torch.tensor(SPECIALS, dtype=torch.long),
-            self.frequent[:frequent],
-            self.table[sources, :per_word].reshape(-1),
-            torch.tensor(list(forced), dtype=torch.long),
-        ]
-        ids = torch.unique(torch.cat(parts))  # sorted
-        return ids[ids >= 0]
-
 
 def batch_columns(
     shortlists: Sequence[Shortlist],
@@ -113,22 +102,38 @@ def batch_columns(
     from different data) filled up to a multiple of ALIGN; and which of them are each
     sentence's own (B, V') bool, the only ones its search may choose and normalise over, so
     that no sentence's translation depends on the others in its batch. ``forced``: each
-    sentence's prefix and constraint pieces."""
-    own: list[Tensor] = []  # each sentence's sorted target ids
-    for b, sentence in enumerate(src_ids):
-        pieces = forced[b] if forced is not None else ()
-        parts = [s.columns([sentence], frequent, per_word, pieces) for s in shortlists]
-        own.append(parts[0] if len(parts) == 1 else torch.unique(torch.cat(parts)))
-    ids = torch.unique(torch.cat(own)) if own else torch.tensor(SPECIALS)
-    short = -ids.numel() % ALIGN
-    spare = shortlists[0].frequent[frequent:]  # (F',) the next most frequent pieces
-    fill = spare[~torch.isin(spare, ids)][:short]
-    if short and fill.numel():
-        ids = torch.unique(torch.cat([ids, fill]))
-    allowed = torch.zeros(len(own), ids.numel(), dtype=torch.bool)  # (B, V')
-    for b, mine in enumerate(own):
-        allowed[b, torch.searchsorted(ids, mine)] = True
-    return ids, allowed
+    sentence's prefix and constraint pieces.
+
+    Each sentence's pieces are marked in one (B, V) mask for the whole batch: its source
+    pieces' rows of every table gathered at once, then the mask's columns that any sentence
+    has are the batch's."""
+    batch = len(src_ids)
+    pieces = [torch.tensor(ids, dtype=torch.long) for ids in src_ids]
+    flat = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)  # (P,)
+    sentence = torch.repeat_interleave(torch.tensor([len(ids) for ids in src_ids]))  # (P,)
+    extra = [list(f) for f in forced] if forced is not None else [[] for _ in range(batch)]
+    width = max(
+        max(SPECIALS) + 1,
+        *(s.width for s in shortlists),
+        *(max(f) + 1 for f in extra if f),
+    )
+    own = torch.zeros(batch, width, dtype=torch.bool)  # (B, V) each sentence's pieces
+    own[:, SPECIALS] = True
+    for shortlist in shortlists:
+        own[:, shortlist.frequent[:frequent]] = True
+        picks = shortlist.table[flat, :per_word]  # (P, K) -1 where a piece has fewer
+        rows = sentence[:, None].expand_as(picks)
+        found = picks >= 0
+        own[rows[found], picks[found]] = True
+    for b, pieces_b in enumerate(extra):
+        own[b, pieces_b] = True
+    union = own.any(dim=0)  # (V,)
+    short = -int(union.sum()) % ALIGN
+    if short:
+        spare = shortlists[0].frequent[frequent:]  # (F',) the next most frequent pieces
+        union[spare[~union[spare]][:short]] = True
+    ids = union.nonzero().view(-1) if batch else torch.tensor(SPECIALS)  # sorted
+    return ids, own[:, ids]
 
 
 def _problem(state: Any, src_vocab_size: int, trg_vocab_size: int) -> str | None:
