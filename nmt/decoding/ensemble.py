@@ -61,6 +61,12 @@ class Stepper(Protocol[State]):
         a batch once some of its sentences are done (their rows are dropped for good)."""
         ...
 
+    @property
+    def native_kernels(self) -> bool:
+        """Whether search takes its top-k through nmt's compiled kernels
+        (``FastPaths.native_kernels``; ``nmt.fast.topk``)."""
+        ...
+
 
 def stepper(model: Seq2Seq | Stepper[Any]) -> Stepper[Any]:
     """What search steps: one model as an ensemble of one, any other stepper as it is."""
@@ -70,34 +76,45 @@ def stepper(model: Seq2Seq | Stepper[Any]) -> Stepper[Any]:
 @dataclass
 class EnsembleState:
     """Each member's attention memory and decoder state, in member order; restricted to a
-    shortlist's columns, each row's bias (N, V'): -inf at the columns outside its own
-    sentence's shortlist, else 0."""
+    shortlist's columns, which columns each row may take (N, V') bool: its own sentence's."""
 
     memories: list[Memory]
     states: list[DecoderState]
-    bias: Tensor | None = None
+    allowed: Tensor | None = None
 
 
 class Ensemble:
     """Models decoding in step, combined per token (see the module docstring)."""
 
-    def __init__(self, models: Sequence[Seq2Seq], average: str = "linear"):
+    def __init__(
+        self,
+        models: Sequence[Seq2Seq],
+        average: str = "linear",
+        gate_tables: Sequence[Tensor | None] | None = None,
+    ):
         if not models:
             raise ValueError("an ensemble needs at least one model")
         if average not in AVERAGES:
             raise ValueError(f"average {average!r}: expected one of {', '.join(AVERAGES)}")
         self.models = list(models)
         self.average = average
+        # each member's table of its first RNN layer's input gates (Decoder.gate_table),
+        # looked up at every step, or None to multiply: made for fixed weights (Translator)
+        self.gate_tables = list(gate_tables) if gate_tables else [None] * len(self.models)
         self.columns: Tensor | None = None  # (V',) target ids: see ``restricted``
         self.rows: list[Tensor] | None = None  # each member's W_o rows of those ids (V', O)
         self.allowed: Tensor | None = None  # (B, V') each sentence's own columns
+
+    @property
+    def native_kernels(self) -> bool:
+        return all(model.fast.native_kernels for model in self.models)
 
     def restricted(self, columns: Tensor, allowed: Tensor) -> Ensemble:
         """The ensemble stepped over the target ids ``columns`` (V',) alone (a shortlist,
         ``nmt.decoding.shortlist``): ``step`` takes and gives column indices, and the
         log-probabilities (N, V') of a row of sentence b are normalised over the columns
         ``allowed`` (B, V') gives b, the others -inf."""
-        ensemble = Ensemble(self.models, self.average)
+        ensemble = Ensemble(self.models, self.average, self.gate_tables)
         ensemble.columns = columns
         ensemble.rows = [model.generator.weight.detach()[columns] for model in self.models]
         ensemble.allowed = allowed
@@ -119,11 +136,10 @@ class Ensemble:
                 memory = memory.shared(repeat) if shared else memory.index_select(index)
             memories.append(memory)
             states.append(state)
-        bias = None
-        if self.allowed is not None and self.rows is not None:  # (B*repeat, V')
-            zeros = torch.zeros(self.allowed.shape, dtype=self.rows[0].dtype, device=src.device)
-            bias = zeros.masked_fill(~self.allowed, -math.inf).repeat_interleave(repeat, dim=0)
-        return EnsembleState(memories, states, bias)
+        allowed = None
+        if self.allowed is not None:  # (B*repeat, V')
+            allowed = self.allowed.to(src.device).repeat_interleave(repeat, dim=0)
+        return EnsembleState(memories, states, allowed)
 
     def step(self, prev: Tensor, state: EnsembleState) -> tuple[Tensor, Tensor, EnsembleState]:
         """prev (N,) -> log-probabilities (N, V) float32, attention (N, S), the next state
@@ -132,16 +148,19 @@ class Ensemble:
         if self.columns is not None:
             prev = self.columns[prev]  # (N,) the pieces of the columns chosen
         rows: list[Tensor | None] = [*self.rows] if self.rows else [None] * len(self.models)
-        members = zip(self.models, state.memories, state.states, rows, strict=True)
-        for model, memory, member, weight in members:
-            features, alphas_t, next_state = model.decoder.step(prev, memory, member)
-            log_probs.append(model.log_probs(features, weight, state.bias))
+        members = zip(
+            self.models, state.memories, state.states, rows, self.gate_tables, strict=True
+        )
+        for model, memory, member, weight, table in members:
+            gates = table[prev] if table is not None else None
+            features, alphas_t, next_state = model.decoder.step(prev, memory, member, gates)
+            log_probs.append(model.log_probs(features, weight, state.allowed))
             alphas.append(alphas_t)
             states.append(next_state)
         return (
             self.combine(log_probs),
             self.mean_attention(alphas),
-            EnsembleState(state.memories, states, state.bias),
+            EnsembleState(state.memories, states, state.allowed),
         )
 
     def reorder(self, state: EnsembleState, index: Tensor) -> EnsembleState:
@@ -150,14 +169,14 @@ class Ensemble:
         states = [
             model.decoder.reorder(member, index)
             for model, member in zip(self.models, state.states, strict=True)
-        ]  # the bias too stays: a row's sentence is the same
-        return EnsembleState(state.memories, states, state.bias)
+        ]  # the allowed columns too stay: a row's sentence is the same
+        return EnsembleState(state.memories, states, state.allowed)
 
     def select(self, state: EnsembleState, index: Tensor) -> EnsembleState:
         """The rows ``index`` (N',), memories included (finished sentences dropped)."""
         memories = [memory.index_select(index) for memory in state.memories]
-        bias = state.bias[index] if state.bias is not None else None
-        return EnsembleState(memories, self.reorder(state, index).states, bias)
+        allowed = state.allowed[index] if state.allowed is not None else None
+        return EnsembleState(memories, self.reorder(state, index).states, allowed)
 
     def teacher_forced(
         self, src: Tensor, src_lengths: Tensor, trg_in: Tensor, trg_out: Tensor | None = None

@@ -36,6 +36,7 @@ from torch import Tensor
 from nmt.config import Config, from_dict, read_yaml
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import CheckpointError, DependencyError
+from nmt.fast import FastPaths
 
 FORMAT = 1  # bumped when the directory's layout changes incompatibly
 METADATA = "export.json"
@@ -141,6 +142,8 @@ class ExportedModel:
         self.batch_axis = {
             name: _axis(dims, BATCH) for name, dims in metadata.encoder.outputs.items()
         }
+        # search's top-k over the graphs' log-probabilities: as a model built here would take it
+        self.native_kernels = FastPaths().native_kernels
 
     def encode(self, src: Tensor, src_lengths: Tensor, repeat: int = 1) -> GraphState:
         """src (B, S), src_lengths (B,) -> the state of B * repeat rows."""

@@ -108,7 +108,7 @@ def greedy_search(
             block_repeated_ngrams(log_probs, history[rows], no_repeat_ngram)
         if live_prefixes is not None:
             force_prefixes(log_probs, live_prefixes, t + 1, 1)
-        best, prev = row_max(log_probs)  # (N,), (N,)
+        best, prev = row_max(log_probs, scorer.native_kernels)  # (N,), (N,)
         at_limit = live_limits <= t + 1  # (N,) only EOS may follow
         prev = prev.masked_fill(at_limit, EOS_ID)
         best = torch.where(at_limit, log_probs[:, EOS_ID], best)
@@ -212,16 +212,17 @@ class _Beams:
 
 
 def _top_candidates(
-    beams: _Beams, log_probs: Tensor, beam_size: int
+    beams: _Beams, log_probs: Tensor, beam_size: int, native: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(B*K, V) -> scores, source beam, token of the 2K best continuations, each (B, 2K).
 
     A sentence's best 2K continuations are among each of its hypotheses' own best 2K
     tokens (a hypothesis adds one score to all of its tokens), so the top-k runs per row
-    and then over the K x 2K survivors, without a (B, K, V) sum."""
+    and then over the K x 2K survivors, without a (B, K, V) sum. ``native``: the row top-k
+    through the compiled kernel (``nmt.fast.topk``)."""
     batch = beams.scores.size(0)
     width = min(2 * beam_size, log_probs.size(-1))
-    row_best, row_tokens = top_k(log_probs, width)  # (B*K, 2K)
+    row_best, row_tokens = top_k(log_probs, width, native)  # (B*K, 2K)
     total = beams.scores.view(-1, 1) + row_best  # (B*K, 2K)
     scores, flat = total.view(batch, -1).topk(2 * beam_size, dim=-1)  # (B, 2K)
     return scores, flat // width, row_tokens.view(batch, -1).gather(1, flat)
@@ -318,7 +319,9 @@ def beam_search(
         length = beams.tokens.size(1) + 1
         log_probs, step_alphas, state = scorer.step(prev, state)  # (N*K, V), (N*K, S)
         _restrict(log_probs, beams, decoding, live.steering, live.limits, length)
-        scores, origins, tokens = _top_candidates(beams, log_probs, beam_size)
+        scores, origins, tokens = _top_candidates(
+            beams, log_probs, beam_size, scorer.native_kernels
+        )
         kept = None  # this step's attention, when a hypothesis keeps it or sums it
         if beams.alphas is not None or beams.coverage is not None:
             kept = step_alphas.float()

@@ -74,6 +74,7 @@ class Translator:
         self.config = config
         self.device = device
         self.precision = precision
+        self._tables: list[Tensor | None] | None = None  # see _gate_tables
         self.precision_reason = precision_reason or f"as given: {precision}"
         # each model's lexical shortlist of its training data; None: a model has none
         self.shortlists = list(shortlists) if shortlists is not None else None
@@ -148,7 +149,16 @@ class Translator:
                 "forced scoring and alignment heads need the model's checkpoint: the exported "
                 "graphs only translate; give the run directory and the torch backend"
             )
-        return Ensemble(self.models, decoding.ensemble_average)
+        return Ensemble(self.models, decoding.ensemble_average, self._gate_tables())
+
+    def _gate_tables(self) -> list[Tensor | None]:
+        """Each model's table of its first-layer input gates (``Decoder.gate_table``), made
+        on the first call: a Translator's models are fixed. In float32 alone (under autocast
+        the module's matmul runs in the lower precision)."""
+        if self._tables is None:
+            fp32 = self.precision == "fp32"
+            self._tables = [m.decoder.gate_table() if fp32 else None for m in self.models]
+        return self._tables
 
     def stepper(self, decoding: DecodingConfig) -> Stepper[Any]:
         """What search steps: the backend, else the models' ensemble."""

@@ -6,14 +6,17 @@ keep it and call its seams, never a global switch. Three choices make it:
 - ``cpu_kernels`` (the config's ``run.fast_kernels``): nmt's own CPU training paths. They run
   for CPU tensors in a module's training mode, where their gain is (the backward pass);
   evaluation and search take the plain path.
-- ``native_kernels``: whether those CPU paths run the RNN's time steps and the loss's softmax
-  as nmt's compiled C kernels (``fast.compiled``; torch ops where no C compiler works). Its
+- ``native_kernels``: whether those CPU paths run the RNN's time steps and the loss's softmax,
+  and search its log-softmax and top-k, as nmt's compiled C kernels (``fast.compiled``; torch ops where no C compiler works). Its
   default is on unless the environment says ``NMT_NATIVE_KERNELS=0``, read when the
   ``FastPaths`` is made, i.e. when the model is built; no other code decides by that
   variable (``compiled.status()`` reports the default for the run's record).
 - ``fused``: autograd rearranged so that a step-by-step decoder's shared tensors get their
   gradient once per batch, and the output layer's loss never holds a float32 (N, V) tensor.
   On every device; ``FastPaths.plain()`` turns it off for the reference.
+- ``input_gates``: search looks the embedding's part of a step-by-step decoder's first RNN
+  gates up in a table (``fast.cells.input_gate_table``) instead of multiplying it, on every
+  device; a Translator makes the table once for its models.
 - ``graphs``: the teacher-forced unroll of a step-by-step decoder is graph-ready: its RNN steps
   through matmuls (``fast.cells``), and the model captures the unroll as CUDA graphs
   (``fast.graphs``) on a GPU. Set for CUDA training by ``training.cuda_graphs``.
@@ -26,17 +29,24 @@ keep it and call its seams, never a global switch. Three choices make it:
 | ``step_products`` | ``fast.sinks.SinkProducts`` | ``fast.sinks.Products`` | fused, training |
 | ``step_linear`` | ``fast.sinks.WeightSink`` | the ``nn.Linear`` | fused, training |
 | ``step_rnn`` | ``fast.cells.rnn_step`` (capturable) | the module's call | graphs, training |
+| ``input_gate_table`` | ``fast.cells.input_gate_table``, then ``step_rnn``'s ``rnn_step`` | the module's call | input_gates, a Translator's search in float32 |
 | ``output_loss`` | ``fast.loss.OutputLayerLoss`` (compiled kernel: cpu_kernels, native_kernels, training, CPU) | ``F.cross_entropy`` | fused |
+| ``log_softmax`` | ``fast.compiled.log_softmax_`` (in place, the mask inside) | ``masked_fill``, ``F.log_softmax`` | native_kernels, evaluation, CPU, float32 |
+
+Search's top-k (``fast.topk``) takes the compiled kernel too where the stepper's
+``native_kernels`` says so.
 
 Measured effects: docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.fast import additive, cells, compiled, loss, recurrence, sinks
@@ -51,11 +61,12 @@ class FastPaths:
     fused: bool = True
     native_kernels: bool = field(default_factory=compiled.enabled_by_default)
     graphs: bool = False
+    input_gates: bool = True
 
     @classmethod
     def plain(cls) -> FastPaths:
         """Plain PyTorch everywhere: the reference the fast paths are tested against."""
-        return cls(cpu_kernels=False, fused=False, native_kernels=False)
+        return cls(cpu_kernels=False, fused=False, native_kernels=False, input_gates=False)
 
     def _cpu(self, tensor: Tensor, training: bool) -> bool:
         return self.cpu_kernels and training and tensor.device.type == "cpu"
@@ -80,13 +91,27 @@ class FastPaths:
         return recurrence.run_rnn(rnn, inputs, mask, state, native=self.native_kernels)
 
     def step_rnn(
-        self, rnn: nn.RNNBase, inputs: Tensor, state: cells.RNNState, training: bool
+        self,
+        rnn: nn.RNNBase,
+        inputs: Tensor | None,
+        state: cells.RNNState,
+        training: bool,
+        first_gates: Tensor | None = None,
     ) -> tuple[Tensor, cells.RNNState]:
         """One step of a decoder's RNN: inputs (B, 1, I), state (L, B, H) -> output
-        (B, 1, H), the next state."""
+        (B, 1, H), the next state. With ``first_gates`` (search: ``input_gate_table``), the
+        first layer's gates of the embedding, and inputs the rest (B, 1, I - E) or None."""
+        if first_gates is not None:
+            return cells.rnn_step(rnn, inputs, state, first_gates)
+        assert inputs is not None
         if self.graphs and training:
             return cells.rnn_step(rnn, inputs, state)
         return recurrence.plain_rnn(rnn, inputs, None, state)
+
+    def input_gate_table(self, embed: nn.Embedding, rnn: nn.RNNBase) -> Tensor | None:
+        """A step-by-step decoder's first-layer input gates of every target piece's
+        embedding (V, G*H), for search to look up (``cells.input_gate_table``), or None."""
+        return cells.input_gate_table(embed, rnn) if self.input_gates else None
 
     def dropout(self, p: float) -> nn.Module:
         """A dropout module with probability p."""
@@ -115,3 +140,18 @@ class FastPaths:
         plain NLL sum: features (N, O), W (V, O), target (N,)."""
         native = self._cpu(features, training) and self.native_kernels
         return loss.output_layer_loss(features, weight, target, eps, self.fused, native)
+
+    def log_softmax(self, logits: Tensor, allowed: Tensor | None, training: bool) -> Tensor:
+        """log softmax(logits) over the last dimension, float32; with ``allowed`` (N, V) bool,
+        over each row's allowed columns alone, the others -inf: logits (N, V). The compiled
+        kernel works in place on a float32 CPU tensor in evaluation (search and scoring,
+        where the logits are the matmul's own output), except under a tracer (export)."""
+        logits = logits.float()
+        flat = logits.view(-1, logits.size(-1)) if logits.is_contiguous() else logits
+        native = self.native_kernels and not training and logits.device.type == "cpu"
+        native = native and not torch.jit.is_tracing()  # the ONNX exporter records torch ops
+        if native and compiled.log_softmax_(flat, allowed):
+            return logits
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, -math.inf)
+        return F.log_softmax(logits, dim=-1)

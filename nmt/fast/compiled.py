@@ -72,6 +72,14 @@ def _signatures() -> dict[str, list[type]]:
     return {**signatures, "softmax_xent": _SOFTMAX_XENT}
 
 
+# kernels.c's decoding kernels, float32 alone
+_DECODING: dict[str, list[type]] = {
+    "log_softmax": [_PTR, _I64, _I64, _PTR, _I32],
+    "top_k": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I32],
+}
+TOP_K_MAX = 128  # a larger k: torch's top-k (each value that enters shifts up to k others)
+
+
 _state: dict[str, ctypes.CDLL | None | str] = {}
 
 
@@ -125,6 +133,9 @@ def _load(path: Path) -> ctypes.CDLL:
         for suffix in ("bf16", "f32"):
             function = getattr(lib, f"nmt_{name}_{suffix}")
             function.argtypes, function.restype = argtypes, None
+    for name, argtypes in _DECODING.items():
+        function = getattr(lib, f"nmt_{name}_f32")
+        function.argtypes, function.restype = argtypes, None
     return lib
 
 
@@ -244,3 +255,41 @@ def softmax_xent(
         threads,
     )
     return True
+
+
+def _decoding_library(tensor: Tensor) -> ctypes.CDLL | None:
+    """The library, where a search step's float32 CPU tensor can go through it."""
+    if tensor.device.type != "cpu" or tensor.dtype != torch.float32 or tensor.dim() != 2:
+        return None
+    return library() if tensor.is_contiguous() else None
+
+
+def log_softmax_(logits: Tensor, allowed: Tensor | None) -> bool:
+    """A search step's log-softmax over each row of ``logits`` (N, V) float32, in place; with
+    ``allowed`` (N, V) bool, over each row's allowed columns alone, the others -inf (kernels.c).
+    Returns False, touching nothing, where the compiled kernel cannot run it."""
+    lib = _decoding_library(logits)
+    if lib is None or (allowed is not None and not allowed.is_contiguous()):
+        return False
+    rows, vocab = logits.shape
+    mask = None
+    if allowed is not None:
+        assert allowed.shape == logits.shape and allowed.dtype == torch.bool
+        mask = allowed.view(torch.uint8).data_ptr()
+    lib.nmt_log_softmax_f32(logits.data_ptr(), rows, vocab, mask, torch.get_num_threads())
+    return True
+
+
+def top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor] | None:
+    """The k largest values of each row of ``values`` (N, V) float32 and their indices, each
+    (N, k), largest first and, among equal values, the first first (kernels.c); None where
+    the compiled kernel cannot run it."""
+    lib = _decoding_library(values)
+    if lib is None or not 1 <= k <= min(TOP_K_MAX, values.size(1)):
+        return None
+    rows, vocab = values.shape
+    best = torch.empty(rows, k)
+    at = torch.empty(rows, k, dtype=torch.int64)
+    threads = torch.get_num_threads()
+    lib.nmt_top_k_f32(values.data_ptr(), rows, vocab, k, best.data_ptr(), at.data_ptr(), threads)
+    return best, at

@@ -326,3 +326,112 @@ LSTM(f32, float)
 
 XENT(bf16, bf16)
 XENT(f32, float)
+
+/* ------------------------------------------------------------------------------- decoding */
+
+/* A search step's log-softmax, in place: each row of z (rows, V) float32 becomes
+ * z_v - log sum_{u allowed} exp(z_u) at its allowed columns and -inf at the others; allowed
+ * (rows, V) is 1 where row n may go and 0 elsewhere (a shortlist's columns), or NULL for
+ * every column. The row stays in the core's cache for its three passes (max, sum, write),
+ * where torch's ops each go through the whole (rows, V) tensor. */
+static NOINLINE float masked_max(const float *restrict z, const uint8_t *restrict ok, int64_t V) {
+    float top = -INFINITY;
+    if (ok == NULL) {
+        _Pragma("omp simd reduction(max : top)")
+        for (int64_t v = 0; v < V; v++) top = z[v] > top ? z[v] : top;
+    } else {
+        _Pragma("omp simd reduction(max : top)")
+        for (int64_t v = 0; v < V; v++) top = (ok[v] && z[v] > top) ? z[v] : top;
+    }
+    return top;
+}
+
+static NOINLINE float masked_exp_sum(const float *restrict z, const uint8_t *restrict ok,
+                                     int64_t V, float top) {
+    float total = 0.0f;
+    if (ok == NULL) {
+        _Pragma("omp simd reduction(+ : total)")
+        for (int64_t v = 0; v < V; v++) total += exp_approx(z[v] - top);
+    } else {
+        _Pragma("omp simd reduction(+ : total)")
+        for (int64_t v = 0; v < V; v++) total += ok[v] ? exp_approx(z[v] - top) : 0.0f;
+    }
+    return total;
+}
+
+static NOINLINE void masked_shift(float *restrict z, const uint8_t *restrict ok, int64_t V,
+                                  float shift) {
+    if (ok == NULL) {
+        _Pragma("omp simd")
+        for (int64_t v = 0; v < V; v++) z[v] -= shift;
+    } else {
+        _Pragma("omp simd")
+        for (int64_t v = 0; v < V; v++) z[v] = ok[v] ? z[v] - shift : -INFINITY;
+    }
+}
+
+void nmt_log_softmax_f32(float *z, int64_t rows, int64_t V, const uint8_t *allowed,
+                         int32_t threads) {
+    _Pragma("omp parallel for schedule(static) num_threads(threads) if (rows * V >= MIN_PARALLEL)")
+    for (int64_t n = 0; n < rows; n++) {
+        float *row = z + n * V;
+        const uint8_t *ok = allowed == NULL ? NULL : allowed + n * V;
+        float top = masked_max(row, ok, V);
+        float total = masked_exp_sum(row, ok, V, top);
+        masked_shift(row, ok, V, top + logf(total));
+    }
+}
+
+/* The k largest values of each row of x (rows, V) float32, largest first, into values and
+ * indices (rows, k); among equal values the first (lowest index) first, as Tensor.max(dim)
+ * and a stable sort give them; NaN is never taken past the first k. The row is read once, in
+ * blocks of TOPK_BLOCK compared with the k-th value so far all at once: only a block with a
+ * value above it is looked at element by element. 1 <= k <= V. */
+#define TOPK_BLOCK 64
+
+static inline void topk_insert(float *best, int64_t *at, int64_t k, float value, int64_t index) {
+    int64_t j = k - 1; /* value > best[k-1]: it enters, after every value >= it */
+    while (j > 0 && best[j - 1] < value) {
+        best[j] = best[j - 1];
+        at[j] = at[j - 1];
+        j--;
+    }
+    best[j] = value;
+    at[j] = index;
+}
+
+static inline int block_beats(const float *restrict x, float bar) {
+    int above = 0;
+    _Pragma("omp simd reduction(| : above)")
+    for (int64_t v = 0; v < TOPK_BLOCK; v++) above |= x[v] > bar;
+    return above;
+}
+
+static void row_top_k(const float *restrict x, int64_t V, int64_t k, float *best, int64_t *at) {
+    int64_t v = 0;
+    for (; v < k; v++) { /* the first k, sorted as they come */
+        int64_t j = v;
+        while (j > 0 && !(best[j - 1] >= x[v])) {
+            best[j] = best[j - 1];
+            at[j] = at[j - 1];
+            j--;
+        }
+        best[j] = x[v];
+        at[j] = v;
+    }
+    for (; v < V && v % TOPK_BLOCK; v++)
+        if (x[v] > best[k - 1]) topk_insert(best, at, k, x[v], v);
+    for (; v + TOPK_BLOCK <= V; v += TOPK_BLOCK) {
+        if (!block_beats(x + v, best[k - 1])) continue;
+        for (int64_t u = v; u < v + TOPK_BLOCK; u++)
+            if (x[u] > best[k - 1]) topk_insert(best, at, k, x[u], u);
+    }
+    for (; v < V; v++)
+        if (x[v] > best[k - 1]) topk_insert(best, at, k, x[v], v);
+}
+
+void nmt_top_k_f32(const float *x, int64_t rows, int64_t V, int64_t k, float *values,
+                   int64_t *indices, int32_t threads) {
+    _Pragma("omp parallel for schedule(static) num_threads(threads) if (rows * V >= MIN_PARALLEL)")
+    for (int64_t n = 0; n < rows; n++) row_top_k(x + n * V, V, k, values + n * k, indices + n * k);
+}

@@ -94,9 +94,19 @@ class Decoder(nn.Module, ABC):
 
     @abstractmethod
     def step(
-        self, prev: Tensor, memory: Memory, state: DecoderState
+        self, prev: Tensor, memory: Memory, state: DecoderState, gates: Tensor | None = None
     ) -> tuple[Tensor, Tensor, DecoderState]:
-        """One search step: prev (B,) -> features (B, O), alphas (B, S), the next state."""
+        """One search step: prev (B,) -> features (B, O), alphas (B, S), the next state;
+        ``gates``: prev's rows of ``gate_table()`` (B, G*H), looked up by the caller."""
+
+    def gate_table(self) -> Tensor | None:
+        """The first RNN layer's input gates of every target piece's embedding (V, G*H)
+        (``FastPaths.input_gate_table``) for search to look up, or None: what ``step`` takes
+        as ``gates``, valid until the weights change."""
+        rnn = getattr(self, "rnn", None)
+        if not isinstance(rnn, nn.RNNBase):
+            return None
+        return self.fast.input_gate_table(self.embed, rnn)
 
     def reorder(self, state: DecoderState, index: Tensor) -> DecoderState:
         """The state of the hypotheses ``index`` (B',): beams kept and repeated in search."""

@@ -77,19 +77,21 @@ class LuongDecoder(Decoder):
 
     def _recur(
         self,
-        embedded: Tensor,
+        embedded: Tensor | None,
         memory: Memory,
         state: LuongState,
         combine: Callable[[Tensor], Tensor],
+        gates: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, LuongState]:
-        """embedded: (B, 1, E) -> h~_t (B, 1, H), alphas (B, 1, S), state."""
+        """embedded: (B, 1, E) -> h~_t (B, 1, H), alphas (B, 1, S), state; or, with
+        ``gates`` (search), embedded None and the embedding's first-layer gates (B, G*H)."""
         rnn_input = embedded
         if self.input_feeding:
             assert state.feed is not None
-            feed = state.feed.to(embedded.dtype).unsqueeze(1)  # (B, 1, H)
-            rnn_input = torch.cat([embedded, feed], dim=-1)
+            feed = state.feed.to(self.embed.weight.dtype).unsqueeze(1)  # (B, 1, H)
+            rnn_input = feed if embedded is None else torch.cat([embedded, feed], dim=-1)
         output, rnn_state = self.fast.step_rnn(
-            self.rnn, rnn_input, state.rnn_state(), self.training
+            self.rnn, rnn_input, state.rnn_state(), self.training, gates
         )  # (B, 1, H)
         attentional, alphas, coverage = self._attend(
             output, memory, state.position(output), combine, state.coverage
@@ -122,10 +124,13 @@ class LuongDecoder(Decoder):
         return torch.cat(features, dim=1), torch.cat(weights, dim=1)
 
     def step(
-        self, prev: Tensor, memory: Memory, state: DecoderState
+        self, prev: Tensor, memory: Memory, state: DecoderState, gates: Tensor | None = None
     ) -> tuple[Tensor, Tensor, DecoderState]:
-        """prev: (B,) -> features (B, H), alphas (B, S), state."""
+        """prev: (B,) -> features (B, H), alphas (B, S), state; ``gates``: prev's first-layer
+        gates of the embedding (``Decoder.gate_table``), or None to multiply."""
         assert isinstance(state, LuongState)
-        embedded = self.embedding_dropout(self.embed(prev.unsqueeze(1)))  # (B, 1, E)
-        attentional, alphas, state = self._recur(embedded, memory, state, self.combine)
+        embedded = None
+        if gates is None:
+            embedded = self.embedding_dropout(self.embed(prev.unsqueeze(1)))  # (B, 1, E)
+        attentional, alphas, state = self._recur(embedded, memory, state, self.combine, gates)
         return attentional.squeeze(1), alphas.squeeze(1), state

@@ -94,18 +94,13 @@ class Seq2Seq(nn.Module):
         return self.graphs(self.decoder, self.decoder, trg_in, memory, state)  # type: ignore[no-any-return]
 
     def log_probs(
-        self, features: Tensor, rows: Tensor | None = None, bias: Tensor | None = None
+        self, features: Tensor, rows: Tensor | None = None, allowed: Tensor | None = None
     ) -> Tensor:
         """(..., O) -> (..., V) float32 log-probabilities; given ``rows`` (V', O) of W_o (a
-        shortlist's), the log-softmax over those V' outputs alone, and given ``bias`` (N, V')
-        too (0, or -inf where a row may not go), over each row's others: features (N, O)."""
-        if rows is None:
-            logits = self.generator(features)
-        elif bias is None:
-            logits = F.linear(features, rows)
-        else:  # the mask added in the matmul's own pass
-            logits = torch.addmm(bias, features, rows.t())
-        return F.log_softmax(logits.float(), dim=-1)
+        shortlist's), the log-softmax over those V' outputs alone, and given ``allowed``
+        (N, V') bool too, over each row's allowed ones, the others -inf: features (N, O)."""
+        logits = self.generator(features) if rows is None else F.linear(features, rows)
+        return self.fast.log_softmax(logits, allowed, self.training)
 
     def loss(
         self,

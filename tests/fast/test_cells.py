@@ -13,8 +13,8 @@ from torch import nn
 
 from nmt.config import from_dict
 from nmt.data.batching import batch_shape, make_batch
-from nmt.fast import FastPaths
-from nmt.fast.cells import rnn_step
+from nmt.fast import FastPaths, cells
+from nmt.fast.cells import input_gate_table, rnn_step
 from nmt.model import build_model
 
 
@@ -143,3 +143,61 @@ def test_target_rows_found_on_the_host_give_the_same_loss_to_the_bit() -> None:
     torch.manual_seed(0)
     got = ready.loss(*batch.tensors(), label_smoothing=0.1, target_rows=batch.target_rows)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize(
+    ("style", "feeding", "rnn"),
+    [
+        ("bahdanau", False, "gru"),
+        ("bahdanau", False, "lstm"),
+        ("luong", True, "gru"),
+        ("luong", True, "lstm"),
+        ("luong", False, "gru"),
+        ("luong", False, "lstm"),
+    ],
+)
+def test_search_steps_with_looked_up_input_gates_are_the_modules_steps(
+    style: str, feeding: bool, rnn: str
+) -> None:
+    """Three search steps of every step-by-step decoder (two layers, float64, padding in the
+    source) with the embedding's gates looked up in its table against the module's call."""
+    plain, ready = _models(style, feeding, rnn, "general", "none")
+    plain.eval()
+    ready.eval()
+    assert plain.decoder.gate_table() is None  # FastPaths.plain() multiplies
+    generator = torch.Generator().manual_seed(3)
+    src = torch.randint(4, SRC_VOCAB, (4, 6), generator=generator)
+    src[2, 3:] = 0
+    lengths = torch.tensor([6, 5, 3, 6])
+    pieces = [torch.full((4,), 2), *torch.randint(4, TRG_VOCAB, (2, 4), generator=generator)]
+    with torch.no_grad():
+        table = ready.decoder.gate_table()
+        assert table is not None and table.shape == (
+            TRG_VOCAB,
+            ready.decoder.rnn.weight_ih_l0.size(0),
+        )
+        results = []
+        for model, lookup in ((plain, None), (ready, table)):
+            memory, state = model.encode(src, lengths)
+            steps = []
+            for prev in pieces:
+                gates = lookup[prev] if lookup is not None else None
+                features, alphas, state = model.decoder.step(prev, memory, state, gates)
+                steps.append((features, alphas))
+            results.append(steps)
+    for (want_f, want_a), (got_f, got_a) in zip(*results, strict=True):
+        torch.testing.assert_close(got_f, want_f, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got_a, want_a, rtol=1e-12, atol=1e-12)
+
+
+def test_the_input_gate_table_is_the_first_layers_product_and_has_a_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    embed = nn.Embedding(9, 4).double()
+    rnn = nn.LSTM(4, 3, num_layers=2, batch_first=True).double()
+    table = input_gate_table(embed, rnn)
+    assert table is not None and not table.requires_grad
+    want = embed.weight @ rnn.weight_ih_l0.t() + rnn.bias_ih_l0  # (V, 4H)
+    torch.testing.assert_close(table, want.detach(), rtol=1e-12, atol=1e-12)
+    monkeypatch.setattr(cells, "TABLE_LIMIT", 9 * 12 - 1)
+    assert input_gate_table(embed, rnn) is None  # one value too many
