@@ -89,6 +89,8 @@ def _product(
     x: Tensor, weight: Tensor, bias: Tensor | None, compute: torch.dtype, out: torch.dtype
 ) -> Tensor:
     """x W^T + b, the product in ``compute``, the sum in ``out``."""
+    if bias is not None and compute == out == x.dtype == weight.dtype == bias.dtype:
+        return torch.addmm(bias, x, weight.t())  # the bias in the matmul's own pass
     product = x.to(compute) @ weight.to(compute).t()
     product = product.to(out)
     return product + bias if bias is not None else product
