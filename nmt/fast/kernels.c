@@ -346,8 +346,14 @@ static NOINLINE float masked_max(const float *restrict z, const uint8_t *restric
     return top;
 }
 
-static NOINLINE float masked_exp_sum(const float *restrict z, const uint8_t *restrict ok,
-                                     int64_t V, float top) {
+/* The one kernel compiled with fused multiply-adds (GCC's ISO C mode keeps a * b + c as two
+ * roundings elsewhere, which the training kernels' results are held to): the exponentials'
+ * polynomial is the row's largest cost, and a sum of them needs no bit-for-bit history. */
+#define CONTRACTED __attribute__((optimize("fp-contract=fast")))
+
+static NOINLINE CONTRACTED float masked_exp_sum(const float *restrict z,
+                                                const uint8_t *restrict ok, int64_t V,
+                                                float top) {
     float total = 0.0f;
     if (ok == NULL) {
         _Pragma("omp simd reduction(+ : total)")
