@@ -74,6 +74,18 @@ def stepper(model: Seq2Seq | Stepper[Any]) -> Stepper[Any]:
 
 
 @dataclass
+class StepTables:
+    """What a Translator makes once for a member's search steps, its weights being fixed:
+    ``gates``, its decoder's first-layer input gates of every target piece (V, G*H)
+    (``Decoder.gate_table``), and ``output``, W_o transposed (O, V) and contiguous, which a
+    CPU's matmul library multiplies faster than W_o itself (docs/benchmarks.md); each None
+    where the member multiplies as it is."""
+
+    gates: Tensor | None = None
+    output: Tensor | None = None
+
+
+@dataclass
 class EnsembleState:
     """Each member's attention memory and decoder state, in member order; restricted to a
     shortlist's columns, which columns each row may take (N, V') bool: its own sentence's."""
@@ -90,7 +102,7 @@ class Ensemble:
         self,
         models: Sequence[Seq2Seq],
         average: str = "linear",
-        gate_tables: Sequence[Tensor | None] | None = None,
+        tables: Sequence[StepTables] | None = None,
     ):
         if not models:
             raise ValueError("an ensemble needs at least one model")
@@ -98,11 +110,11 @@ class Ensemble:
             raise ValueError(f"average {average!r}: expected one of {', '.join(AVERAGES)}")
         self.models = list(models)
         self.average = average
-        # each member's table of its first RNN layer's input gates (Decoder.gate_table),
-        # looked up at every step, or None to multiply: made for fixed weights (Translator)
-        self.gate_tables = list(gate_tables) if gate_tables else [None] * len(self.models)
+        # what each member's steps look up instead of multiplying (StepTables): made for
+        # fixed weights (Translator)
+        self.tables = list(tables) if tables else [StepTables() for _ in self.models]
         self.columns: Tensor | None = None  # (V',) target ids: see ``restricted``
-        self.rows: list[Tensor] | None = None  # each member's W_o rows of those ids (V', O)
+        self.rows: list[Tensor] | None = None  # each member's W_o rows of them, transposed (O, V')
         self.allowed: Tensor | None = None  # (B, V') each sentence's own columns
 
     @property
@@ -114,9 +126,11 @@ class Ensemble:
         ``nmt.decoding.shortlist``): ``step`` takes and gives column indices, and the
         log-probabilities (N, V') of a row of sentence b are normalised over the columns
         ``allowed`` (B, V') gives b, the others -inf."""
-        ensemble = Ensemble(self.models, self.average, self.gate_tables)
+        ensemble = Ensemble(self.models, self.average, self.tables)
         ensemble.columns = columns
-        ensemble.rows = [model.generator.weight.detach()[columns] for model in self.models]
+        ensemble.rows = [
+            model.generator.weight.detach()[columns].t().contiguous() for model in self.models
+        ]
         ensemble.allowed = allowed
         return ensemble
 
@@ -148,12 +162,11 @@ class Ensemble:
         if self.columns is not None:
             prev = self.columns[prev]  # (N,) the pieces of the columns chosen
         rows: list[Tensor | None] = [*self.rows] if self.rows else [None] * len(self.models)
-        members = zip(
-            self.models, state.memories, state.states, rows, self.gate_tables, strict=True
-        )
-        for model, memory, member, weight, table in members:
-            gates = table[prev] if table is not None else None
+        members = zip(self.models, state.memories, state.states, rows, self.tables, strict=True)
+        for model, memory, member, weight, tables in members:
+            gates = tables.gates[prev] if tables.gates is not None else None
             features, alphas_t, next_state = model.decoder.step(prev, memory, member, gates)
+            weight = weight if weight is not None else tables.output
             log_probs.append(model.log_probs(features, weight, state.allowed))
             alphas.append(alphas_t)
             states.append(next_state)

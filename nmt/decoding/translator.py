@@ -17,7 +17,7 @@ from nmt import checkpoint
 from nmt.config import Config, DecodingConfig, from_dict
 from nmt.data.batching import length_sorted_batches, pad
 from nmt.data.tokenizer import Tokenizer, checkpoint_tokenizer
-from nmt.decoding.ensemble import Ensemble, Stepper
+from nmt.decoding.ensemble import Ensemble, Stepper, StepTables
 from nmt.decoding.exported import load_exported
 from nmt.decoding.options import SearchOptions
 from nmt.decoding.scoring import Scored, score_ids
@@ -74,7 +74,7 @@ class Translator:
         self.config = config
         self.device = device
         self.precision = precision
-        self._tables: list[Tensor | None] | None = None  # see _gate_tables
+        self._tables: list[StepTables] | None = None  # see _step_tables
         self.precision_reason = precision_reason or f"as given: {precision}"
         # each model's lexical shortlist of its training data; None: a model has none
         self.shortlists = list(shortlists) if shortlists is not None else None
@@ -149,15 +149,22 @@ class Translator:
                 "forced scoring and alignment heads need the model's checkpoint: the exported "
                 "graphs only translate; give the run directory and the torch backend"
             )
-        return Ensemble(self.models, decoding.ensemble_average, self._gate_tables())
+        return Ensemble(self.models, decoding.ensemble_average, self._step_tables())
 
-    def _gate_tables(self) -> list[Tensor | None]:
-        """Each model's table of its first-layer input gates (``Decoder.gate_table``), made
-        on the first call: a Translator's models are fixed. In float32 alone (under autocast
-        the module's matmul runs in the lower precision)."""
+    def _step_tables(self) -> list[StepTables]:
+        """Each model's StepTables, made on the first call: a Translator's models are fixed.
+        In float32 alone (under autocast the module's matmuls run in the lower precision);
+        W_o transposed on a CPU."""
         if self._tables is None:
             fp32 = self.precision == "fp32"
-            self._tables = [m.decoder.gate_table() if fp32 else None for m in self.models]
+            cpu = self.device.type == "cpu"
+            self._tables = [
+                StepTables(
+                    m.decoder.gate_table() if fp32 else None,
+                    m.generator.weight.detach().t().contiguous() if fp32 and cpu else None,
+                )
+                for m in self.models
+            ]
         return self._tables
 
     def stepper(self, decoding: DecodingConfig) -> Stepper[Any]:

@@ -94,12 +94,13 @@ class Seq2Seq(nn.Module):
         return self.graphs(self.decoder, self.decoder, trg_in, memory, state)  # type: ignore[no-any-return]
 
     def log_probs(
-        self, features: Tensor, rows: Tensor | None = None, allowed: Tensor | None = None
+        self, features: Tensor, weight_t: Tensor | None = None, allowed: Tensor | None = None
     ) -> Tensor:
-        """(..., O) -> (..., V) float32 log-probabilities; given ``rows`` (V', O) of W_o (a
-        shortlist's), the log-softmax over those V' outputs alone, and given ``allowed``
-        (N, V') bool too, over each row's allowed ones, the others -inf: features (N, O)."""
-        logits = self.generator(features) if rows is None else F.linear(features, rows)
+        """(..., O) -> (..., V) float32 log-probabilities; given ``weight_t`` (O, V') (W_o
+        transposed, or a shortlist's rows of it), the log-softmax over those V' outputs, and
+        given ``allowed`` (N, V') bool too, over each row's allowed ones, the others -inf:
+        features (N, O)."""
+        logits = self.generator(features) if weight_t is None else features @ weight_t
         return self.fast.log_softmax(logits, allowed, self.training)
 
     def loss(
