@@ -1,14 +1,19 @@
 """nmt.fast.compiled's decoding kernels: the masked log-softmax against float64 and the
 top-k against torch.topk and Tensor.max, on random rows with ties, -inf and widths that are
-not whole blocks; FastPaths.log_softmax's two paths against each other."""
+not whole blocks; FastPaths.log_softmax's two paths against each other, and search's
+translations with the kernels and without."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
+from searchref import model, options, source
 
+from nmt.decoding.ensemble import Ensemble
+from nmt.decoding.search import beam_search
 from nmt.fast import FastPaths
 from nmt.fast import compiled as native
 from nmt.fast.topk import row_max, top_k
@@ -109,3 +114,44 @@ def test_fast_paths_log_softmax_agrees_with_the_plain_path(masked: bool) -> None
         training = FastPaths().log_softmax(logits, mask, training=True)
     assert torch.equal(logits, original)
     assert torch.allclose(training, plain, rtol=1e-6, atol=2e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("restricted", [False, True])
+def test_search_gives_the_same_translations_with_the_kernels_and_without(
+    restricted: bool,
+) -> None:
+    """Beam search (3 best of beam 4) and greedy search of a float32 model, with a shortlist's
+    columns and without: the compiled log-softmax and top-k against torch's ops
+    (``FastPaths(native_kernels=False)``, the same weights) give the same tokens, and the
+    scores to float32's round-off."""
+    vocab = 30
+    fast = model(vocab, seed=11, style="luong", feeding=False)
+    slow = model(vocab, seed=11, style="luong", feeding=False)
+    slow.fast = replace(slow.fast, native_kernels=False)
+    for module in slow.modules():
+        if hasattr(module, "fast"):
+            module.fast = slow.fast
+    slow.load_state_dict(fast.state_dict())
+    src, lengths = source([7, 3, 5, 6], vocab, seed=12)
+    columns = torch.tensor([0, 1, 2, 3, *range(6, 30, 2)])
+    allowed = torch.rand(4, len(columns), generator=torch.Generator().manual_seed(13)) > 0.3
+    allowed[:, :4] = True
+    results = []
+    for m in (fast, slow):
+        m.eval()
+        stepper = Ensemble([m]).restricted(columns, allowed) if restricted else Ensemble([m])
+        assert stepper.native_kernels is (m is fast)
+        results.append(
+            [
+                beam_search(stepper, src, lengths, options(beam_size=4), n_best=3),
+                beam_search(stepper, src, lengths, options(beam_size=1)),
+            ]
+        )
+    lengths_seen = {len(h.tokens) for hyps in results[0][0] for h in hyps}
+    assert len(lengths_seen) > 2  # outputs of several lengths, not one forced answer
+    for got, want in zip(*results, strict=True):
+        for hyps, expected in zip(got, want, strict=True):
+            assert [h.tokens for h in hyps] == [h.tokens for h in expected]
+            for h, e in zip(hyps, expected, strict=True):
+                assert h.score == pytest.approx(e.score, rel=1e-5, abs=1e-5)
