@@ -129,7 +129,7 @@ def greedy_search(
     return _collect_greedy(tokens, scores, alphas, src_lengths, decoding, return_attention)
 
 
-MIN_ROWS = 32  # rows a batch keeps while it drops ended sentences (see ``kept_rows``)
+MIN_ROWS = 16  # rows a batch keeps while it drops ended sentences (see ``kept_rows``)
 DROP_SHARE = 8  # ended sentences are dropped once they are 1/DROP_SHARE of the batch
 
 

@@ -21,12 +21,13 @@ LENGTHS = [7, 2, 5, 3, 6, 1, 4, 8, 2, 5, 3, 7]
 def test_kept_rows_waits_for_an_eighth_and_keeps_the_floor() -> None:
     assert kept_rows([False] * 16) is None
     assert kept_rows([True] + [False] * 15) is None  # 1 of 16: not worth a copy yet
-    assert kept_rows([True] * 16) is None  # 16 rows: under the floor of 32
+    assert kept_rows([True] * 16) is None  # 16 rows: the floor
     assert kept_rows([True] * 8 + [False] * 56) == list(range(8, 64))
-    assert kept_rows([True] * 3 + [False] * 5, width=5) == [0, 1, 3, 4, 5, 6, 7]  # 35 >= 32
-    assert kept_rows([True] * 6 + [False] * 2, width=5) == [0, 1, 2, 3, 4, 6, 7]  # ended fill
-    assert kept_rows([True, False, True, False], width=5) is None  # 20 rows: under the floor
-    assert kept_rows([True] * 40 + [False] * 24) == [*range(8), *range(40, 64)]
+    assert kept_rows([True] * 3 + [False] * 5, width=5) == [3, 4, 5, 6, 7]  # 25 >= 16
+    assert kept_rows([True] * 6 + [False] * 2, width=5) == [0, 1, 6, 7]  # ended fill: 20 rows
+    assert kept_rows([True, False, True, False], width=5) is None  # 20 rows: 4 sentences
+    assert kept_rows([True] * 40 + [False] * 24) == list(range(40, 64))
+    assert kept_rows([True] * 56 + [False] * 8) == [*range(8), *range(56, 64)]  # 8 filling
 
 
 def _search(
