@@ -12,8 +12,8 @@ values the indices may differ from ``torch.topk``'s, whose order for ties is uns
 the first chunk that holds it, and its first place there). Elsewhere (a GPU) the torch ops
 run as they are, and so they do for a few rows (``MIN_ROWS``).
 
-With ``native`` (the stepper's ``FastPaths.native_kernels``) a float32 CPU tensor goes
-through nmt's compiled kernel instead (``fast.compiled.top_k``): one pass over each row that
+With ``native`` (the stepper's ``FastPaths.native_kernels``) a float32 CPU tensor of at
+least ``NATIVE_MIN`` values goes through nmt's compiled kernel instead (``fast.compiled.top_k``): one pass over each row that
 compares blocks of 64 values with the k-th best so far at once, and looks into a block only
 where one of its values beats it. Its values are the row's own too; among equal values the
 first comes first, so ``row_max`` still returns ``Tensor.max``'s index. A NaN is taken only
@@ -29,12 +29,14 @@ from nmt.fast import compiled
 
 CHUNK = 64  # values per chunk: amax over them vectorises, and a row of 8,000 has 125
 MIN_ROWS = 16  # fewer rows: the torch op's one call costs less than the chunked path's five
+NATIVE_MIN = 4096  # fewer values: torch's op costs less than the kernel's call (1 x 648:
+# 8 against 15 us for the row maximum); the kernel from 5 x 8,000 on (21 against 50 us)
 
 
 def top_k(values: Tensor, k: int, native: bool = False) -> tuple[Tensor, Tensor]:
     """The k largest values of each row of ``values`` (N, V) and their indices, each (N, k),
     largest first."""
-    if native and (found := compiled.top_k(values, k)) is not None:
+    if native and values.numel() >= NATIVE_MIN and (found := compiled.top_k(values, k)):
         return found
     rows, width = values.shape
     full = width // CHUNK * CHUNK  # the chunked part; the rest (under CHUNK) joins as it is
@@ -53,7 +55,7 @@ def top_k(values: Tensor, k: int, native: bool = False) -> tuple[Tensor, Tensor]
 def row_max(values: Tensor, native: bool = False) -> tuple[Tensor, Tensor]:
     """The largest value of each row of ``values`` (N, V) and its first index, each (N,):
     ``values.max(dim=-1)``."""
-    if native and (found := compiled.top_k(values, 1)) is not None:
+    if native and values.numel() >= NATIVE_MIN and (found := compiled.top_k(values, 1)):
         return found[0][:, 0], found[1][:, 0]
     rows, width = values.shape
     if values.device.type != "cpu" or rows < MIN_ROWS or width % CHUNK:
