@@ -200,6 +200,16 @@ ShortlistOption = Annotated[
     ),
 ]
 
+WorkersOption = Annotated[
+    str | None,
+    typer.Option(
+        "--workers",
+        parser=lambda value: int(value) if value.strip().isdigit() else value,
+        help="On a CPU, decode this many batches at once, each in a thread with its share of "
+        "the threads (auto: 2 where there are 2 threads or more).",
+    ),
+]
+
 
 def _request(kind: type[Request], parameters: dict[str, Any], **given: Any) -> Request:
     """A command's request (a dataclass of nmt.commands) from the command's parameters (its
@@ -287,6 +297,7 @@ def translate(
     no_repeat_ngram: NoRepeatNgram = None,
     ensemble_average: EnsembleAverageOption = None,
     shortlist: ShortlistOption = None,
+    workers: WorkersOption = None,
     prefix: Prefix = None,
     constraints: Constraints = None,
     attention_dir: AttentionDir = None,
@@ -556,6 +567,7 @@ def eval_(
     coverage_penalty: CoveragePenalty = None,
     ensemble_average: EnsembleAverageOption = None,
     shortlist: ShortlistOption = None,
+    workers: WorkersOption = None,
     significance: Significance = "bootstrap",
     json_out: JsonOut = False,
     align: AlignFile = None,

@@ -220,9 +220,9 @@ FLAGS = {
     "translate": [
         "--model", "--input", "--output", "--beam", "--n-best", "--scores", "--batch-size",
         "--batch-tokens", "--max-len-ratio", "--max-len-offset", "--length-penalty",
-        "--coverage-penalty", "--no-repeat-ngram", "--ensemble-average", "--shortlist", "--prefix",
-        "--constraints", "--attention-dir", "--alignments", "--unbuffered", "--device",
-        "--precision", "--backend", "--help",
+        "--coverage-penalty", "--no-repeat-ngram", "--ensemble-average", "--shortlist",
+        "--workers", "--prefix", "--constraints", "--attention-dir", "--alignments",
+        "--unbuffered", "--device", "--precision", "--backend", "--help",
     ],
     "score": [
         "--model", "--input", "--target", "--tsv", "--n-best", "--output", "--tokens", *DECODING,
@@ -237,8 +237,8 @@ FLAGS = {
     "shortlist": ["--help"],
     "eval": [
         "--ref", "--model", "--split", "--beam", "--save-hypotheses", *DECODING, "--shortlist",
-        "--significance", "--json", "--align", "--align-ref", "--align-src", "--align-trg",
-        *MODELS,
+        "--workers", "--significance", "--json", "--align", "--align-ref", "--align-src",
+        "--align-trg", *MODELS,
     ],
     "serve": [
         "--model", "--host", "--port", "--max-sentences", "--max-chars", "--max-body",

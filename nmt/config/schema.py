@@ -300,6 +300,23 @@ class DecodingConfig(Section):
     shortlist_per_word: int = Field(
         100, ge=1, le=100, description="shortlist: translations taken per source piece"
     )
+    workers: int | Literal["auto"] = Field(
+        "auto",
+        description="on a CPU, batches decoded at once, each in a thread with its share of "
+        "torch's threads (auto: 2 where torch has 2 threads or more; a GPU and the "
+        "onnxruntime backend decode one batch at a time)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _workers(cls, data: object) -> object:
+        """One message for workers' two forms, not one per member of the union."""
+        value = data.get("workers", "auto") if isinstance(data, dict) else "auto"
+        if value == "auto" or (type(value) is int and value >= 1):
+            return data
+        raise ValueError(
+            f"workers: got {value!r}; expected a number of threads (1 or more), or auto"
+        )
 
 
 class RunConfig(Section):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -24,6 +25,7 @@ from nmt.decoding.scoring import Scored, score_ids
 from nmt.decoding.search import Hypothesis, beam_search
 from nmt.decoding.shortlist import Columns, Shortlist, batch_columns, forced_pieces
 from nmt.decoding.steering import Steering
+from nmt.decoding.workers import in_workers, worker_count
 from nmt.errors import CheckpointError, ConfigError, DataError
 from nmt.fast.precision import choose_precision
 from nmt.model import Seq2Seq, build_model
@@ -203,27 +205,37 @@ class Translator:
         progress: Callable[[int], None] | None = None,
         steering: Steering | None = None,
     ) -> list[list[Hypothesis]]:
-        """Beam-search every id sequence (non-empty), in length-sorted batches; ``steering``
-        has one entry per sequence."""
+        """Beam-search every id sequence (non-empty), in length-sorted batches, on a CPU
+        ``decoding.workers`` batches at once (nmt.decoding.workers); ``steering`` has one
+        entry per sequence. ``progress`` hears of each batch as it is done."""
         out: list[list[Hypothesis]] = [[] for _ in src_ids]
         lengths = [len(s) for s in src_ids]
-        scorer = self.stepper(decoding)
+        scorer = self.stepper(decoding)  # made here: its tables once, before any thread
         shortlists = self.decoding_shortlists(decoding)
         batches = length_sorted_batches(lengths, decoding.batch_size, search.batch_tokens)
-        with eval_modes(self.models), autocast(self.device, self.precision):
-            for index in batches:
-                chunk = [src_ids[i] for i in index]
-                src = pad(chunk).to(self.device)
-                src_lengths = torch.tensor([len(s) for s in chunk], device=self.device)
-                part = steering.subset(index.tolist()) if steering is not None else None
+        workers = worker_count(decoding.workers, self.device, len(batches), bool(self.models))
+
+        def decode(index: np.ndarray) -> list[list[Hypothesis]]:
+            chunk = [src_ids[i] for i in index]
+            src = pad(chunk).to(self.device)
+            src_lengths = torch.tensor([len(s) for s in chunk], device=self.device)
+            part = steering.subset(index.tolist()) if steering is not None else None
+            with autocast(self.device, self.precision):  # per thread, as autocast's state is
                 if shortlists is None:
-                    results = beam_search(
+                    return beam_search(
                         scorer, src, src_lengths, decoding, search.n_best, search.attention, part
                     )
-                else:
-                    results = self._shortlisted(
-                        shortlists, chunk, src, src_lengths, decoding, search, part
-                    )
+                return self._shortlisted(
+                    shortlists, chunk, src, src_lengths, decoding, search, part
+                )
+
+        with eval_modes(self.models):
+            done = (
+                ((index, decode(index)) for index in batches)
+                if workers == 1  # longest first: the last batch a worker starts is short
+                else in_workers(batches[::-1], decode, workers)
+            )
+            for index, results in done:
                 for i, hyps in zip(index, results, strict=True):
                     for hyp in hyps:  # on the host, without the batch's padding columns
                         if hyp.alphas is not None:

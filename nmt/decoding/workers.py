@@ -1,0 +1,63 @@
+"""Decoding batches side by side on a CPU (``decoding.workers``), as Marian's and
+CTranslate2's CPU translators run several translation threads.
+
+A search step is a chain of small products (a batch's tens of rows at a time) and of
+elementwise ops on a few thousand values. Torch splits each across its threads, and at these
+sizes the split costs much of what it saves: on a 2-core CPU, two threads ran the demo model's
+(50 x 256) by (256 x 3,368) output product in 0.65x one thread's time, where two products
+side by side, one thread each, took 0.5x. The ops between products, and the search's
+host-side steps, then overlap too. So each worker thread decodes whole batches with its share
+of torch's threads, and takes the next batch when it is done. Each batch's search is the one
+search runs alone (its sentences, its rows, its round-off), so the outputs do not depend on
+the number of workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Literal, TypeVar
+
+import torch
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+AUTO_WORKERS = 2  # measured best on 2 cores: 3 was no faster and 4 slower (docs/benchmarks.md)
+
+
+def worker_count(
+    workers: int | Literal["auto"], device: torch.device, batches: int, own_models: bool
+) -> int:
+    """How many batches decode at once: 1 on a GPU, for another backend (onnxruntime keeps
+    its own threads) and for a single batch; auto is 2 where torch has 2 threads or more."""
+    if device.type != "cpu" or not own_models or batches < 2:
+        return 1
+    threads = torch.get_num_threads()
+    wanted = min(AUTO_WORKERS, threads) if workers == "auto" else workers
+    return max(1, min(wanted, batches))
+
+
+def in_workers(
+    items: Sequence[Item], run: Callable[[Item], Result], workers: int
+) -> Iterator[tuple[Item, Result]]:
+    """Each item with ``run``'s result, in the order they finish. ``workers`` threads take
+    the items in the order given, each thread with an equal share of the caller's torch
+    threads (at least one). A failure is raised here once the running items are done; the
+    items not yet started are dropped."""
+    threads = torch.get_num_threads()
+    share = max(1, threads // workers)
+    pool = ThreadPoolExecutor(
+        workers,
+        thread_name_prefix="nmt-decode",
+        initializer=torch.set_num_threads,
+        initargs=(share,),
+    )
+    try:
+        futures = {pool.submit(run, item): item for item in items}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        # a thread's torch.set_num_threads also sets the count new threads start with
+        torch.set_num_threads(threads)

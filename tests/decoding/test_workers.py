@@ -1,0 +1,195 @@
+"""Batches decoded side by side (``decoding.workers``): the same hypotheses, to the bit, as
+one batch after another, whatever the number of workers, with and without a shortlist, in
+beam and greedy search, with prefixes; progress heard once per batch on the caller's
+thread; a failing batch raised to the caller; torch's thread count given back; how many
+workers a device and a backend get; the key's checks in the config and on the command
+line."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from clirun import nmt
+from searchref import model
+
+from nmt.config import Config, from_dict
+from nmt.decoding.ensemble import Ensemble
+from nmt.decoding.options import SearchOptions
+from nmt.decoding.shortlist import Shortlist
+from nmt.decoding.steering import Steering
+from nmt.decoding.translator import Translator
+from nmt.decoding.workers import in_workers, worker_count
+from nmt.errors import ConfigError
+
+VOCAB = 14
+
+
+def _sentences(count: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 9, (count,), generator=generator).tolist()
+    return [torch.randint(4, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+def _shortlist() -> Shortlist:
+    table = torch.full((VOCAB, 2), -1)
+    for piece in range(4, VOCAB):  # each source piece brings two others
+        table[piece] = torch.tensor([4 + (piece * 3) % 10, 4 + (piece * 5 + 1) % 10])
+    return Shortlist(torch.tensor([4, 5]), table)
+
+
+def _outputs(hyps: list[list]) -> list[list[tuple]]:
+    return [[(h.tokens, h.score, h.log_prob) for h in sentence] for sentence in hyps]
+
+
+@pytest.mark.parametrize("shortlisted", [False, True])
+@pytest.mark.parametrize("beam", [1, 4])
+def test_workers_give_the_hypotheses_of_one_batch_after_another(
+    shortlisted: bool, beam: int
+) -> None:
+    """23 sentences in batches of 3 (8 batches, padding in each), n-best 2 of beam 4 or
+    greedy: 1, 2 and 3 workers give the same tokens, scores and log-probabilities, exactly."""
+    torch.set_num_threads(2)
+    m = model(VOCAB, seed=21, eos=1.5)
+    shortlists = [_shortlist()] if shortlisted else None
+    config = Config()
+    translator = Translator(m, None, config, torch.device("cpu"), shortlists=shortlists)  # type: ignore[arg-type]
+    sentences = _sentences(23, seed=22)
+    search = SearchOptions(n_best=min(beam, 2))
+    want = None
+    for workers in (1, 2, 3):
+        decoding = config.decoding.model_copy(
+            update={"beam_size": beam, "batch_size": 3, "workers": workers, "max_len_offset": 3}
+        )
+        got = _outputs(translator.decode_ids(sentences, decoding, search))
+        assert all(got), "every sentence has hypotheses"
+        want = want or got
+        assert got == want, f"{workers} workers"
+    assert torch.get_num_threads() == 2
+
+
+def test_prefixes_reach_their_sentences_under_workers() -> None:
+    """Each sentence's prefix forced in whichever thread decodes its batch."""
+    m = model(VOCAB, seed=23)
+    config = Config()
+    translator = Translator(m, None, config, torch.device("cpu"))  # type: ignore[arg-type]
+    sentences = _sentences(12, seed=24)
+    prefixes = [[4 + i % 9, 4 + (i * 7) % 9] for i in range(12)]
+    decoding = config.decoding.model_copy(update={"beam_size": 3, "batch_size": 2, "workers": 2})
+    hyps = translator.decode_ids(sentences, decoding, SearchOptions(), None, Steering(prefixes))
+    for prefix, sentence in zip(prefixes, hyps, strict=True):
+        assert sentence[0].tokens[:2] == prefix
+
+
+def test_progress_hears_each_batch_on_the_callers_thread() -> None:
+    m = model(VOCAB, seed=25)
+    config = Config()
+    translator = Translator(m, None, config, torch.device("cpu"))  # type: ignore[arg-type]
+    heard: list[tuple[int, threading.Thread]] = []
+    decoding = config.decoding.model_copy(update={"beam_size": 2, "batch_size": 4, "workers": 2})
+    translator.decode_ids(
+        _sentences(18, seed=26),
+        decoding,
+        progress=lambda n: heard.append((n, threading.current_thread())),
+    )
+    assert sorted(n for n, _ in heard) == [3, 3, 4, 4, 4]  # 18 in five even batches
+    assert {thread for _, thread in heard} == {threading.current_thread()}
+
+
+def test_a_failing_item_is_raised_and_the_thread_count_given_back() -> None:
+    torch.set_num_threads(2)
+    threads_seen: list[int] = []
+
+    def run(item: int) -> int:
+        threads_seen.append(torch.get_num_threads())
+        if item == 3:
+            raise ValueError("item 3")
+        return item * item
+
+    assert sorted(in_workers(range(6), lambda i: i * i, 2)) == [(i, i * i) for i in range(6)]
+    with pytest.raises(ValueError, match="item 3"):
+        list(in_workers(range(6), run, 2))
+    assert set(threads_seen) == {1}  # each of 2 workers with 1 of the 2 threads
+    assert torch.get_num_threads() == 2
+    seen_after: list[int] = []
+    thread = threading.Thread(target=lambda: seen_after.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert seen_after == [2]  # a thread started later gets the caller's count again
+
+
+def test_how_many_workers() -> None:
+    torch.set_num_threads(2)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert worker_count("auto", cpu, 5, True) == 2
+    assert worker_count(3, cpu, 5, True) == 3
+    assert worker_count(8, cpu, 5, True) == 5  # no more than the batches
+    assert worker_count("auto", cpu, 1, True) == 1
+    assert worker_count(4, cuda, 5, True) == 1
+    assert worker_count(4, cpu, 5, False) == 1  # another backend keeps its own threads
+    torch.set_num_threads(1)
+    try:
+        assert worker_count("auto", cpu, 5, True) == 1
+    finally:
+        torch.set_num_threads(2)
+
+
+def test_an_exported_backend_decodes_one_batch_at_a_time() -> None:
+    """A backend's stepper (here the model's ensemble, as the exported graphs' would be)
+    is not run from several threads."""
+    m = model(VOCAB, seed=27)
+    config = Config()
+    stepped: set[threading.Thread] = set()
+    backend = Ensemble([m])
+    step = backend.step
+
+    def watched(*args, **kwargs):
+        stepped.add(threading.current_thread())
+        return step(*args, **kwargs)
+
+    backend.step = watched  # type: ignore[method-assign]
+    translator = Translator([], None, config, torch.device("cpu"), backend=backend)  # type: ignore[arg-type]
+    decoding = config.decoding.model_copy(update={"beam_size": 2, "batch_size": 2, "workers": 2})
+    translator.decode_ids(_sentences(8, seed=28), decoding)
+    assert stepped == {threading.current_thread()}
+
+
+@pytest.mark.parametrize("value", [0, -1, "many", True, 1.5])
+def test_bad_workers_are_named(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"x\.yaml: decoding\.workers: got .*; expected a number"):
+        from_dict({"decoding": {"workers": value}}, "x.yaml")
+
+
+def test_the_workers_option(run: Path, tmp_path: Path) -> None:
+    """--workers 2 writes what --workers 1 does; 0 is refused in one line, nothing written."""
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"sol luna mar {i}\n" for i in range(12)), encoding="utf-8")
+    outputs = {}
+    for workers in ("1", "2"):
+        out = tmp_path / f"out-{workers}.txt"
+        result = nmt(
+            "translate",
+            "-m",
+            str(run),
+            "-i",
+            str(source),
+            "-o",
+            str(out),
+            "--batch-size",
+            "3",
+            "--workers",
+            workers,
+            "--scores",
+        )
+        assert result.code == 0, result.err
+        outputs[workers] = out.read_text(encoding="utf-8")
+    assert outputs["1"] == outputs["2"]
+    assert len(outputs["1"].splitlines()) == 12
+    refused = tmp_path / "refused.txt"
+    error = nmt(
+        "translate", "-m", str(run), "-i", str(source), "-o", str(refused), "--workers", "0"
+    )
+    assert "decoding.workers: got 0; expected a number of threads" in error.error
+    assert not refused.exists()
