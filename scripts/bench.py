@@ -78,6 +78,7 @@ from nmt.data.tokenizer import Tokenizer  # noqa: E402
 from nmt.decoding.shortlist import Shortlist, batch_columns, forced_pieces  # noqa: E402
 from nmt.decoding.steering import Steering  # noqa: E402
 from nmt.decoding.translator import Translator  # noqa: E402
+from nmt.decoding.workers import worker_count  # noqa: E402
 from nmt.fast import compiled  # noqa: E402
 from nmt.fast.allocator import limit_kernel_cache  # noqa: E402
 from nmt.fast.precision import choose_precision  # noqa: E402
@@ -144,9 +145,17 @@ DECODE_SETTINGS = ((1, 1), (1, 64), (5, 1), (5, 64))  # (beam size, batch size)
 CONSTRAINT_COUNTS = (1, 3)  # constraint words per sentence, beam 5, batch 64
 PARTS = ("matmul", "train", "decode", "translate")  # what a run measures (--parts)
 # what the decode and translate parts run on (--backends): torch in the precision nmt
-# translate decides (--precision auto), torch in bf16, and the model exported to ONNX under
-# onnxruntime, fp32 and with int8 weights (nmt export --quantize int8)
-BACKENDS = ("torch", "torch-whole", "torch-bf16", "onnxruntime", "onnxruntime-int8")
+# translate decides (--precision auto), torch over the whole vocabulary (--shortlist off),
+# torch one batch at a time (--workers 1), torch in bf16, and the model exported to ONNX
+# under onnxruntime, fp32 and with int8 weights (nmt export --quantize int8)
+BACKENDS = (
+    "torch",
+    "torch-whole",
+    "torch-1worker",
+    "torch-bf16",
+    "onnxruntime",
+    "onnxruntime-int8",
+)
 GIB = 2.0**30
 T = TypeVar("T")
 
@@ -1013,8 +1022,14 @@ def backend_name(backend: str, translator: Translator) -> str:
     int8", ..."""
     if backend.startswith("onnxruntime"):
         return "onnxruntime int8" if backend.endswith("int8") else "onnxruntime fp32"
-    shortlisted = translator.decoding_shortlists(translator.config.decoding) is not None
-    return f"torch {translator.precision}" + (" shortlist" if shortlisted else "")
+    decoding = translator.config.decoding
+    shortlisted = translator.decoding_shortlists(decoding) is not None
+    workers = worker_count(decoding.workers, translator.device, 2, True)  # of several batches
+    return (
+        f"torch {translator.precision}"
+        + (" shortlist" if shortlisted else "")
+        + (f", {workers} workers" if workers > 1 else "")
+    )
 
 
 def backend_translator(
@@ -1026,6 +1041,13 @@ def backend_translator(
         return None
     if backend == "torch-bf16":
         return Translator.from_checkpoint(model_path, device.type, "bf16")
+    if backend == "torch-1worker":
+        if worker_count(default.config.decoding.workers, device, 2, True) == 1:
+            return None  # the default decodes one batch at a time already
+        serial = Translator.from_checkpoint(model_path, device.type, default.precision)
+        decoding = serial.config.decoding.model_copy(update={"workers": 1})
+        serial.config = serial.config.model_copy(update={"decoding": decoding})  # --workers 1
+        return serial
     if backend == "torch-whole":
         if default.shortlists is None:  # the default row already decodes the whole vocabulary
             return None
@@ -1077,6 +1099,8 @@ def bench_translate_command(
         command += ["--precision", "bf16"]
     if backend == "torch-whole":
         command += ["--shortlist", "off"]
+    if backend == "torch-1worker":
+        command += ["--workers", "1"]
     start = time.perf_counter()
     proc = subprocess.Popen(
         command, env=child_environment(options), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE

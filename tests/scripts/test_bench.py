@@ -218,26 +218,32 @@ def test_profile_step_runs_and_writes_its_figures(tmp_path: Path) -> None:
 
 def test_decoding_backends_add_their_rows_and_commands(tmp_path: Path) -> None:
     """--backends: torch over the whole vocabulary (the default rows use the model's
-    shortlist), torch in bf16 and the model exported under onnxruntime with int8 weights (the
-    fp32 export takes the same path), each with the four unconstrained rows and the whole
-    command, all decoding the same sentences (the onnxruntime rows' FLOPs counted on the
-    torch model)."""
+    shortlist), torch one batch at a time (the default, on 2 threads, decodes 2 at once),
+    torch in bf16 and the model exported under onnxruntime with int8 weights (the fp32 export
+    takes the same path), each with the four unconstrained rows and the whole command, all
+    decoding the same sentences (the onnxruntime rows' FLOPs counted on the torch model)."""
     data = tmp_path / "data"
     data.mkdir()
     write_corpus(data)
     out = tmp_path / "bench.json"
     command = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--tiny", "--quick"]
     command += ["--parts", "matmul,decode,translate", "--model", "untrained"]
-    command += ["--backends", "torch,torch-whole,torch-bf16,onnxruntime-int8"]
+    command += ["--backends", "torch,torch-whole,torch-1worker,torch-bf16,onnxruntime-int8"]
     command += ["--data", str(data), "--work-dir", str(tmp_path / "work"), "--json", str(out)]
-    command += ["--threads", "1", "--translate-sentences", "8"]
+    command += ["--threads", "2", "--translate-sentences", "8"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     rows = result["decoding"]["results"]
     backends = [r["backend"] for r in rows]
-    assert backends[:6] == ["torch fp32 shortlist"] * 6  # four settings, two constrained rows
-    others = ["torch fp32", "torch bf16 shortlist", "onnxruntime int8"]
+    default = "torch fp32 shortlist, 2 workers"
+    assert backends[:6] == [default] * 6  # four settings, two constrained rows
+    others = [
+        "torch fp32, 2 workers",
+        "torch fp32 shortlist",
+        "torch bf16 shortlist, 2 workers",
+        "onnxruntime int8",
+    ]
     assert backends[6:] == [name for name in others for _ in range(4)]
     for row in rows:
         assert positive(row["sentences_per_s"]) and positive(row["achieved_gflops"]), row
@@ -245,12 +251,13 @@ def test_decoding_backends_add_their_rows_and_commands(tmp_path: Path) -> None:
         shortlisted = "shortlist" in row["backend"]
         assert positive(row["mean_columns"]) if shortlisted else "mean_columns" not in row, row
     commands = [result["translate_command"], *result["translate_backends"]]
-    names = ["torch", "torch-whole", "torch-bf16", "onnxruntime-int8"]
+    names = ["torch", "torch-whole", "torch-1worker", "torch-bf16", "onnxruntime-int8"]
     assert [c["backend"] for c in commands] == names
     for entry in commands:
         assert "error" not in entry, entry
         assert entry["output_lines"] == entry["sentences"] == 8
-    assert "--backend onnxruntime" in commands[3]["command"]
-    assert "--precision bf16" in commands[2]["command"]
+    assert "--backend onnxruntime" in commands[4]["command"]
+    assert "--precision bf16" in commands[3]["command"]
+    assert "--workers 1" in commands[2]["command"]
     assert "--shortlist off" in commands[1]["command"]
     assert "onnxruntime int8" in proc.stdout
