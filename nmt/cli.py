@@ -206,7 +206,8 @@ WorkersOption = Annotated[
         "--workers",
         parser=lambda value: int(value) if value.strip().isdigit() else value,
         help="On a CPU, decode this many batches at once, each in a thread with its share of "
-        "the threads (auto: 2 where there are 2 threads or more).",
+        "the threads (auto: 2 where there are 2 threads or more and batches of 16 sentences "
+        "or more).",
     ),
 ]
 

@@ -794,6 +794,7 @@ class DecodeRow:
     # with a shortlist: the output layer's columns per batch, on average (the FLOPs above
     # count the whole vocabulary, the work of a search without one)
     mean_columns: float | None = omitted_when_none()
+    workers: int = 1  # batches decoded at once (decoding.workers)
 
 
 @dataclass(kw_only=True)
@@ -897,9 +898,11 @@ def decode_row(
     counter = counter or translator
     flops = decode_flops(counter, outputs, beam_size) if counter.model else None
     shortlists = translator.decoding_shortlists(decoding)
+    batches = length_sorted_batches([len(s) for s in src_ids], batch_size)
+    own = bool(translator.models)
+    workers = worker_count(decoding.workers, device, [len(b) for b in batches], own)
     columns = None
     if shortlists is not None:
-        batches = length_sorted_batches([len(s) for s in src_ids], batch_size)
         sizes = [
             len(
                 batch_columns(
@@ -930,6 +933,7 @@ def decode_row(
         mflop_per_hypothesis_step=None if flops is None else flops / (beam_size * tokens) / 1e6,
         achieved_gflops=None if flops is None else flops / seconds / 1e9,
         mean_columns=columns,
+        workers=workers,
     )
 
 
@@ -1022,14 +1026,9 @@ def backend_name(backend: str, translator: Translator) -> str:
     int8", ..."""
     if backend.startswith("onnxruntime"):
         return "onnxruntime int8" if backend.endswith("int8") else "onnxruntime fp32"
-    decoding = translator.config.decoding
-    shortlisted = translator.decoding_shortlists(decoding) is not None
-    workers = worker_count(decoding.workers, translator.device, 2, True)  # of several batches
-    return (
-        f"torch {translator.precision}"
-        + (" shortlist" if shortlisted else "")
-        + (f", {workers} workers" if workers > 1 else "")
-    )
+    shortlisted = translator.decoding_shortlists(translator.config.decoding) is not None
+    name = f"torch {translator.precision}" + (" shortlist" if shortlisted else "")
+    return name + (", 1 worker" if backend == "torch-1worker" else "")
 
 
 def backend_translator(
@@ -1042,7 +1041,7 @@ def backend_translator(
     if backend == "torch-bf16":
         return Translator.from_checkpoint(model_path, device.type, "bf16")
     if backend == "torch-1worker":
-        if worker_count(default.config.decoding.workers, device, 2, True) == 1:
+        if default.config.decoding.workers == 1:
             return None  # the default decodes one batch at a time already
         serial = Translator.from_checkpoint(model_path, device.type, default.precision)
         decoding = serial.config.decoding.model_copy(update={"workers": 1})
@@ -1394,6 +1393,7 @@ DECODING_HEADER = [
     "GFLOP/s",
     "of FLOP bound",
     "columns",
+    "workers",
 ]
 
 
@@ -1410,6 +1410,7 @@ def decoding_rows(result: dict[str, Any]) -> list[list[str]]:
             _fmt(entry.get("achieved_gflops"), 1),
             _percent(entry.get("fraction_of_flop_bound")),
             _fmt(entry.get("mean_columns")),
+            str(entry.get("workers", 1)),
         ]
         for entry in result.get("decoding", {}).get("results", [])
     ]
@@ -1425,6 +1426,7 @@ def decoding_rows(result: dict[str, Any]) -> list[list[str]]:
                 _fmt(command["sentences_per_s"], 1),
                 "-",
                 _fmt(command["seconds"], 1),
+                "-",
                 "-",
                 "-",
                 "-",

@@ -303,8 +303,9 @@ class DecodingConfig(Section):
     workers: int | Literal["auto"] = Field(
         "auto",
         description="on a CPU, batches decoded at once, each in a thread with its share of "
-        "torch's threads (auto: 2 where torch has 2 threads or more; a GPU and the "
-        "onnxruntime backend decode one batch at a time)",
+        "torch's threads (auto: 2 where torch has 2 threads or more and the batches hold 16 "
+        "sentences or more on average, else 1; a GPU and the onnxruntime backend decode one "
+        "batch at a time)",
     )
 
     @model_validator(mode="before")

@@ -213,7 +213,8 @@ class Translator:
         scorer = self.stepper(decoding)  # made here: its tables once, before any thread
         shortlists = self.decoding_shortlists(decoding)
         batches = length_sorted_batches(lengths, decoding.batch_size, search.batch_tokens)
-        workers = worker_count(decoding.workers, self.device, len(batches), bool(self.models))
+        sizes = [len(index) for index in batches]
+        workers = worker_count(decoding.workers, self.device, sizes, bool(self.models))
 
         def decode(index: np.ndarray) -> list[list[Hypothesis]]:
             chunk = [src_ids[i] for i in index]

@@ -24,18 +24,26 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 AUTO_WORKERS = 2  # measured best on 2 cores: 3 was no faster and 4 slower (docs/benchmarks.md)
+# auto's smallest batches, in sentences: below it a batch's step is mostly host-side work that
+# holds Python's lock, and two threads contending for it took 1.4x one's time (batch 1, 2
+# cores); from 16 on, two were 1.07-1.24x faster
+AUTO_MIN_SENTENCES = 16
 
 
 def worker_count(
-    workers: int | Literal["auto"], device: torch.device, batches: int, own_models: bool
+    workers: int | Literal["auto"], device: torch.device, sizes: Sequence[int], own_models: bool
 ) -> int:
-    """How many batches decode at once: 1 on a GPU, for another backend (onnxruntime keeps
-    its own threads) and for a single batch; auto is 2 where torch has 2 threads or more."""
-    if device.type != "cpu" or not own_models or batches < 2:
+    """How many of the batches of ``sizes`` sentences decode at once: 1 on a GPU, for
+    another backend (onnxruntime keeps its own threads) and for a single batch, and never
+    more than the batches. auto is 2 where torch has 2 threads or more and the batches hold
+    ``AUTO_MIN_SENTENCES`` sentences on average, else 1."""
+    if device.type != "cpu" or not own_models or len(sizes) < 2:
         return 1
-    threads = torch.get_num_threads()
-    wanted = min(AUTO_WORKERS, threads) if workers == "auto" else workers
-    return max(1, min(wanted, batches))
+    if workers != "auto":
+        return max(1, min(workers, len(sizes)))
+    if sum(sizes) < AUTO_MIN_SENTENCES * len(sizes):  # small batches
+        return 1
+    return max(1, min(AUTO_WORKERS, torch.get_num_threads(), len(sizes)))
 
 
 def in_workers(

@@ -121,17 +121,23 @@ def test_a_failing_item_is_raised_and_the_thread_count_given_back() -> None:
 
 
 def test_how_many_workers() -> None:
+    """auto: 2 of 2 threads for batches of 16 sentences or more on average, else 1; a
+    number is taken as given, up to the batches; a GPU and another backend get 1."""
     torch.set_num_threads(2)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert worker_count("auto", cpu, 5, True) == 2
-    assert worker_count(3, cpu, 5, True) == 3
-    assert worker_count(8, cpu, 5, True) == 5  # no more than the batches
-    assert worker_count("auto", cpu, 1, True) == 1
-    assert worker_count(4, cuda, 5, True) == 1
-    assert worker_count(4, cpu, 5, False) == 1  # another backend keeps its own threads
+    assert worker_count("auto", cpu, [64] * 5, True) == 2
+    assert worker_count("auto", cpu, [16, 16, 16], True) == 2
+    assert worker_count("auto", cpu, [16, 16, 15], True) == 1  # small batches: one at a time
+    assert worker_count("auto", cpu, [1] * 40, True) == 1
+    assert worker_count(2, cpu, [1] * 40, True) == 2  # as given
+    assert worker_count(3, cpu, [64] * 5, True) == 3
+    assert worker_count(8, cpu, [64] * 5, True) == 5  # no more than the batches
+    assert worker_count("auto", cpu, [64], True) == 1
+    assert worker_count(4, cuda, [64] * 5, True) == 1
+    assert worker_count(4, cpu, [64] * 5, False) == 1  # another backend keeps its own threads
     torch.set_num_threads(1)
     try:
-        assert worker_count("auto", cpu, 5, True) == 1
+        assert worker_count("auto", cpu, [64] * 5, True) == 1
     finally:
         torch.set_num_threads(2)
 
