@@ -100,6 +100,8 @@ def _valid_value(
     }
     if key in names:
         return st.sampled_from(names[key])
+    if key == "decoding.workers":  # a number of threads, or auto (checked by the section)
+        return st.one_of(st.just("auto"), st.integers(min_value=1, max_value=2**40))
     annotation = field.annotation
     optional = type(None) in typing.get_args(annotation)
     if optional:

@@ -27,6 +27,7 @@ from nmt.decoding.shortlist import Columns, Shortlist, batch_columns, forced_pie
 from nmt.decoding.steering import Steering
 from nmt.decoding.workers import in_workers, worker_count
 from nmt.errors import CheckpointError, ConfigError, DataError
+from nmt.fast import compiled
 from nmt.fast.precision import choose_precision
 from nmt.model import Seq2Seq, build_model
 from nmt.runtime import allow_tf32, autocast, choose_device, eval_mode
@@ -215,6 +216,8 @@ class Translator:
         batches = length_sorted_batches(lengths, decoding.batch_size, search.batch_tokens)
         sizes = [len(index) for index in batches]
         workers = worker_count(decoding.workers, self.device, sizes, bool(self.models))
+        if workers > 1 and scorer.native_kernels:
+            compiled.library()  # built (on a first run) and loaded once, not by each thread
 
         def decode(index: np.ndarray) -> list[list[Hypothesis]]:
             chunk = [src_ids[i] for i in index]

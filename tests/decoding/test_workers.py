@@ -8,6 +8,7 @@ line."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,15 @@ from nmt.decoding.workers import in_workers, worker_count
 from nmt.errors import ConfigError
 
 VOCAB = 14
+
+
+@pytest.fixture(autouse=True)
+def two_threads() -> Iterator[None]:
+    """Torch on 2 threads here, for the workers to share; the suite's count again after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
 
 
 def _sentences(count: int, seed: int) -> list[list[int]]:
@@ -51,7 +61,6 @@ def test_workers_give_the_hypotheses_of_one_batch_after_another(
 ) -> None:
     """23 sentences in batches of 3 (8 batches, padding in each), n-best 2 of beam 4 or
     greedy: 1, 2 and 3 workers give the same tokens, scores and log-probabilities, exactly."""
-    torch.set_num_threads(2)
     m = model(VOCAB, seed=21, eos=1.5)
     shortlists = [_shortlist()] if shortlisted else None
     config = Config()
@@ -99,7 +108,6 @@ def test_progress_hears_each_batch_on_the_callers_thread() -> None:
 
 
 def test_a_failing_item_is_raised_and_the_thread_count_given_back() -> None:
-    torch.set_num_threads(2)
     threads_seen: list[int] = []
 
     def run(item: int) -> int:
@@ -123,7 +131,6 @@ def test_a_failing_item_is_raised_and_the_thread_count_given_back() -> None:
 def test_how_many_workers() -> None:
     """auto: 2 of 2 threads for batches of 16 sentences or more on average, else 1; a
     number is taken as given, up to the batches; a GPU and another backend get 1."""
-    torch.set_num_threads(2)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert worker_count("auto", cpu, [64] * 5, True) == 2
     assert worker_count("auto", cpu, [16, 16, 16], True) == 2
@@ -135,11 +142,8 @@ def test_how_many_workers() -> None:
     assert worker_count("auto", cpu, [64], True) == 1
     assert worker_count(4, cuda, [64] * 5, True) == 1
     assert worker_count(4, cpu, [64] * 5, False) == 1  # another backend keeps its own threads
-    torch.set_num_threads(1)
-    try:
-        assert worker_count("auto", cpu, [64] * 5, True) == 1
-    finally:
-        torch.set_num_threads(2)
+    torch.set_num_threads(1)  # the fixture sets the suite's count back
+    assert worker_count("auto", cpu, [64] * 5, True) == 1
 
 
 def test_an_exported_backend_decodes_one_batch_at_a_time() -> None:
