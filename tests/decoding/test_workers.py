@@ -79,6 +79,24 @@ def test_workers_give_the_hypotheses_of_one_batch_after_another(
     assert torch.get_num_threads() == 2
 
 
+def test_each_worker_decodes_in_the_translators_precision() -> None:
+    """autocast's state is per thread: bf16 with 2 workers gives bf16's outputs with 1,
+    exactly, and not fp32's scores."""
+    m = model(VOCAB, seed=29)
+    config = Config()
+    sentences = _sentences(12, seed=30)
+    decoding = config.decoding.model_copy(update={"beam_size": 3, "batch_size": 3})
+    scores = {}
+    for precision, workers in (("bf16", 1), ("bf16", 2), ("fp32", 1)):
+        translator = Translator(m, None, config, torch.device("cpu"), precision)  # type: ignore[arg-type]
+        chosen = decoding.model_copy(update={"workers": workers})
+        scores[precision, workers] = _outputs(translator.decode_ids(sentences, chosen))
+    assert scores["bf16", 2] == scores["bf16", 1]
+    bf16 = [h[1] for sentence in scores["bf16", 1] for h in sentence]
+    fp32 = [h[1] for sentence in scores["fp32", 1] for h in sentence]
+    assert bf16 != fp32
+
+
 def test_prefixes_reach_their_sentences_under_workers() -> None:
     """Each sentence's prefix forced in whichever thread decodes its batch."""
     m = model(VOCAB, seed=23)
