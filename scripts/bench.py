@@ -899,8 +899,7 @@ def decode_row(
     flops = decode_flops(counter, outputs, beam_size) if counter.model else None
     shortlists = translator.decoding_shortlists(decoding)
     batches = length_sorted_batches([len(s) for s in src_ids], batch_size)
-    own = bool(translator.models)
-    workers = worker_count(decoding.workers, device, [len(b) for b in batches], own)
+    workers = worker_count(decoding.workers, device, [len(b) for b in batches])
     columns = None
     if shortlists is not None:
         sizes = [

@@ -304,8 +304,7 @@ class DecodingConfig(Section):
         "auto",
         description="on a CPU, batches decoded at once, each in a thread with its share of "
         "torch's threads (auto: 2 where torch has 2 threads or more and the batches hold 16 "
-        "sentences or more on average, else 1; a GPU and the onnxruntime backend decode one "
-        "batch at a time)",
+        "sentences or more on average, else 1; a GPU decodes one batch at a time)",
     )
 
     @model_validator(mode="before")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
@@ -119,24 +120,23 @@ class GraphState:
 
 class ExportedModel:
     """The two graphs under onnxruntime (CPU), stepped as search steps an ``Ensemble``:
-    ``encode``, ``step``, ``reorder`` and ``select`` (``nmt.decoding.ensemble.Stepper``)."""
+    ``encode``, ``step``, ``reorder`` and ``select`` (``nmt.decoding.ensemble.Stepper``).
+
+    ``threads``: onnxruntime's threads for every run; None: as many as torch has in the
+    calling thread, so that each of ``decoding.workers`` threads (``nmt.decoding.workers``)
+    runs the graphs with its own share. The sessions of each thread count are made once,
+    on first use (the caller's count at once, so that a bad graph fails at load)."""
 
     def __init__(self, directory: Path, metadata: Metadata, threads: int | None = None):
-        ort = require("onnxruntime", "--backend onnxruntime")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or torch.get_num_threads()
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 4  # its errors are exceptions, not lines on stderr
-        # onnxruntime's threads spin between runs by default, on the cores torch's threads
-        # need for the search's work between steps (docs/benchmarks.md measures the cost)
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        providers = ["CPUExecutionProvider"]
+        self._ort = require("onnxruntime", "--backend onnxruntime")
         self.directory = directory
         self.metadata = metadata
-        self.encoder = ort.InferenceSession(str(directory / ENCODER), options, providers=providers)
-        self.decoder = ort.InferenceSession(str(directory / STEP), options, providers=providers)
+        self.threads = threads
+        self._sessions: dict[int, tuple[Any, Any]] = {}
+        self._making = threading.Lock()
+        _, decoder = self.sessions()
         # the graphs' inputs as onnxruntime kept them (an input no output depends on is gone)
-        self.step_inputs = {node.name for node in self.decoder.get_inputs()}
+        self.step_inputs = {node.name for node in decoder.get_inputs()}
         outputs = metadata.step.outputs
         self.state_names = [n.removeprefix("next_") for n in outputs if n.startswith("next_")]
         self.batch_axis = {
@@ -145,10 +145,30 @@ class ExportedModel:
         # search's top-k over the graphs' log-probabilities: as a model built here would take it
         self.native_kernels = FastPaths().native_kernels
 
+    def sessions(self) -> tuple[Any, Any]:
+        """The encoder's and the step's sessions for the calling thread's count of threads."""
+        count = self.threads or torch.get_num_threads()
+        with self._making:
+            if count not in self._sessions:
+                options = self._ort.SessionOptions()
+                options.intra_op_num_threads = count
+                options.inter_op_num_threads = 1
+                options.log_severity_level = 4  # its errors are exceptions, not lines on stderr
+                # onnxruntime's threads spin between runs by default, on the cores torch's
+                # threads need for the search's work between steps (docs/benchmarks.md)
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                self._sessions[count] = tuple(  # type: ignore[assignment]
+                    self._ort.InferenceSession(
+                        str(self.directory / name), options, providers=["CPUExecutionProvider"]
+                    )
+                    for name in (ENCODER, STEP)
+                )
+            return self._sessions[count]
+
     def encode(self, src: Tensor, src_lengths: Tensor, repeat: int = 1) -> GraphState:
         """src (B, S), src_lengths (B,) -> the state of B * repeat rows."""
         feeds = {"src": src, "src_lengths": src_lengths}
-        outputs = _run(self.encoder, list(self.metadata.encoder.outputs), feeds)
+        outputs = _run(self.sessions()[0], list(self.metadata.encoder.outputs), feeds)
         if repeat > 1:
             index = torch.arange(src.size(0)).repeat_interleave(repeat)
             outputs = {n: t.index_select(self.batch_axis[n], index) for n, t in outputs.items()}
@@ -159,7 +179,7 @@ class ExportedModel:
         """prev (N,) -> log-probabilities (N, V) float32, attention (N, S), the next state."""
         given = {"prev": prev, "step": torch.tensor(state.step), **state.decoder, **state.memory}
         feeds = {name: given[name] for name in self.step_inputs}
-        out = _run(self.decoder, list(self.metadata.step.outputs), feeds)
+        out = _run(self.sessions()[1], list(self.metadata.step.outputs), feeds)
         decoder = {name: out[f"next_{name}"] for name in self.state_names}
         return out["log_probs"], out["alphas"], GraphState(state.memory, decoder, state.step + 1)
 

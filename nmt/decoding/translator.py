@@ -215,7 +215,7 @@ class Translator:
         shortlists = self.decoding_shortlists(decoding)
         batches = length_sorted_batches(lengths, decoding.batch_size, search.batch_tokens)
         sizes = [len(index) for index in batches]
-        workers = worker_count(decoding.workers, self.device, sizes, bool(self.models))
+        workers = worker_count(decoding.workers, self.device, sizes)
         if workers > 1 and scorer.native_kernels:
             compiled.library()  # built (on a first run) and loaded once, not by each thread
 

@@ -7,9 +7,10 @@ sizes the split costs much of what it saves: on a 2-core CPU, two threads ran th
 (50 x 256) by (256 x 3,368) output product in 0.65x one thread's time, where two products
 side by side, one thread each, took 0.5x. The ops between products, and the search's
 host-side steps, then overlap too. So each worker thread decodes whole batches with its share
-of torch's threads, and takes the next batch when it is done. Each batch's search is the one
-search runs alone (its sentences, its rows, its round-off), so the outputs do not depend on
-the number of workers.
+of torch's threads, and takes the next batch when it is done; the exported graphs under
+onnxruntime run with sessions of that share (``ExportedModel.sessions``). Each batch's
+search is the one search runs alone (its sentences, its rows, its round-off), so the outputs
+do not depend on the number of workers.
 """
 
 from __future__ import annotations
@@ -30,14 +31,11 @@ AUTO_WORKERS = 2  # measured best on 2 cores: 3 was no faster and 4 slower (docs
 AUTO_MIN_SENTENCES = 16
 
 
-def worker_count(
-    workers: int | Literal["auto"], device: torch.device, sizes: Sequence[int], own_models: bool
-) -> int:
-    """How many of the batches of ``sizes`` sentences decode at once: 1 on a GPU, for
-    another backend (onnxruntime keeps its own threads) and for a single batch, and never
-    more than the batches. auto is 2 where torch has 2 threads or more and the batches hold
-    ``AUTO_MIN_SENTENCES`` sentences on average, else 1."""
-    if device.type != "cpu" or not own_models or len(sizes) < 2:
+def worker_count(workers: int | Literal["auto"], device: torch.device, sizes: Sequence[int]) -> int:
+    """How many of the batches of ``sizes`` sentences decode at once: 1 on a GPU and for a
+    single batch, and never more than the batches. auto is 2 where torch has 2 threads or
+    more and the batches hold ``AUTO_MIN_SENTENCES`` sentences on average, else 1."""
+    if device.type != "cpu" or len(sizes) < 2:
         return 1
     if workers != "auto":
         return max(1, min(workers, len(sizes)))

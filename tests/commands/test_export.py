@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from nmt.data.tokenizer import Tokenizer, train_sentencepiece
 from nmt.decoding import search
 from nmt.decoding.exported import ExportedModel, load_exported
 from nmt.decoding.onnx import check_recurrences, export_onnx
+from nmt.decoding.options import SearchOptions
 from nmt.decoding.search import Hypothesis, beam_search, greedy_search
 from nmt.errors import ConfigError
 from nmt.model import Seq2Seq, build_model
@@ -432,3 +434,46 @@ def test_an_int8_export_quantizes_the_weights_and_stays_near_the_fp32_graphs(
     )  # fmt: skip
     assert out.code == 0, out.err
     assert len(out.out.splitlines()) == 3 and out.out.splitlines()[1] == ""
+
+
+def test_the_exported_graphs_decode_batches_side_by_side(exported, tokenizer: Tokenizer) -> None:
+    """--backend onnxruntime under decoding.workers: 2 workers give the hypotheses of one
+    batch after another, exactly, and each worker runs the graphs with its share of the
+    threads (sessions of 1 thread each, on 2), the caller with all of them."""
+    from nmt.decoding.translator import Translator
+
+    model, graphs = exported("bahdanau-gru-additive")
+    config = Config()
+    translator = Translator([], tokenizer, config, torch.device("cpu"), backend=graphs)
+    generator = torch.Generator().manual_seed(31)
+    sentences = [
+        torch.randint(4, 40, (int(n),), generator=generator).tolist()
+        for n in torch.randint(1, 7, (14,), generator=generator)
+    ]
+    seen: set[tuple[str, int]] = set()
+    sessions = graphs.sessions
+
+    def watched():
+        pair = sessions()
+        threads = {session.get_session_options().intra_op_num_threads for session in pair}
+        who = "caller" if threading.current_thread() is caller else "worker"
+        seen.add((who, *threads))
+        return pair
+
+    caller = threading.current_thread()
+    graphs.sessions = watched  # type: ignore[method-assign]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        outputs = {}
+        for workers in (1, 2):
+            decoding = config.decoding.model_copy(
+                update={"beam_size": 3, "batch_size": 2, "workers": workers, "max_len_offset": 3}
+            )
+            hyps = translator.decode_ids(sentences, decoding, SearchOptions(n_best=2))
+            outputs[workers] = [[(h.tokens, h.score) for h in row] for row in hyps]
+    finally:
+        torch.set_num_threads(before)
+        del graphs.sessions
+    assert outputs[2] == outputs[1]
+    assert seen == {("caller", 2), ("worker", 1)}

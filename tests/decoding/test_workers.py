@@ -17,7 +17,6 @@ from clirun import nmt
 from searchref import model
 
 from nmt.config import Config, from_dict
-from nmt.decoding.ensemble import Ensemble
 from nmt.decoding.options import SearchOptions
 from nmt.decoding.shortlist import Shortlist
 from nmt.decoding.steering import Steering
@@ -148,40 +147,19 @@ def test_a_failing_item_is_raised_and_the_thread_count_given_back() -> None:
 
 def test_how_many_workers() -> None:
     """auto: 2 of 2 threads for batches of 16 sentences or more on average, else 1; a
-    number is taken as given, up to the batches; a GPU and another backend get 1."""
+    number is taken as given, up to the batches; a GPU gets 1."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert worker_count("auto", cpu, [64] * 5, True) == 2
-    assert worker_count("auto", cpu, [16, 16, 16], True) == 2
-    assert worker_count("auto", cpu, [16, 16, 15], True) == 1  # small batches: one at a time
-    assert worker_count("auto", cpu, [1] * 40, True) == 1
-    assert worker_count(2, cpu, [1] * 40, True) == 2  # as given
-    assert worker_count(3, cpu, [64] * 5, True) == 3
-    assert worker_count(8, cpu, [64] * 5, True) == 5  # no more than the batches
-    assert worker_count("auto", cpu, [64], True) == 1
-    assert worker_count(4, cuda, [64] * 5, True) == 1
-    assert worker_count(4, cpu, [64] * 5, False) == 1  # another backend keeps its own threads
+    assert worker_count("auto", cpu, [64] * 5) == 2
+    assert worker_count("auto", cpu, [16, 16, 16]) == 2
+    assert worker_count("auto", cpu, [16, 16, 15]) == 1  # small batches: one at a time
+    assert worker_count("auto", cpu, [1] * 40) == 1
+    assert worker_count(2, cpu, [1] * 40) == 2  # as given
+    assert worker_count(3, cpu, [64] * 5) == 3
+    assert worker_count(8, cpu, [64] * 5) == 5  # no more than the batches
+    assert worker_count("auto", cpu, [64]) == 1
+    assert worker_count(4, cuda, [64] * 5) == 1
     torch.set_num_threads(1)  # the fixture sets the suite's count back
-    assert worker_count("auto", cpu, [64] * 5, True) == 1
-
-
-def test_an_exported_backend_decodes_one_batch_at_a_time() -> None:
-    """A backend's stepper (here the model's ensemble, as the exported graphs' would be)
-    is not run from several threads."""
-    m = model(VOCAB, seed=27)
-    config = Config()
-    stepped: set[threading.Thread] = set()
-    backend = Ensemble([m])
-    step = backend.step
-
-    def watched(*args, **kwargs):
-        stepped.add(threading.current_thread())
-        return step(*args, **kwargs)
-
-    backend.step = watched  # type: ignore[method-assign]
-    translator = Translator([], None, config, torch.device("cpu"), backend=backend)  # type: ignore[arg-type]
-    decoding = config.decoding.model_copy(update={"beam_size": 2, "batch_size": 2, "workers": 2})
-    translator.decode_ids(_sentences(8, seed=28), decoding)
-    assert stepped == {threading.current_thread()}
+    assert worker_count("auto", cpu, [64] * 5) == 1
 
 
 @pytest.mark.parametrize("value", [0, -1, "many", True, 1.5])
