@@ -28,6 +28,8 @@ step. Set any key from the command line with `--override section.key=value`.
 def _type_name(annotation: object) -> str:
     if typing.get_origin(annotation) is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in typing.get_args(annotation))
+    if typing.get_origin(annotation) is typing.Union:  # with a Literal: int | Literal["auto"]
+        return " \\| ".join(_type_name(member) for member in typing.get_args(annotation))
     text = getattr(annotation, "__name__", None) or str(annotation)
     return text.replace("typing.", "").replace("|", "\\|")
 

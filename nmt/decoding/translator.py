@@ -234,9 +234,10 @@ class Translator:
                 )
 
         with eval_modes(self.models):
+            # with workers, the longest batches first: a worker's last batch is then short
             done = (
                 ((index, decode(index)) for index in batches)
-                if workers == 1  # longest first: the last batch a worker starts is short
+                if workers == 1
                 else in_workers(batches[::-1], decode, workers)
             )
             for index, results in done:
