@@ -4,11 +4,18 @@
 # large sizes, and the RNNs' precisions on CUDA. Every figure goes to files under $OUT
 # (default runs/gpu): nvidia-smi.txt, log.txt, tests.log, bench-{eager,graphs}.json,
 # large-{eager,graphs}.json, bench.md (the tables of every bench run), rnn.txt,
-# profile-{eager,graphs}.json (scripts/profile_step.py, Bahdanau at the bench sizes).
+# profile-{eager,graphs}.json (scripts/profile_step.py, Bahdanau at the bench sizes), and
+# with the decode stage decode.json (greedy and beam 5 at batch 1 and 64, and the whole
+# nmt translate --beam 5, on CUDA).
 #
 #   OUT=runs/gpu bash scripts/gpu_check.sh [STAGE ...]   # stages: tests bench large profile rnn
-#                                                        # (default: all five, in that order)
+#                                                        # decode (default: the first five)
 #   CONFIGS=bahdanau bash scripts/gpu_check.sh bench      # scripts/bench.py --configs
+#   DECODE_MODEL=runs/demo-model.pt bash scripts/gpu_check.sh decode
+#
+# decode needs a trained model (default runs/demo). A model-only checkpoint, small enough to
+# travel to a GPU machine: nmt average runs/demo/best.pt runs/demo/best.pt -o runs/demo-model.pt
+# (the mean of one checkpoint with itself is that checkpoint's weights, without its optimiser).
 #
 # Each stage has a time limit, so that the run fits one call of ten minutes. Needs a CUDA
 # GPU and the project's dependencies (a machine without pydantic or datasets can take their
@@ -96,7 +103,15 @@ for name, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32
           f"relative error of the forward {error:.1e}")
 PY
         ;;
-    *) echo "unknown stage $stage (tests bench large profile rnn)" ;;
+    decode)
+        timeout "${DECODE_SECONDS:-240}" $PY scripts/bench.py --device cuda \
+            --parts matmul,decode,translate --model "${DECODE_MODEL:-runs/demo}" \
+            --work-dir runs/bench --json "$OUT/decode.json" 2>&1 | tail -30
+        if [ -f "$OUT/decode.json" ]; then
+            echo "### decode"
+            $PY scripts/bench.py --report "$OUT/decode.json" --markdown 2>/dev/null
+        fi >> "$OUT/bench.md" ;;
+    *) echo "unknown stage $stage (tests bench large profile rnn decode)" ;;
     esac
 done
 echo "== done"
