@@ -6,9 +6,10 @@ elementwise ops on a few thousand values. Torch splits each across its threads, 
 sizes the split costs much of what it saves: on a 2-core CPU, two threads ran the demo model's
 (50 x 256) by (256 x 3,368) output product in 0.65x one thread's time, where two products
 side by side, one thread each, took 0.43x a product. The ops between products, and the
-search's host-side steps, then overlap too (as far as Python's lock lets them). So each worker thread decodes whole batches with its share
-of torch's threads, and takes the next batch when it is done; the exported graphs under
-onnxruntime run with sessions of that share (``ExportedModel.sessions``). Each batch's
+search's host-side steps, then overlap too (as far as Python's lock lets them). So each
+worker thread decodes whole batches with its share of torch's threads, and takes the next
+batch when it is done; the exported graphs under onnxruntime run with sessions of that share
+(``ExportedModel.sessions``). Each batch's
 search is the one search runs alone (its sentences, its rows, its round-off), so the outputs
 do not depend on the number of workers.
 """

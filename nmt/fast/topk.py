@@ -13,9 +13,9 @@ the first chunk that holds it, and its first place there). Elsewhere (a GPU) the
 run as they are, and so they do for a few rows (``MIN_ROWS``).
 
 With ``native`` (the stepper's ``FastPaths.native_kernels``) a float32 CPU tensor of at
-least ``NATIVE_MIN`` values goes through nmt's compiled kernel instead (``fast.compiled.top_k``): one pass over each row that
-compares blocks of 64 values with the k-th best so far at once, and looks into a block only
-where one of its values beats it. Its values are the row's own too; among equal values the
+least ``NATIVE_MIN`` values goes through nmt's compiled kernel instead
+(``fast.compiled.top_k``): one pass over each row that compares blocks of 64 values with the
+k-th best so far at once, and looks into a block only where one of its values beats it. Its values are the row's own too; among equal values the
 first comes first, so ``row_max`` still returns ``Tensor.max``'s index. A NaN is taken only
 where a row has fewer than k other values, not as ``torch.topk`` ranks it (highest).
 """
