@@ -129,7 +129,10 @@ class Ensemble:
         ensemble = Ensemble(self.models, self.average, self.tables)
         ensemble.columns = columns
         ensemble.rows = [
-            model.generator.weight.detach()[columns].t().contiguous() for model in self.models
+            table.output.index_select(1, columns)  # the columns of W_o^T: one pass
+            if table.output is not None
+            else model.generator.weight.detach()[columns].t().contiguous()
+            for model, table in zip(self.models, self.tables, strict=True)
         ]
         ensemble.allowed = allowed
         return ensemble

@@ -104,29 +104,31 @@ def batch_columns(
     that no sentence's translation depends on the others in its batch. ``forced``: each
     sentence's prefix and constraint pieces.
 
-    Each sentence's pieces are marked in one (B, V) mask for the whole batch: its source
-    pieces' rows of every table gathered at once, then the mask's columns that any sentence
-    has are the batch's."""
+    Each sentence's pieces are marked in one (B, V + 1) mask for the whole batch: its source
+    pieces' rows of every table gathered at once and marked through the flat mask, a table's
+    -1 (no more translations) in the extra column V, which is then dropped; the mask's
+    columns that any sentence has are the batch's. (Marking through a long index keeps the
+    search for the found entries, a boolean index's, out of the batch's time.)"""
     batch = len(src_ids)
-    pieces = [torch.tensor(ids, dtype=torch.long) for ids in src_ids]
-    flat = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)  # (P,)
-    sentence = torch.repeat_interleave(torch.tensor([len(ids) for ids in src_ids]))  # (P,)
+    flat = torch.tensor([piece for ids in src_ids for piece in ids], dtype=torch.long)  # (P,)
+    lengths = torch.tensor([len(ids) for ids in src_ids], dtype=torch.long)
+    sentence = torch.repeat_interleave(lengths)  # (P,) the sentence of each piece
     extra = [list(f) for f in forced] if forced is not None else [[] for _ in range(batch)]
     width = max(
         max(SPECIALS) + 1,
         *(s.width for s in shortlists),
         *(max(f) + 1 for f in extra if f),
     )
-    own = torch.zeros(batch, width, dtype=torch.bool)  # (B, V) each sentence's pieces
-    own[:, SPECIALS] = True
+    marks = torch.zeros(batch, width + 1, dtype=torch.bool)  # (B, V + 1), V: no piece
+    marks[:, SPECIALS] = True
     for shortlist in shortlists:
-        own[:, shortlist.frequent[:frequent]] = True
+        marks[:, shortlist.frequent[:frequent]] = True
         picks = shortlist.table[flat, :per_word]  # (P, K) -1 where a piece has fewer
-        rows = sentence[:, None].expand_as(picks)
-        found = picks >= 0
-        own[rows[found], picks[found]] = True
+        picks = torch.where(picks >= 0, picks, width)
+        marks.view(-1)[(sentence * (width + 1))[:, None] + picks] = True
     for b, pieces_b in enumerate(extra):
-        own[b, pieces_b] = True
+        marks[b, pieces_b] = True
+    own = marks[:, :width]  # (B, V) each sentence's pieces
     union = own.any(dim=0)  # (V,)
     short = -int(union.sum()) % ALIGN
     if short:

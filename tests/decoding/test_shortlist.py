@@ -188,6 +188,53 @@ def test_a_batchs_columns() -> None:
     assert ids[allowed[0]].tolist() == [*SPECIALS, 5, 8, 20, 33]
 
 
+def _own_columns(
+    shortlists: list[Shortlist], src: list[int], frequent: int, per_word: int, forced: list[int]
+) -> set[int]:
+    """A sentence's own pieces C(x), written from the definition with sets."""
+    own = {*SPECIALS, *forced}
+    for shortlist in shortlists:
+        own |= set(shortlist.frequent[:frequent].tolist())
+        for piece in src:
+            own |= {t for t in shortlist.table[piece, :per_word].tolist() if t >= 0}
+    return own
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_batchs_columns_against_sets(seed: int) -> None:
+    """Random batches (ensembles of up to three shortlists, tables with missing entries,
+    repeated and empty sources, forced pieces beyond every table) against the definition:
+    each sentence's own columns, and the batch's as their union filled up to ALIGN."""
+    generator = torch.Generator().manual_seed(seed)
+    count = 1 + seed % 3
+    shortlists = []
+    for _ in range(count):
+        table = torch.randint(4, 90, (40, 6), generator=generator)
+        table[torch.rand(40, 6, generator=generator) < 0.3] = -1
+        shortlists.append(Shortlist(torch.randperm(86, generator=generator) + 4, table))
+    batch = [
+        torch.randint(4, 40, (int(n),), generator=generator).tolist()
+        for n in torch.randint(0, 9, (7,), generator=generator)
+    ]
+    batch[1] = batch[0]  # a repeated source
+    forced = [
+        [] if b % 2 else torch.randint(4, 120, (2,), generator=generator).tolist()
+        for b in range(len(batch))
+    ]
+    frequent, per_word = 1 + seed, 1 + seed % 6
+    ids, allowed = batch_columns(shortlists, batch, frequent, per_word, forced)
+    owns = [
+        _own_columns(shortlists, src, frequent, per_word, f)
+        for src, f in zip(batch, forced, strict=True)
+    ]
+    union = set().union(*owns)
+    assert ids.tolist() == sorted(ids.tolist()) and len(set(ids.tolist())) == ids.numel()
+    assert union <= set(ids.tolist())
+    assert ids.numel() % ALIGN == 0 or ids.numel() == len(union | set(range(4, 90)))
+    for b, own in enumerate(owns):
+        assert set(ids[allowed[b]].tolist()) == own
+
+
 @pytest.mark.parametrize(
     ("state", "problem"),
     [
