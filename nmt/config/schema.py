@@ -241,6 +241,12 @@ class TrainingConfig(Section):
         "unroll (Bahdanau's, Luong's with input feeding) runs as CUDA graphs captured once per "
         "batch shape, its batches padded to a few static shapes; no effect on a CPU",
     )
+    prefetch: bool | None = Field(
+        None,
+        description="the next update's batches read from the corpus and padded on a "
+        "background thread while this update trains (null: on a GPU; on a CPU a step is long "
+        "and the thread would share its cores)",
+    )
     seed: int = Field(1, ge=0, le=2**32 - 1, description="random seed (0 to 2^32 - 1)")
     init_from: str | None = Field(
         None,

@@ -35,7 +35,7 @@ from nmt.data.batching import padding_fraction
 from nmt.data.corpus import check_files
 from nmt.data.store import TokenizedCorpus
 from nmt.errors import NMTError, WriteError
-from nmt.training.batches import device_batch, epoch_batches
+from nmt.training.batches import epoch_batches, to_device
 from nmt.training.distributed import Distributed, init_distributed, shutdown_distributed
 from nmt.training.finetune import Initial, check_initial_weights, read_initial
 from nmt.training.process import setup_process
@@ -109,6 +109,8 @@ def _train_locked(
     except BaseException:
         run.tracker.close(failed=True)
         raise
+    finally:
+        run.close()
     run.tracker.close()
 
 
@@ -153,11 +155,10 @@ def _loop(run: Run, stop: StopFlag, bar: ProgressBar) -> None:
         while reason is None and progress.batch_in_epoch + world <= len(batches):
             # world x accumulate batches (the epoch's last update: what is left, in whole
             # rounds of one batch per rank)
-            left = (len(batches) - progress.batch_in_epoch) // world * world
-            taken = min(per_update, left)
-            shard = batches[progress.batch_in_epoch : progress.batch_in_epoch + taken]
-            progress.batch_in_epoch += taken
-            result = _update(run, corpus, shard, bar, stop)
+            shard = _shard(batches, progress.batch_in_epoch, per_update, world)
+            progress.batch_in_epoch += len(shard)
+            following = _shard(batches, progress.batch_in_epoch, per_update, world)
+            result = _update(run, corpus, shard, following, bar, stop)
             reason = _stop_reason(run, result)
             applied = result.status == "applied"
             if reason or (applied and progress.step % cfg.validate_every == 0):
@@ -173,6 +174,14 @@ def _loop(run: Run, stop: StopFlag, bar: ProgressBar) -> None:
     if not progress.history or progress.history[-1]["step"] != progress.step:
         _validate_and_save(run)
     _finish(run, reason or "training.epochs done")
+
+
+def _shard(batches: list[np.ndarray], start: int, per_update: int, world: int) -> list[np.ndarray]:
+    """The batches of the update that starts at batch ``start`` of the epoch: world x
+    accumulate of them, or at the epoch's end what is left in whole rounds of one batch per
+    rank (none: the epoch is done)."""
+    left = (len(batches) - start) // world * world
+    return batches[start : start + min(per_update, left)]
 
 
 def _shaped(run: Run) -> bool:
@@ -245,17 +254,27 @@ def _finish(run: Run, reason: str) -> None:
 
 
 def _update(
-    run: Run, corpus: TokenizedCorpus, shard: list[np.ndarray], bar: ProgressBar, stop: StopFlag
+    run: Run,
+    corpus: TokenizedCorpus,
+    shard: list[np.ndarray],
+    following: list[np.ndarray],
+    bar: ProgressBar,
+    stop: StopFlag,
 ) -> StepResult:
     """One optimiser update on this rank's batches of the shard (every world-th, from its
-    rank on: one, or training.accumulate), with its bookkeeping."""
+    rank on: one, or training.accumulate), with its bookkeeping; ``following``: the next
+    update's shard (none at the epoch's end), whose batches are made meanwhile where
+    training.prefetch is on."""
     progress, window, updater = run.progress, run.window, run.updater
     lr = run.schedule.lr(progress.step + 1, progress)
     for group in updater.optimizer.param_groups:
         group["lr"] = lr
-    mine = shard[run.place.rank :: run.place.world_size]
+    rank, world = run.place.rank, run.place.world_size
     shaped, budget = progress.shaped_epoch, run.config.training.batch_tokens
-    batches = [device_batch(corpus, i, updater.device, budget, shaped) for i in mine]
+    host = run.prefetch.take(corpus, shard[rank::world], budget, shaped)
+    if following:
+        run.prefetch.ahead(corpus, following[rank::world], budget, shaped)
+    batches = [to_device(batch, updater.device) for batch in host]
     tokens = sum(int(corpus.trg_lengths[indices].sum()) for indices in shard)  # all ranks'
     result = train_step(updater, batches, tokens, run.clock, stop)
     progress.minutes = result.minutes  # agreed by every rank: the clock's share of the lr

@@ -23,6 +23,7 @@ from nmt.fast.precision import Precision, choose_precision
 from nmt.files import human_size
 from nmt.model import Seq2Seq, build_model, count_parameters
 from nmt.runtime import allow_tf32, seed_everything
+from nmt.training.batches import Prefetch
 from nmt.training.distributed import Distributed, all_reduce, broadcast_object, gather_objects
 from nmt.training.finetune import Initial, freeze, load_initial_weights
 from nmt.training.resume import read_checkpoint, restore, restore_rng, rng_state, save_checkpoints
@@ -63,6 +64,7 @@ class Run:
     saved_step: int | None = None  # the step of the run's last.pt, once it has one
     dev_alignment: DevAlignment | None = None  # data.dev_alignment, checked before training
     shortlist: Shortlist | None = None  # decoding's, from the training pairs (main rank)
+    prefetch: Prefetch = field(default_factory=lambda: Prefetch(False))  # training.prefetch
 
     @classmethod
     def build(
@@ -115,7 +117,12 @@ class Run:
             saved_step=progress.step if saved is not None else None,
             dev_alignment=dev_alignment,
             shortlist=shortlist,
+            prefetch=Prefetch(_prefetch(cfg.prefetch, device)),
         )
+
+    def close(self) -> None:
+        """What the run holds besides its files: the batches' background thread."""
+        self.prefetch.close()
 
     def save(self, is_best: bool) -> None:
         """Every rank hands in its random state; rank 0 writes the checkpoints."""
@@ -286,3 +293,9 @@ def _log_model(config: Config, updater: Updater) -> None:
         updater.precision,
         f", {place.world_size} ranks" if place.enabled else "",
     )
+
+
+def _prefetch(setting: bool | None, device: torch.device) -> bool:
+    """training.prefetch: as set, or (null) on a GPU alone, where a step is short enough for
+    the host's work on the next batches to show."""
+    return device.type == "cuda" if setting is None else setting
