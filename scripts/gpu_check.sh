@@ -6,10 +6,11 @@
 # large-{eager,graphs}.json, bench.md (the tables of every bench run), rnn.txt,
 # profile-{eager,graphs}.json (scripts/profile_step.py, Bahdanau at the bench sizes), and
 # with the decode stage decode.json (greedy and beam 5 at batch 1 and 64, and the whole
-# nmt translate --beam 5, on CUDA).
+# nmt translate --beam 5, on CUDA), with the prefetch stage prefetch.txt (nmt train's target
+# tokens/s on the demo config with training.prefetch off and on, in turn).
 #
 #   OUT=runs/gpu bash scripts/gpu_check.sh [STAGE ...]   # stages: tests bench large profile rnn
-#                                                        # decode (default: the first five)
+#                                                        # decode prefetch (default: the first five)
 #   CONFIGS=bahdanau bash scripts/gpu_check.sh bench      # scripts/bench.py --configs
 #   DECODE_MODEL=runs/demo-model.pt bash scripts/gpu_check.sh decode
 #
@@ -111,7 +112,37 @@ PY
             echo "### decode"
             $PY scripts/bench.py --report "$OUT/decode.json" --markdown 2>/dev/null
         fi >> "$OUT/bench.md" ;;
-    *) echo "unknown stage $stage (tests bench large profile rnn decode)" ;;
+    prefetch)
+        # the demo config trained in four segments of PREFETCH_STEPS updates, resumed in turn
+        # with training.prefetch false, true, false, true (one run directory: prepared once)
+        run=${PREFETCH_RUN:-runs/gpu-prefetch}
+        rm -rf "$run"
+        steps=${PREFETCH_STEPS:-300}
+        ends=()
+        for setting in false true false true; do
+            ends+=($(( (${#ends[@]} + 1) * steps )))
+            resume=(); [ ${#ends[@]} -gt 1 ] && resume=(--resume)
+            timeout 150 $PY -m nmt train configs/demo.yaml --run-dir "$run" "${resume[@]}" \
+                --quiet -O training.max_steps="${ends[-1]}" -O training.prefetch=$setting \
+                -O training.validate_every=100000 -O training.log_every=25 \
+                -O run.device="${PREFETCH_DEVICE:-cuda}" 2>&1 | tail -3
+        done
+        $PY - "$run/metrics.jsonl" "$(IFS=,; echo "${ends[*]}")" <<'PY' 2>&1 | tee "$OUT/prefetch.txt"
+import json
+import statistics
+import sys
+
+rows = [json.loads(line) for line in open(sys.argv[1]) if '"train"' in line]
+start = 0
+for end, setting in zip(map(int, sys.argv[2].split(",")), ("false", "true", "false", "true")):
+    speeds = [r["target_tokens_per_s"] for r in rows if start < r["step"] <= end][1:]
+    if speeds:  # each segment's first window holds its start-up (graph captures)
+        print(f"updates {start + 1}-{end}, training.prefetch={setting}: median "
+              f"{statistics.median(speeds):,.0f} target tokens/s over {len(speeds)} windows")
+    start = end
+PY
+        ;;
+    *) echo "unknown stage $stage (tests bench large profile rnn decode prefetch)" ;;
     esac
 done
 echo "== done"
