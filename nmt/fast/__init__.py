@@ -7,7 +7,7 @@ keep it and call its seams, never a global switch. Its fields are the choices:
   for CPU tensors in a module's training mode, where their gain is (the backward pass);
   evaluation and search take the plain path, but for ``native_kernels``' two search kernels.
 - ``native_kernels``: whether those CPU paths run the RNN's time steps and the loss's softmax,
-  and search its log-softmax and top-k, as nmt's compiled C kernels (``fast.compiled``; torch
+  and search its log-softmax, top-k and decoder RNN's gates, as nmt's compiled C kernels (``fast.compiled``; torch
   ops where no C compiler works). Its
   default is on unless the environment says ``NMT_NATIVE_KERNELS=0``, read when the
   ``FastPaths`` is made, i.e. when the model is built; no other code decides by that
@@ -30,7 +30,7 @@ keep it and call its seams, never a global switch. Its fields are the choices:
 | ``step_products`` | ``fast.sinks.SinkProducts`` | ``fast.sinks.Products`` | fused, training |
 | ``step_linear`` | ``fast.sinks.WeightSink`` | the ``nn.Linear`` | fused, training |
 | ``step_rnn`` | ``fast.cells.rnn_step`` (capturable) | the module's call | graphs, training |
-| ``input_gate_table`` | ``fast.cells.input_gate_table``, then ``step_rnn``'s ``rnn_step`` | the module's call | input_gates, a Translator's search in float32 |
+| ``input_gate_table`` | ``fast.cells.input_gate_table``, then ``step_rnn``'s ``rnn_step`` (each layer's gates as ``fast.compiled.rnn_cell``: native_kernels, evaluation without gradients, CPU, float32) | the module's call | input_gates, a Translator's search in float32 |
 | ``output_loss`` | ``fast.loss.OutputLayerLoss`` (compiled kernel: cpu_kernels, native_kernels, training, CPU) | ``F.cross_entropy`` | fused |
 | ``log_softmax`` | ``fast.compiled.log_softmax_`` (in place, the mask inside) | ``masked_fill``, ``F.log_softmax`` | native_kernels, evaluation, CPU, float32 |
 
@@ -103,7 +103,8 @@ class FastPaths:
         (B, 1, H), the next state. With ``first_gates`` (search: ``input_gate_table``), the
         first layer's gates of the embedding, and inputs the rest (B, 1, I - E) or None."""
         if first_gates is not None:
-            return cells.rnn_step(rnn, inputs, state, first_gates)
+            native = self.native_kernels and not training and not torch.is_grad_enabled()
+            return cells.rnn_step(rnn, inputs, state, first_gates, native=native)
         assert inputs is not None
         if self.graphs and training:
             return cells.rnn_step(rnn, inputs, state)

@@ -34,19 +34,26 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.fast import compiled
 from nmt.runtime import compute_dtype
 
 RNNState = Tensor | tuple[Tensor, Tensor]
 
 
 def rnn_step(
-    rnn: nn.RNNBase, inputs: Tensor | None, state: RNNState, first_gates: Tensor | None = None
+    rnn: nn.RNNBase,
+    inputs: Tensor | None,
+    state: RNNState,
+    first_gates: Tensor | None = None,
+    native: bool = False,
 ) -> tuple[Tensor, RNNState]:
     """One step of a unidirectional batch-first ``nn.GRU``/``nn.LSTM``: inputs (B, 1, I),
     state (L, B, H) (a tuple (h, c) for an LSTM) -> output (B, 1, H), the next state, as the
     module's call on one position returns them. With ``first_gates`` (B, G*H), the first
     layer's input gates of its first I - I' inputs with their bias (``input_gate_table``), inputs
-    are the last I' (B, 1, I') alone, or None where I' = 0."""
+    are the last I' (B, 1, I') alone, or None where I' = 0. With ``native`` (a pass without
+    gradients), each layer's gates go through one compiled kernel (``compiled.rnn_cell``)
+    where it can take them, not about ten torch ops."""
     if rnn.bidirectional or getattr(rnn, "proj_size", False):
         raise ValueError("rnn_step: a unidirectional RNN without projections")
     lstm = isinstance(rnn, nn.LSTM)
@@ -70,12 +77,16 @@ def rnn_step(
                 assert x is not None
                 gates_x = _product(x, w_ih, b_ih, compute, weights)  # (B, G*H)
             gates_h = _product(h, w_hh, b_hh, compute, weights)
-            if lstm:
-                assert cell is not None
-                h, c = _lstm_gates(gates_x + gates_h, cell[layer].to(weights))
-                cells.append(c)
+            c = cell[layer].to(weights) if cell is not None else None
+            done = compiled.rnn_cell(gates_x, gates_h, h, c) if native else None
+            if done is not None:
+                h, c = done
+            elif c is not None:
+                h, c = _lstm_gates(gates_x + gates_h, c)
             else:
                 h = _gru_gates(gates_x, gates_h, h)
+            if c is not None:
+                cells.append(c)
             hiddens.append(h)
             x = h
             if layer < rnn.num_layers - 1 and rnn.training and rnn.dropout > 0:

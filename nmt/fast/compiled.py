@@ -76,6 +76,8 @@ def _signatures() -> dict[str, list[type]]:
 _DECODING: dict[str, list[type]] = {
     "log_softmax": [_PTR, _I64, _I64, _PTR, _I32],
     "top_k": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I32],
+    "gru_cell": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I32],  # gx, gh, h, h_out, B, H
+    "lstm_cell": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I32],  # gx, gh, c, h_out, c_out
 }
 TOP_K_MAX = 128  # a larger k: torch's top-k (each value that enters shifts up to k others)
 
@@ -293,3 +295,48 @@ def top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor] | None:
     threads = torch.get_num_threads()
     lib.nmt_top_k_f32(values.data_ptr(), rows, vocab, k, best.data_ptr(), at.data_ptr(), threads)
     return best, at
+
+
+def rnn_cell(
+    gates_x: Tensor, gates_h: Tensor, h: Tensor, c: Tensor | None
+) -> tuple[Tensor, Tensor | None] | None:
+    """One step of a GRU (c None) or LSTM layer without gradients (kernels.c's
+    ``nmt_gru_cell_f32`` / ``nmt_lstm_cell_f32``): the input gates W_i x + b_i and the
+    recurrent gates W_h h + b_h (B, G*H), the state h and (LSTM) c (B, H) -> h' and c' (None
+    for a GRU), new tensors; None where the kernel cannot run them (not all float32
+    contiguous CPU tensors, or no library)."""
+    tensors = [gates_x, gates_h, h] if c is None else [gates_x, gates_h, h, c]
+    for tensor in tensors:
+        if tensor.device.type != "cpu" or tensor.dtype != torch.float32:
+            return None
+        if not tensor.is_contiguous():
+            return None
+    lib = library()
+    if lib is None:
+        return None
+    batch, hidden = h.shape
+    threads = torch.get_num_threads()
+    h_out = torch.empty_like(h)
+    if c is None:
+        lib.nmt_gru_cell_f32(
+            gates_x.data_ptr(),
+            gates_h.data_ptr(),
+            h.data_ptr(),
+            h_out.data_ptr(),
+            batch,
+            hidden,
+            threads,
+        )
+        return h_out, None
+    c_out = torch.empty_like(c)
+    lib.nmt_lstm_cell_f32(
+        gates_x.data_ptr(),
+        gates_h.data_ptr(),
+        c.data_ptr(),
+        h_out.data_ptr(),
+        c_out.data_ptr(),
+        batch,
+        hidden,
+        threads,
+    )
+    return h_out, c_out

@@ -1,6 +1,7 @@
 /* nmt's fused CPU kernels: the elementwise work of one RNN time step (GRU and LSTM, forward
- * and backward, all directions at once) in one pass over its tensors, where torch runs a small
- * op for each operation. nmt.fast.compiled compiles this file with the machine's C compiler on
+ * and backward, all directions at once; and a search step's, without gradients) in one pass
+ * over its tensors, where torch runs a small op for each operation; and search's log-softmax
+ * and top-k. nmt.fast.compiled compiles this file with the machine's C compiler on
  * first use and calls it through ctypes; nmt.fast.gru and nmt.fast.lstm run torch ops instead
  * where no compiler is found or their model's FastPaths says so.
  *
@@ -440,4 +441,52 @@ void nmt_top_k_f32(const float *x, int64_t rows, int64_t V, int64_t k, float *va
                    int64_t *indices, int32_t threads) {
     _Pragma("omp parallel for schedule(static) num_threads(threads) if (rows * V >= MIN_PARALLEL)")
     for (int64_t n = 0; n < rows; n++) row_top_k(x + n * V, V, k, values + n * k, indices + n * k);
+}
+
+/* ------------------------------------------------------------------------------ inference */
+
+/* One step of an RNN layer in a pass without gradients (a search's decoder step), float32
+ * throughout, one direction:
+ *   gx (B, G*H), W_i x + b_i; gh (B, G*H), W_h h + b_h; h (B, H) (and the LSTM's c), the
+ *   state before the step, all contiguous
+ * -> h_out (B, H) (and c_out), contiguous, apart from h and c: the state after the step.
+ * GRU: r = s(x_r + h_r)  z = s(x_z + h_z)  n = tanh(x_n + r * h_n)  h' = n + z (h - n)
+ * LSTM: i, f, o = s(x + h)  g = tanh(x_g + h_g)  c' = f c + i g  h' = o tanh(c')          */
+
+static NOINLINE void gru_cell_row(const float *restrict gx, const float *restrict gh,
+                                  const float *restrict hp, float *restrict ho, int64_t H) {
+    for (int64_t j = 0; j < H; j++) {
+        float r = sigmoid(gx[j] + gh[j]);
+        float z = sigmoid(gx[H + j] + gh[H + j]);
+        float n = tanh_approx(gx[2 * H + j] + r * gh[2 * H + j]);
+        ho[j] = n + z * (hp[j] - n);
+    }
+}
+
+void nmt_gru_cell_f32(const float *gx, const float *gh, const float *h, float *h_out, int64_t B,
+                      int64_t H, int32_t threads) {
+    _Pragma("omp parallel for schedule(static) num_threads(threads) if (B * H >= MIN_PARALLEL)")
+    for (int64_t b = 0; b < B; b++)
+        gru_cell_row(gx + b * 3 * H, gh + b * 3 * H, h + b * H, h_out + b * H, H);
+}
+
+static NOINLINE void lstm_cell_row(const float *restrict gx, const float *restrict gh,
+                                   const float *restrict cp, float *restrict ho,
+                                   float *restrict co, int64_t H) {
+    for (int64_t j = 0; j < H; j++) {
+        float i = sigmoid(gx[j] + gh[j]);
+        float f = sigmoid(gx[H + j] + gh[H + j]);
+        float g = tanh_approx(gx[2 * H + j] + gh[2 * H + j]);
+        float o = sigmoid(gx[3 * H + j] + gh[3 * H + j]);
+        float c = f * cp[j] + i * g;
+        co[j] = c;
+        ho[j] = o * tanh_approx(c);
+    }
+}
+
+void nmt_lstm_cell_f32(const float *gx, const float *gh, const float *c, float *h_out,
+                       float *c_out, int64_t B, int64_t H, int32_t threads) {
+    _Pragma("omp parallel for schedule(static) num_threads(threads) if (B * H >= MIN_PARALLEL)")
+    for (int64_t b = 0; b < B; b++)
+        lstm_cell_row(gx + b * 4 * H, gh + b * 4 * H, c + b * H, h_out + b * H, c_out + b * H, H);
 }
