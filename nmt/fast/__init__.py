@@ -5,10 +5,10 @@ keep it and call its seams, never a global switch. Its fields are the choices:
 
 - ``cpu_kernels`` (the config's ``run.fast_kernels``): nmt's own CPU training paths. They run
   for CPU tensors in a module's training mode, where their gain is (the backward pass);
-  evaluation and search take the plain path, but for ``native_kernels``' two search kernels.
+  evaluation and search take the plain path, but for ``native_kernels``' search kernels.
 - ``native_kernels``: whether those CPU paths run the RNN's time steps and the loss's softmax,
-  and search its log-softmax, top-k and decoder RNN's gates, as nmt's compiled C kernels (``fast.compiled``; torch
-  ops where no C compiler works). Its
+  and search its log-softmax, top-k and decoder RNN's gates, as nmt's compiled C kernels
+  (``fast.compiled``; torch ops where no C compiler works). Its
   default is on unless the environment says ``NMT_NATIVE_KERNELS=0``, read when the
   ``FastPaths`` is made, i.e. when the model is built; no other code decides by that
   variable (``compiled.status()`` reports the default for the run's record).

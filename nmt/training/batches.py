@@ -75,10 +75,6 @@ class Prefetch:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="nmt-batches") if enabled else None
         self._ahead: tuple[tuple[Any, ...], Future[list[Batch]]] | None = None
 
-    @property
-    def enabled(self) -> bool:
-        return self._pool is not None
-
     def ahead(
         self, corpus: Corpus, shard: Sequence[np.ndarray], batch_tokens: int, shaped: bool
     ) -> None:
