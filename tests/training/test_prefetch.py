@@ -128,7 +128,7 @@ def test_the_setting_and_its_default() -> None:
 def test_a_run_with_prefetch_trains_as_one_without(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """accumulate 2, three epochs with sampled segmentations (a new corpus each epoch): the
+    """accumulate 2, two epochs with sampled segmentations (a new corpus each epoch): the
     same weights and logged losses to the bit, the batches after each update's first made on
     the background thread."""
     threads: list[str] = []
@@ -145,7 +145,7 @@ def test_a_run_with_prefetch_trains_as_one_without(
         root.mkdir()
         config = tiny_config(corpus)
         config["training"].update(
-            {"accumulate": 2, "epochs": 3, "max_steps": 30, "log_every": 1, "validate_every": 10}
+            {"accumulate": 2, "epochs": 2, "max_steps": 30, "log_every": 1, "validate_every": 10}
         )
         config["tokenizer"].update({"type": "unigram", "sampling_alpha": 0.2})
         config["run"] = {"dir": str(root / "run"), "device": "cpu"}
@@ -158,14 +158,14 @@ def test_a_run_with_prefetch_trains_as_one_without(
         if setting == "false":
             assert on_thread == 0
         else:  # all but the first update of each epoch
-            assert on_thread >= len(threads) - 3 * 2 > 0
+            assert on_thread >= len(threads) - 2 * 2 > 0
     off, on = (checkpoint.load(runs[s] / "last.pt") for s in ("false", "true"))
-    assert off["progress"]["epoch"] == on["progress"]["epoch"] >= 2
+    assert off["progress"]["epoch"] == on["progress"]["epoch"] >= 1
     assert off["progress"]["step"] == on["progress"]["step"]
     for name, weight in off["model"].items():
         assert torch.equal(on["model"][name], weight), name
     logged = [_metrics(runs[s] / "metrics.jsonl") for s in ("false", "true")]
-    assert len(logged[0]) >= 20 and logged[0] == logged[1]
+    assert len(logged[0]) >= 15 and logged[0] == logged[1]
 
 
 def _metrics(path: Path) -> list[dict[str, object]]:
