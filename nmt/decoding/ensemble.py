@@ -151,6 +151,7 @@ class Ensemble:
                 state = model.decoder.reorder(state, index)
                 shared = model.decoder.attention.shares_beams
                 memory = memory.shared(repeat) if shared else memory.index_select(index)
+                memory = model.decoder.for_search(memory)  # e.g. Luong's folded W_c
             memories.append(memory)
             states.append(state)
         allowed = None

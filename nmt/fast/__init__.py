@@ -18,6 +18,9 @@ keep it and call its seams, never a global switch. Its fields are the choices:
 - ``input_gates``: search looks the embedding's part of a step-by-step decoder's first RNN
   gates up in a table (``fast.cells.input_gate_table``) instead of multiplying it, on every
   device; a Translator makes the table once for its models.
+- ``folded_context``: a beam search with a Luong decoder over a memory its beams share
+  multiplies W_c's context half into the values once per batch
+  (``LuongDecoder.for_search``), not into every hypothesis's context at every step.
 - ``graphs``: the teacher-forced unroll of a step-by-step decoder is graph-ready: its RNN steps
   through matmuls (``fast.cells``), and the model captures the unroll as CUDA graphs
   (``fast.graphs``) on a GPU. Set for CUDA training by ``training.cuda_graphs``.
@@ -63,11 +66,18 @@ class FastPaths:
     native_kernels: bool = field(default_factory=compiled.enabled_by_default)
     graphs: bool = False
     input_gates: bool = True
+    folded_context: bool = True
 
     @classmethod
     def plain(cls) -> FastPaths:
         """Plain PyTorch everywhere: the reference the fast paths are tested against."""
-        return cls(cpu_kernels=False, fused=False, native_kernels=False, input_gates=False)
+        return cls(
+            cpu_kernels=False,
+            fused=False,
+            native_kernels=False,
+            input_gates=False,
+            folded_context=False,
+        )
 
     def _cpu(self, tensor: Tensor, training: bool) -> bool:
         return self.cpu_kernels and training and tensor.device.type == "cpu"

@@ -40,7 +40,9 @@ class Memory:
     values: (B, S, Hk) encoder outputs; keys: (B, S, A) projected keys ((B, h, S, Hk/h) for
     multihead); mask: (B, S) True at real positions; projected_values: multihead's per-head
     values (B, h, S, Hk/h), else None; coverage_terms: the coverage update's terms of h_j
-    alone (``nmt.model.coverage``), else None; products: how ``with_keys`` and
+    alone (``nmt.model.coverage``), else None; folded: the values times a Luong decoder's
+    W_c context half (B, S, H), made once for a beam search's shared memory
+    (``LuongDecoder.for_search``), else None; products: how ``with_keys`` and
     ``with_values`` multiply (``FastPaths.step_products``).
 
     beams: the query rows per sentence (``shared``, beam search), whose memory is held once
@@ -56,6 +58,7 @@ class Memory:
     coverage_terms: Tensor | None = None
     products: Products = PLAIN_PRODUCTS
     beams: int = 1
+    folded: Tensor | None = None
 
     def with_keys(self, query: Tensor) -> Tensor:
         """q_t^T k_s for every query and key: (B, T, A) -> (B, T, S); the beams of a
@@ -90,7 +93,7 @@ class Memory:
     def index_select(self, index: Tensor) -> Memory:
         """The memory of the rows ``index`` (B',): beams in search. Shared (``beams`` > 1),
         ``index`` holds whole sentences' rows, in order (search drops whole sentences)."""
-        projected, terms = self.projected_values, self.coverage_terms
+        projected, terms, folded = self.projected_values, self.coverage_terms, self.folded
         if self.beams > 1:
             index = index[:: self.beams] // self.beams  # (B'/beams,) their sentences
         return Memory(
@@ -100,6 +103,7 @@ class Memory:
             projected[index] if projected is not None else None,
             terms[index] if terms is not None else None,
             beams=self.beams,
+            folded=folded[index] if folded is not None else None,
         )
 
 

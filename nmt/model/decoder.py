@@ -108,6 +108,11 @@ class Decoder(nn.Module, ABC):
             return None
         return self.fast.input_gate_table(self.embed, rnn)
 
+    def for_search(self, memory: Memory) -> Memory:
+        """The memory a search steps over, once per batch; a decoder may prepare more of it
+        (``LuongDecoder.for_search``)."""
+        return memory
+
     def reorder(self, state: DecoderState, index: Tensor) -> DecoderState:
         """The state of the hypotheses ``index`` (B',): beams kept and repeated in search."""
         return state.index_select(index)

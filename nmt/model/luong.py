@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -61,6 +61,18 @@ class LuongDecoder(Decoder):
         feed = hidden.new_zeros(hidden.size(1), self.hidden_size) if self.input_feeding else None
         return LuongState(hidden, cell, 0, feed=feed)
 
+    def for_search(self, memory: Memory) -> Memory:
+        """Beam search over a memory its beams share (``Memory.shared``): with W_c = [W_cc
+        W_ch] split at the context's width, W_c [c_t; h_t] = sum_s a_t(s) (W_cc h_s) +
+        W_ch h_t, so W_cc multiplies each sentence's values once here (``Memory.folded``),
+        not each hypothesis's context at every step (``FastPaths.folded_context``). Greedy
+        search's rows are not shared, and there the product would cost as much as it saves."""
+        if not self.fast.folded_context or memory.beams == 1 or memory.projected_values is not None:
+            return memory
+        width = memory.values.size(-1)
+        w_cc = self.combine.weight[:, :width]  # (H, Hk)
+        return replace(memory, folded=memory.values @ w_cc.t())  # (B, S, H)
+
     def _attend(
         self,
         outputs: Tensor,
@@ -70,7 +82,14 @@ class LuongDecoder(Decoder):
         coverage: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """h_t: (B, T, H), positions t: (T,), coverage -> h~_t (B, T, H), alphas (B, T, S),
-        coverage."""
+        coverage. Over a folded memory (``for_search``) the context is W_cc c_t already."""
+        if memory.folded is not None:
+            width = memory.values.size(-1)
+            folded = replace(memory, values=memory.folded, folded=None)
+            context, alphas, coverage = self.attention.attend(outputs, folded, positions, coverage)
+            w_ch = self.combine.weight[:, width:]  # (H, H)
+            attentional = torch.tanh(context + outputs @ w_ch.t())  # (B, T, H)
+            return self.dropout(attentional), alphas, coverage
         context, alphas, coverage = self.attention.attend(outputs, memory, positions, coverage)
         attentional = torch.tanh(combine(torch.cat([context, outputs], dim=-1)))  # (B, T, H)
         return self.dropout(attentional), alphas, coverage

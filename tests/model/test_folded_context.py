@@ -1,0 +1,108 @@
+"""A beam search's folded W_c (``LuongDecoder.for_search``, ``FastPaths.folded_context``):
+over a memory its beams share, Luong's step with W_c's context half multiplied into the
+values once equals the step that multiplies every context, in float64, for every score that
+shares the beams' memory, with and without input feeding, padding in the source and
+sentences dropped; the memories it leaves alone; and beam search's hypotheses with it and
+without."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from nmt.config import DecodingConfig, from_dict
+from nmt.data.batching import pad
+from nmt.decoding.ensemble import Ensemble
+from nmt.decoding.search import beam_search
+from nmt.model import Seq2Seq, build_model
+
+VOCAB, BEAMS = 17, 3
+
+
+def _model(score: str, feeding: bool, folded: bool = True) -> Seq2Seq:
+    raw = {
+        "embedding_size": 5,
+        "encoder": {"hidden_size": 4},  # bidirectional: values 8 wide, as the decoder's h
+        "decoder": {"style": "luong", "hidden_size": 8, "input_feeding": feeding},
+        "attention": {"score": score},
+    }
+    torch.manual_seed(len(score) + feeding)
+    model = build_model(from_dict({"model": raw}).model, VOCAB, VOCAB).double().eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.3 * torch.randn_like(param))
+    model.decoder.fast = replace(model.decoder.fast, folded_context=folded)
+    return model
+
+
+def _source() -> tuple[torch.Tensor, torch.Tensor]:
+    rows = [[5, 9, 4, 11, 6], [7, 8], [12, 4, 13]]
+    return pad(rows), torch.tensor([len(r) for r in rows])
+
+
+@pytest.mark.parametrize("score", ["dot", "scaled_dot", "general", "cosine"])
+@pytest.mark.parametrize("feeding", [False, True])
+def test_the_folded_step_is_the_step(score: str, feeding: bool) -> None:
+    model = _model(score, feeding)
+    src, lengths = _source()
+    index = torch.arange(3).repeat_interleave(BEAMS)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        memory, state = model.encode(src, lengths)
+        shared = memory.shared(BEAMS)
+        folded = model.decoder.for_search(shared)
+        assert folded.folded is not None and shared.folded is None
+        state = model.decoder.reorder(state, index)
+        states = {"plain": state, "folded": state}
+        memories = {"plain": shared, "folded": folded}
+        for step in range(4):
+            if step == 2:  # sentence 1 is done: rows of sentences 0 and 2 stay
+                kept = torch.tensor([0, 1, 2, 6, 7, 8])
+                memories = {k: m.index_select(kept) for k, m in memories.items()}
+                states = {k: s.index_select(kept) for k, s in states.items()}
+                assert memories["folded"].folded is not None
+            rows = memories["plain"].row_mask.size(0)
+            prev = torch.randint(4, VOCAB, (rows,), generator=generator)
+            out = {}
+            for kind in ("plain", "folded"):
+                features, alphas, states[kind] = model.decoder.step(
+                    prev, memories[kind], states[kind]
+                )
+                out[kind] = (features, alphas)
+            torch.testing.assert_close(out["folded"][0], out["plain"][0], rtol=0, atol=1e-12)
+            torch.testing.assert_close(out["folded"][1], out["plain"][1], rtol=0, atol=1e-12)
+
+
+def test_what_it_leaves_alone() -> None:
+    """Greedy search's memory (one row per sentence), a memory copied per beam (a score
+    that does not share it: additive), and the plain path's."""
+    src, lengths = _source()
+    with torch.no_grad():
+        model = _model("general", False)
+        memory, _ = model.encode(src, lengths)
+        assert model.decoder.for_search(memory) is memory
+        plain = _model("general", False, folded=False)
+        shared = plain.encode(src, lengths)[0].shared(BEAMS)
+        assert plain.decoder.for_search(shared) is shared
+        additive = _model("additive", False)
+        copied = additive.encode(src, lengths)[0].index_select(torch.arange(3).repeat(2))
+        assert additive.decoder.for_search(copied) is copied
+
+
+@pytest.mark.parametrize("feeding", [False, True])
+def test_beam_search_finds_the_same_hypotheses(feeding: bool) -> None:
+    """3 best of beam 4 with a length penalty, float64: the same tokens, scores to
+    round-off, with the fold and without."""
+    src, lengths = _source()
+    decoding = DecodingConfig(beam_size=4, length_penalty=0.8, max_len_ratio=2.0)
+    results = []
+    for folded in (True, False):
+        model = _model("general", feeding, folded=folded)
+        results.append(beam_search(Ensemble([model]), src, lengths, decoding, n_best=3))
+    for got, want in zip(*results, strict=True):
+        assert [h.tokens for h in got] == [h.tokens for h in want]
+        for g, w in zip(got, want, strict=True):
+            assert g.score == pytest.approx(w.score, rel=1e-10, abs=1e-12)
+    assert len({len(h.tokens) for hyps in results[0] for h in hyps}) > 1
