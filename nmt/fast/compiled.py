@@ -304,16 +304,12 @@ def rnn_cell(
     ``nmt_gru_cell_f32`` / ``nmt_lstm_cell_f32``): the input gates W_i x + b_i and the
     recurrent gates W_h h + b_h (B, G*H), the state h and (LSTM) c (B, H) -> h' and c' (None
     for a GRU), new tensors; None where the kernel cannot run them (not all float32
-    contiguous CPU tensors, or no library)."""
+    contiguous 2-D CPU tensors, or no library: ``_decoding_library``)."""
     tensors = [gates_x, gates_h, h] if c is None else [gates_x, gates_h, h, c]
-    for tensor in tensors:
-        if tensor.device.type != "cpu" or tensor.dtype != torch.float32:
-            return None
-        if not tensor.is_contiguous():
-            return None
-    lib = library()
-    if lib is None:
+    if any(_decoding_library(tensor) is None for tensor in tensors):
         return None
+    lib = library()
+    assert lib is not None
     batch, hidden = h.shape
     threads = torch.get_num_threads()
     h_out = torch.empty_like(h)
