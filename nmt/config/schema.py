@@ -306,6 +306,12 @@ class DecodingConfig(Section):
     shortlist_per_word: int = Field(
         100, ge=1, le=100, description="shortlist: translations taken per source piece"
     )
+    device_loop: bool | None = Field(
+        None,
+        description="beam search reads nothing from the device until a batch ends: every "
+        "sentence keeps its beams to the end, and the host learns that all are done without "
+        "waiting (null: on a GPU; prefixes and constraints read every step)",
+    )
     workers: int | Literal["auto"] = Field(
         "auto",
         description="on a CPU, batches decoded at once, each in a thread with its share of "

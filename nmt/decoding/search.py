@@ -4,8 +4,11 @@ that keeps the step contract, ``nmt.decoding.ensemble.Stepper``), with or withou
 penalty, target prefixes and lexical constraints (nmt.decoding.steering).
 
 Beam search keeps sentences x beams in one (B*K) batch: the encoder runs once, the keys are
-projected once, finished hypotheses are set aside with their score, sentences that are done
-leave the batch (``kept_rows``), and the loop ends when every sentence is done. A finished hypothesis Y of source x scores (Wu et al. 2016, eq. 14)
+projected once, finished hypotheses are set aside with their score on the device
+(``nmt.decoding.finished``), sentences that are done leave the batch (``kept_rows``), and
+the loop ends when every sentence is done; on a GPU the loop reads nothing from the device
+until its end and keeps every row (``decoding.device_loop``). A finished hypothesis Y of
+source x scores (Wu et al. 2016, eq. 14)
 
     s(Y, x) = log P(Y | x) / lp(Y) + cp(x; Y)
     lp(Y) = ((5 + |Y|) / 6)^alpha
@@ -30,6 +33,7 @@ from torch import Tensor
 from nmt.config import DecodingConfig
 from nmt.decoding.constraints import ConstraintState
 from nmt.decoding.ensemble import Stepper, stepper
+from nmt.decoding.finished import DoneFlag, Finished
 from nmt.decoding.steering import (
     Steering,
     constrained_beams,
@@ -231,56 +235,59 @@ def _top_candidates(
 @dataclass
 class _Step:
     """One step's candidates (each (B, 2K)), attention (B*K, S) and the finished
-    hypotheses' coverage penalty per row (B*K,), or None."""
+    hypotheses' coverage penalty per row (B*K,) in float64, or None."""
 
     scores: Tensor
     origins: Tensor
     tokens: Tensor
     alphas: Tensor | None
-    penalties: list[float] | None
+    penalties: Tensor | None
 
 
 def _finalise(
-    finished: list[list[Hypothesis]],
+    finished: Finished,
     beams: _Beams,
     step: _Step,
-    done: list[bool],
+    done: Tensor,
+    length: int,
     alpha: float,
+    every_step: bool,
 ) -> None:
-    """Set aside candidates that end in EOS among each sentence's top K (still open only)."""
+    """Set aside candidates that end in EOS among each open sentence's top K, with their
+    score s(Y, x) in float64; ``every_step``: add them without first reading whether any
+    ended (the device loop)."""
     beam_size = beams.scores.size(1)
     top_scores, top_tokens = step.scores[:, :beam_size], step.tokens[:, :beam_size]
-    is_eos = (top_tokens == EOS_ID) & torch.isfinite(top_scores)
-    length = beams.tokens.size(1) + 1
-    penalty = length_penalty(length, alpha)
-    for b, k in is_eos.nonzero().tolist():
-        if done[b]:
-            continue
-        source = b * beam_size + int(step.origins[b, k])
-        alphas = None
-        if beams.alphas is not None and step.alphas is not None:
-            alphas = torch.cat([beams.alphas[source], step.alphas[source : source + 1]], dim=0)
-        log_prob = float(step.scores[b, k])
-        score = log_prob / penalty
-        if step.penalties is not None:
-            score += step.penalties[source]
-        finished[b].append(Hypothesis(beams.tokens[source].tolist(), score, alphas, log_prob))
+    is_eos = (top_tokens == EOS_ID) & torch.isfinite(top_scores) & ~done[:, None]  # (N, K)
+    if not every_step and not bool(is_eos.any()):
+        return
+    sentences = torch.arange(top_scores.size(0), device=top_scores.device)[:, None]
+    sources = sentences * beam_size + step.origins[:, :beam_size]  # (N, K) their rows
+    log_prob = top_scores.double()
+    score = log_prob / length_penalty(length, alpha)
+    if step.penalties is not None:
+        score = score + step.penalties[sources]
+    alphas = None  # (N, K, length, S)
+    if beams.alphas is not None and step.alphas is not None:
+        alphas = torch.cat([beams.alphas[sources], step.alphas[sources].unsqueeze(2)], dim=2)
+    finished.add(
+        score.masked_fill(~is_eos, -math.inf), log_prob, length, beams.tokens[sources], alphas
+    )
 
 
-def _is_done(
-    finished: list[Hypothesis],
-    best_alive: float,
+def _now_done(
+    finished: Finished,
+    alive_scores: Tensor,
     length: int,
-    limit: int,
+    limit: Tensor,
     beam_size: int,
     alpha: float,
-) -> bool:
-    if length >= limit:
-        return True
-    if len(finished) < beam_size:
-        return False
-    best_finished = max(h.score for h in finished)
-    return best_finished >= best_alive / length_penalty(length, alpha)
+) -> Tensor:
+    """(N,) the sentences done after this step: at their length limit, or with K finished
+    of which the best scores at least the best alive hypothesis over the length penalty
+    (which only falls as log P does)."""
+    beaten = finished.best() >= alive_scores[:, 0].double() / length_penalty(length, alpha)
+    return (limit <= length) | ((finished.count >= beam_size) & beaten)
 
 
 @torch.no_grad()
@@ -298,6 +305,11 @@ def beam_search(
     ``steering``: per-sentence prefixes and constraints. A constrained sentence for which
     no hypothesis meets every constraint within its length limit (possible only when
     ``no_repeat_ngram`` blocks a constraint) gets an empty list.
+
+    The finished hypotheses and the stopping rule live on the device (``Finished``). The
+    loop reads once a step which sentences are done, and drops them (``kept_rows``); with
+    ``decoding.device_loop`` (a GPU's default) it reads nothing until the end and keeps
+    every row (``runs_on_device``).
     """
     beam_size, alpha = decoding.beam_size, decoding.length_penalty
     if steering is not None and steering.constrained and beam_size == 1:
@@ -308,71 +320,100 @@ def beam_search(
         return [[h] for h in hyps]
     scorer = stepper(model)
     batch, device = src.size(0), src.device
+    flag = DoneFlag(device) if runs_on_device(decoding, device, steering) else None
     limits = search_limits(src_lengths, decoding.max_len_ratio, decoding.max_len_offset, steering)
     state = scorer.encode(src, src_lengths, repeat=beam_size)
     beams = _first_beams(src, decoding, return_attention, steering)
-    live = _Live(list(range(batch)), limits, [False] * batch, steering)
+    live = _Live.first(limits, steering, device)
     row_lengths = src_lengths.repeat_interleave(beam_size)
     prev = torch.full((batch * beam_size,), BOS_ID, dtype=torch.long, device=device)
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    while not all(live.done):
-        length = beams.tokens.size(1) + 1
+    finished = Finished(batch, max(beam_size, n_best), src.size(1), return_attention, device)
+    for length in range(1, max(limits) + 1):
         log_probs, step_alphas, state = scorer.step(prev, state)  # (N*K, V), (N*K, S)
-        _restrict(log_probs, beams, decoding, live.steering, live.limits, length)
+        _restrict(log_probs, beams, decoding, live, length, flag is not None)
         scores, origins, tokens = _top_candidates(
             beams, log_probs, beam_size, scorer.native_kernels
         )
         kept = None  # this step's attention, when a hypothesis keeps it or sums it
         if beams.alphas is not None or beams.coverage is not None:
             kept = step_alphas.float()
-        penalties = None
+        penalties = None  # (N*K,) float64: each row's coverage penalty, were it to end here
         if beams.coverage is not None and kept is not None:
             coverage = beams.coverage + kept
-            penalties = coverage_penalty(coverage, row_lengths, decoding.coverage_penalty).tolist()
+            penalties = coverage_penalty(coverage, row_lengths, decoding.coverage_penalty).double()
         step = _Step(scores, origins, tokens, kept, penalties)
-        _finalise([finished[b] for b in live.sentences], beams, step, live.done, alpha)
+        _finalise(finished, beams, step, live.done, length, alpha, every_step=flag is not None)
         alive_scores, origins, tokens, constraint_states = _next_alive(
             beams, log_probs, step, live.limits, length
         )
-        present = len(live.sentences)
+        present = len(live.limits)
         flat = (torch.arange(present, device=device)[:, None] * beam_size + origins).view(-1)
         state = scorer.reorder(state, flat)
         beams = _advance(beams, step, alive_scores, flat, tokens, constraint_states)
         prev = tokens.view(-1)
-        best_alive = alive_scores[:, 0].tolist()
-        for i, b in enumerate(live.sentences):
-            if not live.done[i]:
-                live.done[i] = _is_done(
-                    finished[b], best_alive[i], length, live.limits[i], beam_size, alpha
-                )
-        keep = kept_rows(live.done, beam_size) if not all(live.done) else None
-        beams.scores.masked_fill_(torch.tensor(live.done, device=device)[:, None], -math.inf)
+        live.done |= _now_done(finished, alive_scores, length, live.limit, beam_size, alpha)
+        beams.scores.masked_fill_(live.done[:, None], -math.inf)
+        if flag is not None:  # the device loop: nothing read, every row kept
+            if flag.all_done(live.done):
+                break
+            continue
+        done = live.done.tolist()
+        if all(done):
+            break
+        keep = kept_rows(done, beam_size)
         if keep is not None:
             index = torch.tensor(keep, device=device)
             rows = (index[:, None] * beam_size + torch.arange(beam_size, device=device)).view(-1)
             state = scorer.select(state, rows)
             beams = beams.select(index, rows)
             prev, row_lengths = prev[rows], row_lengths[rows]
-            live = live.subset(keep)
-    return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
+            live = live.subset(keep, index)
+            finished.select(keep)
+    return [
+        [
+            Hypothesis(tokens, score, alphas[f] if alphas is not None else None, log_prob)
+            for f, (score, log_prob, tokens) in enumerate(
+                zip(scores, log_probs, token_lists, strict=True)
+            )
+        ]
+        for scores, log_probs, token_lists, alphas in finished.hypotheses(n_best)
+    ]
+
+
+def runs_on_device(
+    decoding: DecodingConfig, device: torch.device, steering: Steering | None
+) -> bool:
+    """Whether a beam search keeps its loop on the device (``decoding.device_loop``; None:
+    on a GPU). Prefixes and constraints are steered from the host at every step, so a search
+    with them reads its steps as the plain loop does."""
+    wanted = decoding.device_loop
+    if wanted is None:
+        wanted = device.type == "cuda"
+    return wanted and steering is None
 
 
 @dataclass
 class _Live:
-    """The sentences a beam search still steps, in row order: their index in the batch,
-    length limit, whether each is done (a done one stays until ``kept_rows`` drops it), and
-    their steering."""
+    """The sentences a beam search still steps, in row order: their length limit (a list
+    for the host, ``limit`` (N,) on the device), whether each is done (N,) bool on the
+    device (a done one stays until ``kept_rows`` drops it), and their steering."""
 
-    sentences: list[int]
     limits: list[int]
-    done: list[bool]
+    limit: Tensor
+    done: Tensor
     steering: Steering | None
 
-    def subset(self, keep: list[int]) -> _Live:
+    @classmethod
+    def first(cls, limits: list[int], steering: Steering | None, device: torch.device) -> _Live:
+        done = torch.zeros(len(limits), dtype=torch.bool, device=device)
+        return cls(limits, torch.tensor(limits, device=device), done, steering)
+
+    def subset(self, keep: list[int], index: Tensor) -> _Live:
+        """The sentences ``keep`` (as ``index`` on the device)."""
         return _Live(
-            [self.sentences[i] for i in keep],
             [self.limits[i] for i in keep],
-            [self.done[i] for i in keep],
+            self.limit[index],
+            self.done[index],
             self.steering.subset(keep) if self.steering is not None else None,
         )
 
@@ -405,18 +446,21 @@ def _restrict(
     log_probs: Tensor,
     beams: _Beams,
     decoding: DecodingConfig,
-    steering: Steering | None,
-    limits: list[int],
+    live: _Live,
     length: int,
+    on_device: bool,
 ) -> None:
     """This step's bans, in place: repeated n-grams, the prefixes' forced tokens, EOS at the
     length limit, and EOS before a hypothesis has met its constraints."""
     beam_size = beams.scores.size(1)
     if decoding.no_repeat_ngram:
         block_repeated_ngrams(log_probs, beams.tokens, decoding.no_repeat_ngram)
-    if steering is not None and steering.prefixes is not None:
-        force_prefixes(log_probs, steering.prefixes, length, beam_size)
-    _force_eos_at_limit(log_probs, limits, length, beam_size)
+    if live.steering is not None and live.steering.prefixes is not None:
+        force_prefixes(log_probs, live.steering.prefixes, length, beam_size)
+    if on_device:
+        _force_eos_on_device(log_probs, live.limit, length, beam_size)
+    else:
+        _force_eos_at_limit(log_probs, live.limits, length, beam_size)
     if beams.constraints is not None:
         forbid_early_eos(log_probs, beams.constraints)
 
@@ -483,6 +527,14 @@ def _force_eos_at_limit(log_probs: Tensor, limits: list[int], length: int, beam_
     eos = log_probs[rows, EOS_ID].clone()
     log_probs[rows] = -math.inf
     log_probs[rows, EOS_ID] = eos
+
+
+def _force_eos_on_device(log_probs: Tensor, limit: Tensor, length: int, beam_size: int) -> None:
+    """``_force_eos_at_limit`` with the limits on the device (limit: (N,)), nothing read."""
+    at_limit = (limit <= length).repeat_interleave(beam_size)  # (N*K,)
+    eos = log_probs[:, EOS_ID].clone()
+    log_probs.masked_fill_(at_limit[:, None], -math.inf)
+    log_probs[:, EOS_ID] = eos
 
 
 def block_repeated_ngrams(log_probs: Tensor, history: Tensor, n: int) -> None:

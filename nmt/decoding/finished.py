@@ -1,0 +1,151 @@
+"""What beam search keeps on the device instead of reading it at each step: each sentence's
+best finished hypotheses (``Finished``), and whether every sentence is done (``DoneFlag``).
+
+A search that reads a step's results on the host waits, on a GPU, until the device has run
+every kernel queued so far: the host queues the next step only once this one has run, and
+the chip idles between a step's small kernels. With the finished hypotheses in device
+tensors, the length penalty and the stopping rule computed there, and the flag below, a
+search on a GPU reads nothing until its end (``decoding.device_loop``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+class Finished:
+    """Each sentence's best ``slots`` finished hypotheses, best first: scores s(Y, x) in
+    float64 (the arithmetic of Python floats, so that the order is the same as a list's),
+    log-probabilities, lengths (EOS included), tokens before the EOS (B, F, T) and, when
+    kept, attention (B, F, T, S); and how many have finished in all (``count``), which the
+    stopping rule compares with K.
+
+    A new hypothesis enters by a stable sort behind the kept ones, so that among equal
+    scores the earlier keeps its place, as in a stable sort of a list in order of finishing.
+    Sentences dropped from the batch (``select``) leave their rows in an archive, in the
+    batch's first order, from which ``rows`` reads."""
+
+    def __init__(self, batch: int, slots: int, width: int, attention: bool, device: Any):
+        self.scores = torch.full((batch, slots), -math.inf, dtype=torch.float64, device=device)
+        self.log_probs = torch.zeros((batch, slots), dtype=torch.float64, device=device)
+        self.lengths = torch.zeros((batch, slots), dtype=torch.long, device=device)
+        self.tokens = torch.zeros((batch, slots, 0), dtype=torch.long, device=device)
+        self.alphas = torch.zeros((batch, slots, 0, width), device=device) if attention else None
+        self.count = torch.zeros(batch, dtype=torch.long, device=device)
+        self.sentences = list(range(batch))  # the batch index of each row
+        self.archive: dict[int, tuple[Tensor | None, ...]] = {}  # sentence -> its dropped row
+
+    def best(self) -> Tensor:
+        """(B,) each sentence's best finished score (-inf: none yet)."""
+        return self.scores[:, 0]
+
+    def add(
+        self, scores: Tensor, log_probs: Tensor, length: int, tokens: Tensor, alphas: Tensor | None
+    ) -> None:
+        """Candidates (B, K): ``scores`` s(Y, x) (-inf: not finished), ``log_probs``, their
+        tokens before EOS (B, K, length-1) and attention (B, K, length, S)."""
+        slots = self.scores.size(1)
+        self.count += torch.isfinite(scores).sum(dim=1)
+        merged = torch.cat([self.scores, scores], dim=1)  # (B, F+K)
+        order = merged.sort(dim=1, descending=True, stable=True).indices[:, :slots]  # (B, F)
+        self.scores = merged.gather(1, order)
+        self.log_probs = torch.cat([self.log_probs, log_probs], dim=1).gather(1, order)
+        lengths = torch.full_like(order[:, :1], length).expand(-1, scores.size(1))
+        self.lengths = torch.cat([self.lengths, lengths], dim=1).gather(1, order)
+        self.tokens = _merged(_widened(self.tokens, tokens.size(2)), tokens, order)
+        if self.alphas is not None and alphas is not None:
+            self.alphas = _merged(_widened(self.alphas, alphas.size(2)), alphas, order)
+
+    def select(self, keep: list[int]) -> None:
+        """Keep the rows ``keep``; the others (done sentences) go to the archive."""
+        kept = set(keep)
+        for row, sentence in enumerate(self.sentences):
+            if row not in kept:
+                self.archive[sentence] = self._row(row)
+        index = torch.tensor(keep, device=self.scores.device)
+        self.scores, self.log_probs = self.scores[index], self.log_probs[index]
+        self.lengths, self.tokens, self.count = (
+            self.lengths[index],
+            self.tokens[index],
+            self.count[index],
+        )
+        self.alphas = self.alphas[index] if self.alphas is not None else None
+        self.sentences = [self.sentences[i] for i in keep]
+
+    def _fields(self) -> tuple[Tensor | None, ...]:
+        return self.scores, self.log_probs, self.lengths, self.tokens, self.alphas
+
+    def _row(self, row: int) -> tuple[Tensor | None, ...]:
+        return tuple(field[row] if field is not None else None for field in self._fields())
+
+    def hypotheses(
+        self, n_best: int
+    ) -> list[tuple[list[float], list[float], list[list[int]], list[Tensor] | None]]:
+        """Per sentence of the batch, in its first order: the ``n_best`` best scores,
+        log-probabilities, token lists and attention ((length, S) each, or None), fewer
+        where fewer finished; the rows still held are copied to the host once."""
+        held = [field.cpu() if field is not None else None for field in self._fields()]
+        for row, sentence in enumerate(self.sentences):
+            self.archive[sentence] = tuple(f[row] if f is not None else None for f in held)
+        out = []
+        for sentence in range(len(self.archive)):
+            scores, log_probs, lengths, tokens, alphas = self.archive[sentence]
+            assert scores is not None and log_probs is not None
+            assert lengths is not None and tokens is not None
+            found = int(torch.isfinite(scores[:n_best]).sum())
+            kept = lengths[:found].tolist()
+            token_rows = tokens[:found].tolist()
+            out.append(
+                (
+                    scores[:found].tolist(),
+                    log_probs[:found].tolist(),
+                    [row[: n - 1] for row, n in zip(token_rows, kept, strict=True)],
+                    [alphas[f, :n] for f, n in enumerate(kept)] if alphas is not None else None,
+                )
+            )
+        return out
+
+
+def _widened(kept: Tensor, width: int) -> Tensor:
+    """(B, F, W, ...) zero-padded along its third axis to ``width`` (>= W)."""
+    if kept.size(2) >= width:
+        return kept
+    pad = kept.new_zeros((*kept.shape[:2], width - kept.size(2), *kept.shape[3:]))
+    return torch.cat([kept, pad], dim=2)
+
+
+def _merged(kept: Tensor, new: Tensor, order: Tensor) -> Tensor:
+    """The rows ``order`` (B, F) of kept (B, F, W, ...) followed by new (B, K, W, ...)."""
+    both = torch.cat([kept, new], dim=1)  # (B, F+K, W, ...)
+    index = order.view(*order.shape, *([1] * (both.dim() - 2))).expand(-1, -1, *both.shape[2:])
+    return both.gather(1, index)
+
+
+class DoneFlag:
+    """Whether every sentence is done, read without waiting for the device: on a GPU each
+    step's flag is copied into pinned host memory behind an event, and the newest copy whose
+    event has completed is read, so the loop may run a step or two past the end; on a CPU,
+    where nothing runs ahead, the flag is read at once."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.pending: list[tuple[Any, Tensor]] = []  # (event, host copy), oldest first
+
+    def all_done(self, done: Tensor) -> bool:
+        """Queue this step's flag (done: (B,) bool); -> whether a flag read says all are."""
+        if not self.cuda:
+            return bool(done.all())
+        flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+        flag.copy_(done.all(), non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.pending.append((event, flag))
+        while self.pending and self.pending[0][0].query():
+            _, oldest = self.pending.pop(0)
+            if bool(oldest):
+                return True
+        return False

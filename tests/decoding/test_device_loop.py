@@ -1,0 +1,227 @@
+"""Beam search with its loop on the device (``decoding.device_loop``): every row kept to the
+end, nothing read until then. It must give the plain loop's hypotheses: the same tokens,
+scores and attention in float64, for every decoder and option it takes, with sentences of
+different lengths (padding) that end at different steps, so that the plain loop drops
+some; and running on after every sentence is done (a late flag) must change nothing. The
+finished store's order among equal scores is checked on its own, and the exhaustive
+enumeration of test_search is repeated through this loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from searchref import enumerate_outputs, sequence_log_probs, source
+
+from nmt.config import DecodingConfig, from_dict
+from nmt.decoding.ensemble import Ensemble
+from nmt.decoding.finished import DoneFlag, Finished
+from nmt.decoding.search import beam_search, length_penalty, runs_on_device
+from nmt.decoding.steering import Steering
+from nmt.model import Seq2Seq, build_model
+from nmt.vocab import EOS_ID
+
+VOCAB = 12
+
+VARIANTS = {
+    "bahdanau": {"decoder": {"style": "bahdanau"}},
+    "luong-feed-dot": {"decoder": {"style": "luong"}, "attention": {"score": "dot"}},
+    "luong-general": {"decoder": {"style": "luong", "input_feeding": False}},
+    "lstm-2-layers": {"rnn": "lstm", "decoder": {"style": "luong", "layers": 2}},
+    "coverage-neural": {"attention": {"score": "additive", "coverage": "neural"}},
+    "local-p": {"decoder": {"style": "luong"}, "attention": {"score": "local-p", "window": 2}},
+}
+
+
+def _model(variant: str, seed: int) -> Seq2Seq:
+    spec = VARIANTS[variant]
+    rnn = spec.get("rnn", "gru")
+    raw = {
+        "embedding_size": 5,
+        "encoder": {"rnn": rnn, "hidden_size": 4},
+        "decoder": {"rnn": rnn, "hidden_size": 6, **spec.get("decoder", {})},
+        "attention": {"score": "general", **spec.get("attention", {})},
+    }
+    if raw["decoder"].get("style") == "luong" and raw["attention"]["score"] == "dot":
+        raw["encoder"]["hidden_size"] = 3  # dot: keys as wide as the decoder's 6
+    torch.manual_seed(seed)
+    model = build_model(from_dict({"model": raw}).model, VOCAB, VOCAB).double().eval()
+    with torch.no_grad():
+        model.generator.weight.mul_(3.0)
+    return model
+
+
+def _options(device_loop: bool, **kwargs) -> DecodingConfig:
+    defaults = {"beam_size": 4, "max_len_ratio": 1.0, "max_len_offset": 4}
+    return DecodingConfig(**{**defaults, **kwargs, "device_loop": device_loop})
+
+
+def _both(model, src, src_lengths, n_best=1, attention=False, **kwargs):
+    plain = beam_search(model, src, src_lengths, _options(False, **kwargs), n_best, attention)
+    on_device = beam_search(model, src, src_lengths, _options(True, **kwargs), n_best, attention)
+    return plain, on_device
+
+
+def _assert_same(plain, on_device, attention: bool) -> None:
+    assert len(plain) == len(on_device)
+    for mine, theirs in zip(plain, on_device, strict=True):
+        assert [h.tokens for h in mine] == [h.tokens for h in theirs]
+        for a, b in zip(mine, theirs, strict=True):
+            assert b.score == pytest.approx(a.score, abs=1e-12)
+            assert b.log_prob == pytest.approx(a.log_prob, abs=1e-12)
+            if attention:
+                assert a.alphas is not None and b.alphas is not None
+                assert b.alphas.shape == a.alphas.shape
+                torch.testing.assert_close(b.alphas, a.alphas, atol=1e-12, rtol=0)
+
+
+LENGTHS = [7, 2, 5, 1, 6, 3, 7, 4, 2, 5, 6, 1]  # 12 sentences: the plain loop drops some
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_device_loop_gives_the_plain_loops_hypotheses(variant: str) -> None:
+    model = _model(variant, seed=3)
+    src, src_lengths = source(LENGTHS, VOCAB, seed=5)
+    plain, on_device = _both(model, src, src_lengths, n_best=3, length_penalty=0.6)
+    _assert_same(plain, on_device, attention=False)
+    assert any(len(h[0].tokens) != len(plain[0][0].tokens) for h in plain)  # lengths vary
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"length_penalty": 0.0},
+        {"length_penalty": 1.5, "beam_size": 5},
+        {"coverage_penalty": 0.4},
+        {"coverage_penalty": 0.4, "length_penalty": 1.0, "beam_size": 2},
+        {"no_repeat_ngram": 2, "max_len_offset": 8},
+    ],
+    ids=["alpha-0", "alpha-1.5", "coverage", "coverage-beam-2", "no-repeat-2"],
+)
+def test_penalties_n_best_and_attention_through_the_device_loop(options: dict) -> None:
+    model = _model("bahdanau", seed=8)
+    src, src_lengths = source(LENGTHS, VOCAB, seed=2)
+    n_best = options.get("beam_size", 4)
+    plain, on_device = _both(model, src, src_lengths, n_best, True, **options)
+    _assert_same(plain, on_device, attention=True)
+
+
+def test_an_ensemble_over_a_shortlist_through_the_device_loop() -> None:
+    members = [_model("bahdanau", seed=1), _model("luong-general", seed=2)]
+    src, src_lengths = source(LENGTHS, VOCAB, seed=9)
+    columns = torch.tensor([0, 1, 2, 3, 4, 6, 7, 9, 10])
+    allowed = torch.rand(len(LENGTHS), len(columns), generator=torch.Generator().manual_seed(4))
+    allowed = (allowed > 0.3) | (columns[None, :] <= EOS_ID)  # EOS always allowed
+    ensemble = Ensemble(members, "log_linear").restricted(columns, allowed)
+    plain, on_device = _both(ensemble, src, src_lengths, n_best=2)
+    _assert_same(plain, on_device, attention=False)
+
+
+def test_steps_past_the_end_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the host learns late that every sentence is done; a loop that never hears
+    it runs to the longest limit and must end with the same hypotheses."""
+    model = _model("luong-general", seed=4)  # its sentences end 7 steps before the limit
+    src, src_lengths = source(LENGTHS, VOCAB, seed=7)
+    options = _options(True, coverage_penalty=0.3, max_len_offset=14)
+    prompt = beam_search(model, src, src_lengths, options, 3, True)
+    steps: list[int] = []
+
+    def never(self, done: torch.Tensor) -> bool:
+        steps.append(int(done.all()))
+        return False
+
+    monkeypatch.setattr(DoneFlag, "all_done", never)
+    late = beam_search(model, src, src_lengths, options, 3, True)
+    assert steps.count(1) >= 3  # several steps ran with every sentence done
+    _assert_same(prompt, late, attention=True)
+
+
+def test_the_exhaustive_beam_through_the_device_loop() -> None:
+    """No candidate pruned (K >= 6 * 5^(limit-2) on 6 symbols): every output up to the
+    limit, each scored sum(log p) / lp(|y|+1) by the float64 reference, best first."""
+    model = _model("bahdanau", seed=11).float()
+    vocab = VOCAB
+    src, src_lengths = source([3, 1], vocab, seed=1)
+    limit, alpha = 3, 0.8
+    candidates = enumerate_outputs(vocab, limit - 1)
+    beam = len(candidates)
+    options = DecodingConfig(
+        beam_size=beam,
+        length_penalty=alpha,
+        max_len_ratio=1e-3,
+        max_len_offset=limit - 1,
+        device_loop=True,
+    )
+    results = beam_search(model, src, src_lengths, options, n_best=beam)
+    for b, hyps in enumerate(results):
+        scores = sequence_log_probs([model], src[b : b + 1, : int(src_lengths[b])], candidates)
+        expected = {y: s / length_penalty(len(y) + 1, alpha) for y, s in scores.items()}
+        found = {tuple(h.tokens): h.score for h in hyps}
+        assert found.keys() == expected.keys()
+        for y, score in found.items():
+            assert score == pytest.approx(expected[y], abs=1e-4)
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+
+
+def test_the_finished_store_keeps_the_earlier_of_equal_scores() -> None:
+    store = Finished(batch=2, slots=3, width=0, attention=False, device="cpu")
+    inf = float("-inf")
+    first = torch.tensor([[-1.0, inf], [-2.0, -2.0]], dtype=torch.float64)
+    store.add(first, first, 2, torch.tensor([[[5]], [[6]]]).expand(2, 2, 1), None)
+    second = torch.tensor([[-1.0, -0.5], [-2.0, inf]], dtype=torch.float64)
+    store.add(second, second, 3, torch.tensor([[[7, 8]], [[9, 10]]]).expand(2, 2, 2), None)
+    assert store.count.tolist() == [3, 3]
+    (s0, _, t0, _), (s1, _, t1, _) = store.hypotheses(3)
+    assert s0 == [-0.5, -1.0, -1.0] and t0 == [[7, 8], [5], [7, 8]]
+    assert s1 == [-2.0, -2.0, -2.0] and t1 == [[6], [6], [9, 10]]
+
+
+def test_a_dropped_sentence_keeps_its_finished_hypotheses() -> None:
+    store = Finished(batch=3, slots=2, width=0, attention=False, device="cpu")
+    scores = torch.tensor([[-1.0, -3.0], [-2.0, -4.0], [-0.5, -9.0]], dtype=torch.float64)
+    store.add(scores, scores, 2, torch.tensor([[[4]], [[5]], [[6]]]).expand(3, 2, 1), None)
+    store.select([0, 2])  # sentence 1 is done
+    later = torch.tensor([[-0.125, float("-inf")], [float("-inf"), float("-inf")]]).double()
+    store.add(later, later, 3, torch.tensor([[[7, 8]], [[9, 9]]]).expand(2, 2, 2), None)
+    rows = store.hypotheses(2)
+    assert [r[0] for r in rows] == [[-0.125, -1.0], [-2.0, -4.0], [-0.5, -9.0]]
+    assert [r[2] for r in rows] == [[[7, 8], [4]], [[5], [5]], [[6], [6]]]
+
+
+def test_when_the_loop_stays_on_the_device() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not runs_on_device(DecodingConfig(), cpu, None)
+    assert runs_on_device(DecodingConfig(), cuda, None)
+    assert runs_on_device(DecodingConfig(device_loop=True), cpu, None)
+    assert not runs_on_device(DecodingConfig(device_loop=False), cuda, None)
+    assert not runs_on_device(DecodingConfig(), cuda, Steering([[4]]))  # read every step
+
+
+def test_the_device_loop_reads_nothing_until_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plain loop reads which sentences are done at every step; the device loop reads
+    only the limits before its first step and its flag (DoneFlag, which on a GPU does not
+    wait), until the results are collected."""
+    model = _model("bahdanau", seed=4)
+    src, src_lengths = source(LENGTHS, VOCAB, seed=3)
+    reads: list[str] = []
+    in_loop: list[int] = []
+    for name in ("tolist", "item", "__bool__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, _original=original, _name=name):
+            reads.append(_name)
+            return _original(self)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    collect = Finished.hypotheses
+
+    def collected(self, n_best):
+        in_loop.append(len(reads))
+        return collect(self, n_best)
+
+    monkeypatch.setattr(Finished, "hypotheses", collected)
+    monkeypatch.setattr(DoneFlag, "all_done", lambda self, done: False)  # a GPU's late flag
+    beam_search(model, src, src_lengths, _options(True), 2)
+    beam_search(model, src, src_lengths, _options(False), 2)
+    device_reads, plain_reads = in_loop[0], in_loop[1] - len(reads[: in_loop[0]])
+    assert device_reads == 1  # search_limits
+    assert plain_reads > 10  # at least one a step
