@@ -75,6 +75,7 @@ from nmt.data.batching import (  # noqa: E402
 from nmt.data.corpus import read_pairs  # noqa: E402
 from nmt.data.prepare import load_corpora  # noqa: E402
 from nmt.data.tokenizer import Tokenizer  # noqa: E402
+from nmt.decoding.search import runs_on_device  # noqa: E402
 from nmt.decoding.shortlist import Shortlist, batch_columns, forced_pieces  # noqa: E402
 from nmt.decoding.steering import Steering  # noqa: E402
 from nmt.decoding.translator import Translator  # noqa: E402
@@ -147,11 +148,14 @@ PARTS = ("matmul", "train", "decode", "translate")  # what a run measures (--par
 # what the decode and translate parts run on (--backends): torch in the precision nmt
 # translate decides (--precision auto), torch over the whole vocabulary (--shortlist off),
 # torch one batch at a time (--workers 1), torch in bf16, and the model exported to ONNX
-# under onnxruntime, fp32 and with int8 weights (nmt export --quantize int8)
+# under onnxruntime, fp32 and with int8 weights (nmt export --quantize int8); and on a GPU
+# torch with beam search's plain loop (decoding.device_loop false: a read of the device per
+# step), in the decode part alone
 BACKENDS = (
     "torch",
     "torch-whole",
     "torch-1worker",
+    "torch-plain-loop",
     "torch-bf16",
     "onnxruntime",
     "onnxruntime-int8",
@@ -1027,6 +1031,8 @@ def backend_name(backend: str, translator: Translator) -> str:
         return "onnxruntime int8" if backend.endswith("int8") else "onnxruntime fp32"
     shortlisted = translator.decoding_shortlists(translator.config.decoding) is not None
     name = f"torch {translator.precision}" + (" shortlist" if shortlisted else "")
+    if backend == "torch-plain-loop":
+        return name + ", plain loop"
     return name + (", 1 worker" if backend == "torch-1worker" else "")
 
 
@@ -1046,6 +1052,13 @@ def backend_translator(
         decoding = serial.config.decoding.model_copy(update={"workers": 1})
         serial.config = serial.config.model_copy(update={"decoding": decoding})  # --workers 1
         return serial
+    if backend == "torch-plain-loop":
+        if not runs_on_device(default.config.decoding, device, None):
+            return None  # the default takes the plain loop already (a CPU)
+        plain = Translator.from_checkpoint(model_path, device.type, default.precision)
+        decoding = plain.config.decoding.model_copy(update={"device_loop": False})
+        plain.config = plain.config.model_copy(update={"decoding": decoding})
+        return plain
     if backend == "torch-whole":
         if default.shortlists is None:  # the default row already decodes the whole vocabulary
             return None
@@ -1319,7 +1332,7 @@ def add_decoding(result: BenchResult, options: Options, device: torch.device) ->
         chosen = sources[: options.translate_sentences or quick]
         log(f"nmt translate --beam 5 on {len(chosen)} test sentences")
         result.translate_command = bench_translate_command(options, model, chosen, device)
-        others = [b for b in options.backends if b != "torch"]
+        others = [b for b in options.backends if b not in ("torch", "torch-plain-loop")]
         if others:
             result.translate_backends = [
                 bench_translate_command(options, model, chosen, device, backend)

@@ -6,7 +6,8 @@
 # large-{eager,graphs}.json, bench.md (the tables of every bench run), rnn.txt,
 # profile-{eager,graphs}.json (scripts/profile_step.py, Bahdanau at the bench sizes), and
 # with the decode stage decode.json (greedy and beam 5 at batch 1 and 64, and the whole
-# nmt translate --beam 5, on CUDA), with the prefetch stage prefetch.txt (nmt train's target
+# nmt translate --beam 5, on CUDA; beam search's device loop against its plain loop, and the
+# shortlist against the whole vocabulary), with the prefetch stage prefetch.txt (nmt train's target
 # tokens/s on the demo config with training.prefetch off and on, in turn).
 #
 #   OUT=runs/gpu bash scripts/gpu_check.sh [STAGE ...]   # stages: tests bench large profile rnn
@@ -107,6 +108,7 @@ PY
     decode)
         timeout "${DECODE_SECONDS:-240}" $PY scripts/bench.py --device cuda \
             --parts matmul,decode,translate --model "${DECODE_MODEL:-runs/demo}" \
+            --backends torch,torch-plain-loop,torch-whole \
             --work-dir runs/bench --json "$OUT/decode.json" 2>&1 | tail -30
         if [ -f "$OUT/decode.json" ]; then
             echo "### decode"

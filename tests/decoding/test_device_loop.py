@@ -225,3 +225,16 @@ def test_the_device_loop_reads_nothing_until_the_end(monkeypatch: pytest.MonkeyP
     device_reads, plain_reads = in_loop[0], in_loop[1] - len(reads[: in_loop[0]])
     assert device_reads == 1  # search_limits
     assert plain_reads > 10  # at least one a step
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("variant", ["bahdanau", "luong-feed-dot", "coverage-neural"])
+def test_the_device_loop_on_cuda(variant: str) -> None:
+    """On a GPU, where the flag arrives late: the plain loop's hypotheses, in float64, and
+    the same with attention and a coverage penalty."""
+    model = _model(variant, seed=3).cuda()
+    src, src_lengths = source(LENGTHS, VOCAB, seed=5)
+    src, src_lengths = src.cuda(), src_lengths.cuda()
+    plain, on_device = _both(model, src, src_lengths, 3, True, coverage_penalty=0.2)
+    _assert_same(plain, on_device, attention=True)
