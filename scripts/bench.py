@@ -15,7 +15,8 @@ For each config, in a subprocess of its own (so that its peak memory is its own)
 on real length-bucketed batches of the training split, the same batches in the same order
 for every config, with the model and step of ``nmt train`` (``nmt.training.run.allocate_model``,
 ``nmt.training.step.train_step``: ``model.loss``, backward, clip, Adam, under
-``nmt.runtime.autocast``): a few warm-up steps whose matmul FLOPs are counted, then timed
+``nmt.runtime.autocast``; with training.deferred_reads, a GPU's default, each update read
+once the next one's backward is queued, as ``nmt train`` reads it): a few warm-up steps whose matmul FLOPs are counted, then timed
 windows of steps, each giving target and source+target tokens/s. It also measures the
 machine's matmul rate (a 2048^3 matmul in fp32 and bf16), the padding fraction of the batches,
 greedy and beam-5 decoding at batch sizes 1 and 64 with a trained model (``runs/demo`` when it
@@ -96,7 +97,13 @@ from nmt.training.distributed import Distributed  # noqa: E402
 from nmt.training.process import setup_process  # noqa: E402
 from nmt.training.run import allocate_model  # noqa: E402
 from nmt.training.rundir import project_commit  # noqa: E402
-from nmt.training.step import Updater, train_step  # noqa: E402
+from nmt.training.step import (  # noqa: E402
+    PendingStep,
+    Updater,
+    backward,
+    queue_update,
+    train_step,
+)
 from nmt.vocab import BOS_ID  # noqa: E402
 
 # The decoder (and its RNN) of each named config; everything else is shared.
@@ -498,7 +505,8 @@ def count_step_flops(
 # ----------------------------------------------------------------------------- training
 
 
-Step = Callable[[np.ndarray], tuple[float, int, int]]  # -> loss/token, target, source tokens
+# -> (a reader of the loss per token, target tokens, source tokens)
+Step = Callable[[np.ndarray], tuple[Callable[[], float], int, int]]
 
 
 @dataclass
@@ -558,6 +566,7 @@ class TrainingResult:
     native_kernels: str | None
     peak_gpu_memory_gib: float | None
     cuda_graphs: Captures | None
+    deferred_reads: bool = False  # each update read once the next is queued (deferred_reads)
     flops_per_step: float
     flops_per_target_token: float
     flops_counted_on: str
@@ -575,19 +584,33 @@ class Failed:
     error: str
 
 
-def make_step(config: Config, model: Seq2Seq, corpus: Any, device: torch.device) -> Step:
+def make_step(
+    config: Config, model: Seq2Seq, corpus: Any, device: torch.device
+) -> tuple[Step, Updater]:
     """One training step of ``nmt train`` (``nmt.training.step.train_step``) on a batch of
-    corpus indices: -> (loss per target token, target tokens, source tokens)."""
+    corpus indices: -> (a reader of its loss per target token, target tokens, source
+    tokens), and the Updater it steps. With deferred reads (``Updater.defers``) the update
+    before is read once this one's backward is queued, as ``nmt train`` reads it, and the
+    reader reads this one."""
     updater = Updater.build(config, model, config.training.precision, device, Distributed())
     shaped, budget = model.graphs is not None, config.training.batch_tokens
+    queued: list[PendingStep] = []  # the update not yet read
 
-    def step(indices: np.ndarray) -> tuple[float, int, int]:
+    def step(indices: np.ndarray) -> tuple[Callable[[], float], int, int]:
         batch = device_batch(corpus, indices, device, budget, shaped)
         tokens = int(corpus.trg_lengths[indices].sum())
-        result = train_step(updater, [batch], tokens)
-        return result.loss / tokens, tokens, int(corpus.src_lengths[indices].sum())
+        sources = int(corpus.src_lengths[indices].sum())
+        if not updater.defers:
+            loss = train_step(updater, [batch], tokens).loss / tokens
+            return (lambda: loss), tokens, sources
+        sums = backward(updater, [batch], tokens)
+        if queued:
+            queued.pop().read()
+        pending = queue_update(updater, sums, None, None)
+        queued.append(pending)
+        return (lambda: pending.read().loss / tokens), tokens, sources
 
-    return step
+    return step, updater
 
 
 def counted_warmup(model: Seq2Seq, step: Step, batches: list[np.ndarray], corpus: Any) -> Warmup:
@@ -645,7 +668,7 @@ def timed_window(step: Step, batches: list[np.ndarray], device: torch.device) ->
         seconds=seconds,
         target_tokens=target,
         source_tokens=sum(r[2] for r in results),
-        loss=sum(r[0] * r[1] for r in results) / target,
+        loss=sum(r[0]() * r[1] for r in results) / target,
         rss_gib=(current_rss_bytes() or 0) / GIB,
     )
 
@@ -661,7 +684,7 @@ def bench_training(name: str, options: Options) -> TrainingResult:
     corpus, sampling_s = sampled_epoch(corpora, work_dir)
     seed_everything(SEED)
     model = allocate_model(config, tokenizer, device).train()
-    step = make_step(config, model, corpus, device)
+    step, updater = make_step(config, model, corpus, device)
     total = lengths.warmup + lengths.windows * lengths.steps
     shaped = model.graphs is not None
     batches = training_batches(corpus, config.training.batch_tokens, total, shaped)
@@ -694,6 +717,7 @@ def bench_training(name: str, options: Options) -> TrainingResult:
             config.training.batch_tokens if shaped else None,
         ),
         cuda_graphs=captures,
+        deferred_reads=updater.defers,
         subword_sampling=Sampling(
             config.tokenizer.sampling_alpha, sampling_s, int(corpus.trg_lengths.sum())
         ),
@@ -1366,6 +1390,8 @@ def training_rows(result: dict[str, Any]) -> list[list[str]]:
                 f"CUDA graphs: {graphs['shapes']} shapes, {graphs['capture_seconds']:.1f} s "
                 f"to capture, padding {100 * entry['padding_fraction']:.0f}%"
             )
+        if entry.get("deferred_reads"):
+            notes.append("deferred reads")
         note = "; ".join(notes)
         rows.append(
             [

@@ -8,10 +8,12 @@
 # with the decode stage decode.json (greedy and beam 5 at batch 1 and 64, and the whole
 # nmt translate --beam 5, on CUDA; beam search's device loop against its plain loop, and the
 # shortlist against the whole vocabulary), with the prefetch stage prefetch.txt (nmt train's target
-# tokens/s on the demo config with training.prefetch off and on, in turn).
+# tokens/s on the demo config with training.prefetch off and on, in turn), with the reads
+# stage reads-{false,true}.json (the bench with training.deferred_reads off, then on).
 #
 #   OUT=runs/gpu bash scripts/gpu_check.sh [STAGE ...]   # stages: tests bench large profile rnn
-#                                                        # decode prefetch (default: the first five)
+#                                                        # decode prefetch reads (default: the
+#                                                        # first five)
 #   CONFIGS=bahdanau bash scripts/gpu_check.sh bench      # scripts/bench.py --configs
 #   DECODE_MODEL=runs/demo-model.pt bash scripts/gpu_check.sh decode
 #
@@ -60,11 +62,22 @@ for stage in $STAGES; do
     tests)
         timeout "${TEST_SECONDS:-210}" $PY -m pytest -p no:cacheprovider -o addopts="" \
             -m "gpu and not slow" -q --timeout 200 tests/fast/test_graphs_cuda.py \
-            tests/training/test_gpu.py 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+            tests/training/test_gpu.py tests/decoding/test_device_loop.py 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     bench)
         bench_pair bench 170 --configs "$CONFIGS" ;;
     large)
         bench_pair large 150 --configs "$LARGE_CONFIGS" --large ;;
+    reads)
+        # each update read at once, then once the next is queued (the default), with graphs
+        for setting in false true; do
+            timeout 150 $PY scripts/bench.py --device cuda --parts train --warmup 2 \
+                --windows 3 --steps 6 --work-dir runs/bench --configs "$CONFIGS" \
+                --override training.deferred_reads=$setting --json "$OUT/reads-$setting.json" \
+                2>&1 | tail -6
+            [ -f "$OUT/reads-$setting.json" ] || continue
+            echo "### training.deferred_reads=$setting"
+            $PY scripts/bench.py --report "$OUT/reads-$setting.json" --markdown 2>/dev/null
+        done >> "$OUT/bench.md" ;;
     profile)
         for mode in eager graphs; do
             flag=(); [ $mode = eager ] && flag=(--override training.cuda_graphs=false)
@@ -144,7 +157,7 @@ for end, setting in zip(map(int, sys.argv[2].split(",")), ("false", "true", "fal
     start = end
 PY
         ;;
-    *) echo "unknown stage $stage (tests bench large profile rnn decode prefetch)" ;;
+    *) echo "unknown stage $stage (tests bench large profile rnn decode prefetch reads)" ;;
     esac
 done
 echo "== done"

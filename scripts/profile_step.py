@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     corpus = corpora.train
     seed_everything(bench.SEED)
     model = allocate_model(config, tokenizer, device).train()
-    step = bench.make_step(config, model, corpus, device)
+    step, _ = bench.make_step(config, model, corpus, device)
     shaped = model.graphs is not None
     total = args.warmup + args.steps
     batches = bench.training_batches(corpus, config.training.batch_tokens, total, shaped)

@@ -247,6 +247,14 @@ class TrainingConfig(Section):
         "background thread while this update trains (null: on a GPU; on a CPU a step is long "
         "and the thread would share its cores)",
     )
+    deferred_reads: bool | None = Field(
+        None,
+        description="an update's loss and gradient norm are read once the next update's "
+        "forward and backward are queued, and a non-finite update is skipped on the device, "
+        "so that a GPU never waits for the host between updates; read at once before a "
+        "validation, a save, a stop and an epoch's end (null: on a GPU; one process without "
+        "fp16's loss scaling)",
+    )
     seed: int = Field(1, ge=0, le=2**32 - 1, description="random seed (0 to 2^32 - 1)")
     init_from: str | None = Field(
         None,

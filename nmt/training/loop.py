@@ -39,7 +39,7 @@ from nmt.training.batches import epoch_batches, to_device
 from nmt.training.distributed import Distributed, init_distributed, shutdown_distributed
 from nmt.training.finetune import Initial, check_initial_weights, read_initial
 from nmt.training.process import setup_process
-from nmt.training.run import Run
+from nmt.training.run import Pending, Run
 from nmt.training.rundir import (
     RunLock,
     check_run_dir,
@@ -47,7 +47,7 @@ from nmt.training.rundir import (
     prepare_run_dir,
 )
 from nmt.training.schedule import record_validation
-from nmt.training.step import StepResult, StopFlag, train_step
+from nmt.training.step import PendingStep, StepResult, StopFlag, backward, queue_update, train_step
 from nmt.training.tracking import ProgressBar, setup_logging
 from nmt.training.validation import agree, validate
 
@@ -159,6 +159,8 @@ def _loop(run: Run, stop: StopFlag, bar: ProgressBar) -> None:
             progress.batch_in_epoch += len(shard)
             following = _shard(batches, progress.batch_in_epoch, per_update, world)
             result = _update(run, corpus, shard, following, bar, stop)
+            if result is None:  # queued, none read yet (training.deferred_reads)
+                continue
             reason = _stop_reason(run, result)
             applied = result.status == "applied"
             if reason or (applied and progress.step % cfg.validate_every == 0):
@@ -260,15 +262,17 @@ def _update(
     following: list[np.ndarray],
     bar: ProgressBar,
     stop: StopFlag,
-) -> StepResult:
+) -> StepResult | None:
     """One optimiser update on this rank's batches of the shard (every world-th, from its
     rank on: one, or training.accumulate), with its bookkeeping; ``following``: the next
     update's shard (none at the epoch's end), whose batches are made meanwhile where
-    training.prefetch is on."""
-    progress, window, updater = run.progress, run.window, run.updater
-    lr = run.schedule.lr(progress.step + 1, progress)
-    for group in updater.optimizer.param_groups:
-        group["lr"] = lr
+    training.prefetch is on.
+
+    With training.deferred_reads (``Updater.defers``) the update is queued, and the one
+    before it read while it runs: -> the result read here, that one's (None: none was
+    queued). An update after which the loop validates, saves or stops is read at once
+    (``_read_now``), so that no later forward has run when it does."""
+    progress, updater = run.progress, run.updater
     rank, world = run.place.rank, run.place.world_size
     shaped, budget = progress.shaped_epoch, run.config.training.batch_tokens
     host = run.prefetch.take(corpus, shard[rank::world], budget, shaped)
@@ -276,11 +280,57 @@ def _update(
         run.prefetch.ahead(corpus, following[rank::world], budget, shaped)
     batches = [to_device(batch, updater.device) for batch in host]
     tokens = sum(int(corpus.trg_lengths[indices].sum()) for indices in shard)  # all ranks'
-    result = train_step(updater, batches, tokens, run.clock, stop)
+    if not updater.defers:
+        lr = _set_lr(run)
+        result = train_step(updater, batches, tokens, run.clock, stop)
+        _account(run, result, tokens, lr, bar)
+        return result
+    sums = backward(updater, batches, tokens)
+    earlier = None
+    if run.pending is not None:  # the update before, read while this one's backward runs
+        pending, run.pending = run.pending, None
+        earlier = pending.step.read()
+        _account(run, earlier, pending.tokens, pending.lr, bar)
+    lr = _set_lr(run)
+    queued = queue_update(updater, sums, run.clock, stop)
+    if _read_now(run, queued, following):
+        result = queued.read()
+        _account(run, result, tokens, lr, bar)
+        return result
+    run.pending = Pending(queued, tokens, lr)
+    return earlier
+
+
+def _set_lr(run: Run) -> float:
+    """The learning rate of the next update, set on the optimiser."""
+    lr = run.schedule.lr(run.progress.step + 1, run.progress)
+    for group in run.updater.optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def _read_now(run: Run, queued: PendingStep, following: list[np.ndarray]) -> bool:
+    """Whether the loop validates, saves or stops after this update, were it applied (its
+    step, since the one before has been read): the epoch's last update, a validation or save
+    step, max_steps, a signal or the time limit."""
+    cfg, step = run.config.training, run.progress.step + 1
+    return (
+        not following
+        or queued.signalled
+        or queued.out_of_time
+        or step % cfg.validate_every == 0
+        or bool(cfg.save_every and step % cfg.save_every == 0)
+        or (cfg.max_steps is not None and step >= cfg.max_steps)
+    )
+
+
+def _account(run: Run, result: StepResult, tokens: int, lr: float, bar: ProgressBar) -> None:
+    """An update's bookkeeping, once read: the step count, the window, the bar and the log."""
+    progress, window = run.progress, run.window
     progress.minutes = result.minutes  # agreed by every rank: the clock's share of the lr
     if result.status != "applied":
         _skipped(run, result)
-        return result
+        return
     progress.bad_steps_in_a_row = 0
     progress.step += 1
     window.loss += result.loss
@@ -289,7 +339,6 @@ def _update(
     bar.update(result.loss / tokens, window.tokens / max(time.time() - window.started, 1e-9))
     if progress.step % run.config.training.log_every == 0:
         _log_window(run, lr, result.grad_norm)
-    return result
 
 
 def _skipped(run: Run, result: StepResult) -> None:

@@ -29,7 +29,7 @@ from nmt.training.finetune import Initial, freeze, load_initial_weights
 from nmt.training.resume import read_checkpoint, restore, restore_rng, rng_state, save_checkpoints
 from nmt.training.rundir import load_corpora_in_turn, write_run_info
 from nmt.training.schedule import Progress, Schedule
-from nmt.training.step import Clock, Updater
+from nmt.training.step import Clock, PendingStep, Updater
 from nmt.training.tracking import Tracker
 from nmt.training.validation import DevAlignment, load_dev_alignment
 
@@ -44,6 +44,16 @@ class Window:
     nll: float = 0.0
     tokens: int = 0
     started: float = field(default_factory=time.time)
+
+
+@dataclass
+class Pending:
+    """An update queued and not yet read (training.deferred_reads): the step, its target
+    tokens (all ranks') and its learning rate, for its bookkeeping once read."""
+
+    step: PendingStep
+    tokens: int
+    lr: float
 
 
 @dataclass(kw_only=True)
@@ -65,6 +75,7 @@ class Run:
     dev_alignment: DevAlignment | None = None  # data.dev_alignment, checked before training
     shortlist: Shortlist | None = None  # decoding's, from the training pairs (main rank)
     prefetch: Prefetch = field(default_factory=lambda: Prefetch(False))  # training.prefetch
+    pending: Pending | None = None  # the update queued and not yet read (deferred_reads)
 
     @classmethod
     def build(

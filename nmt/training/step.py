@@ -257,9 +257,7 @@ def step_if_finite(
 ) -> tuple[float, bool]:
     """The optimiser step where the norms (``clip_gradients``'s, read) are finite, or the
     scaler's step: -> (the gradient norm, applied)."""
-    grad_norm = norms[0]
-    if len(norms) > 1:
-        grad_norm = grad_norm if math.isfinite(norms[1]) else norms[1]
+    grad_norm = _grad_norm(norms)
     if scaler is None:
         applied = math.isfinite(grad_norm)
         if applied:
@@ -271,6 +269,14 @@ def step_if_finite(
     return grad_norm, scaler.get_scale() >= scale
 
 
+def _grad_norm(norms: list[float]) -> float:
+    """The translation model's norm, or the alignment head's where that is not finite (the
+    update is then skipped all the same)."""
+    if len(norms) > 1 and not math.isfinite(norms[1]):
+        return norms[1]
+    return norms[0]
+
+
 # ----------------------------------------------------------------------------- one step
 
 
@@ -278,7 +284,8 @@ def step_if_finite(
 class Updater:
     """What one update works on: the model, the module whose forward gives its loss (DDP
     wraps it under torchrun), the optimiser, the fp16 scaler (None otherwise), the precision,
-    the device, this process's place among the ranks and the training section."""
+    the device, this process's place among the ranks and the training section; ``defers``:
+    whether an update is queued without being read (``training.deferred_reads``)."""
 
     model: Seq2Seq
     loss_module: nn.Module
@@ -288,6 +295,7 @@ class Updater:
     device: torch.device
     place: Distributed
     training: TrainingConfig
+    defers: bool = False
 
     @classmethod
     def build(
@@ -301,15 +309,24 @@ class Updater:
         """The optimiser, scaler and loss module of ``model`` as ``config.training`` says."""
         cfg = config.training
         guide_weight = cfg.guided_alignment_weight if cfg.guided_alignment else 0.0
+        optimizer = build_optimizer(config, model)
+        scaler = grad_scaler(precision, device)
+        wanted = cfg.deferred_reads if cfg.deferred_reads is not None else device.type == "cuda"
         return cls(
             model=model,
-            optimizer=build_optimizer(config, model),
-            scaler=grad_scaler(precision, device),
+            optimizer=optimizer,
+            scaler=scaler,
             loss_module=loss_for_training(model, cfg.label_smoothing, place, guide_weight),
             precision=precision,
             device=device,
             place=place,
             training=cfg,
+            # the skip decided on the device needs fused Adam; the ranks' agreement and
+            # fp16's scaler read every step
+            defers=wanted
+            and optimizer.defaults.get("fused") is True
+            and not place.enabled
+            and scaler is None,
         )
 
 
@@ -395,18 +412,10 @@ def train_step(
     ``global_tokens``: the target tokens of all ranks' batches, by which the loss sums are
     divided; ``clock`` and ``stop`` (none in a benchmark): the run's clock and signal flag.
     """
+    sums = backward(updater, batches, global_tokens)
+    if updater.defers:
+        return queue_update(updater, sums, clock, stop).read()
     cfg, place = updater.training, updater.place
-    clear_gradients(updater.optimizer, keep=updater.model.graphs is not None)
-    sums = forward_backward(
-        updater.loss_module,
-        batches,
-        place.world_size / global_tokens,
-        updater.device,
-        updater.precision,
-        updater.scaler,
-        cfg.oom_split,
-        cfg.batch_tokens,
-    )
     norms = None
     if not place.enabled and updater.scaler is None:
         # one process: clip before reading anything, so that the step waits for the device
@@ -438,3 +447,67 @@ def train_step(
         )
     status = "applied" if applied else "overflow" if updater.scaler is not None else "nonfinite"
     return StepResult(totals.loss, totals.nll, grad_norm, status, signalled, late, minutes)
+
+
+def backward(updater: Updater, batches: list[Batch], global_tokens: int) -> Tensor:
+    """The gradients cleared, then forward and backward of ``batches``: -> the loss sums
+    (loss_sum, nll_sum) on the device, unread (``forward_backward``)."""
+    cfg, place = updater.training, updater.place
+    clear_gradients(updater.optimizer, keep=updater.model.graphs is not None)
+    return forward_backward(
+        updater.loss_module,
+        batches,
+        place.world_size / global_tokens,
+        updater.device,
+        updater.precision,
+        updater.scaler,
+        cfg.oom_split,
+        cfg.batch_tokens,
+    )
+
+
+@dataclass
+class PendingStep:
+    """An update queued on the device and not yet read (``training.deferred_reads``): its
+    values (float64 on the device: loss_sum, nll_sum, the norms of ``clip_gradients``, and
+    1 where the update was skipped), and the signal, clock and minutes as they were when it
+    was queued."""
+
+    values: Tensor
+    signalled: bool
+    out_of_time: bool
+    minutes: float
+
+    def read(self) -> StepResult:
+        """Wait for the update and read it: the StepResult ``train_step`` gives."""
+        loss, nll, *norms, skipped = self.values.tolist()
+        flags = (self.signalled, self.out_of_time, self.minutes)
+        if not math.isfinite(loss):
+            return StepResult(loss, nll, math.nan, "nonfinite", *flags)
+        grad_norm = _grad_norm(norms)
+        assert bool(skipped) != math.isfinite(grad_norm)  # the device decided as the host would
+        return StepResult(loss, nll, grad_norm, "nonfinite" if skipped else "applied", *flags)
+
+
+def queue_update(
+    updater: Updater, sums: Tensor, clock: Clock | None, stop: StopFlag | None
+) -> PendingStep:
+    """Clip and step without reading anything: the update is skipped on the device where the
+    loss or a norm is not finite (fused Adam's ``found_inf``, bit for bit the update the host
+    would have skipped), so that the host can queue the next forward before this one runs.
+    One process, no fp16 loss scaling (``Updater.defers``)."""
+    optimizer = updater.optimizer
+    clipped = clip_gradients(updater.model, optimizer, None, updater.training.clip_grad_norm)
+    values = torch.cat([sums, clipped])  # (2 + norms,) float64
+    skipped = (~torch.isfinite(torch.cat([values[:1], clipped])).all()).to(torch.float32)
+    optimizer.found_inf = skipped  # type: ignore[attr-defined]  # read by fused Adam's step
+    try:
+        optimizer.step()
+    finally:
+        optimizer.found_inf = None  # type: ignore[attr-defined]
+    return PendingStep(
+        torch.cat([values, skipped.double().view(1)]),
+        stop is not None and stop.signal is not None,
+        clock is not None and clock.out_of_time(),
+        clock.minutes() if clock is not None else 0.0,
+    )

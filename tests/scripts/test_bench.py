@@ -259,3 +259,26 @@ def test_decoding_backends_add_their_rows_and_commands(tmp_path: Path) -> None:
     assert "--workers 1" in commands[2]["command"]
     assert "--shortlist off" in commands[1]["command"]
     assert "onnxruntime int8" in proc.stdout
+
+
+def test_training_with_deferred_reads_times_the_same_updates(tmp_path: Path) -> None:
+    """training.deferred_reads (a GPU's default) on a CPU: each update read once the next
+    one's backward is queued, as nmt train reads it; the windows' losses are those of the
+    bench without it, to the bit."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_corpus(data)
+    losses = {}
+    for setting in ("false", "true"):
+        out = tmp_path / f"bench-{setting}.json"
+        command = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--tiny", "--quick"]
+        command += ["--configs", "bahdanau", "--parts", "train", "--threads", "1"]
+        command += ["--override", f"training.deferred_reads={setting}"]
+        command += ["--data", str(data), "--work-dir", str(tmp_path / "work"), "--json", str(out)]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        result = json.loads(out.read_text())["training"]["bahdanau"]
+        assert result["deferred_reads"] == (setting == "true")
+        losses[setting] = [window["loss"] for window in result["windows"]]
+    assert len(losses["true"]) >= 2 and all(math.isfinite(x) for x in losses["true"])
+    assert losses["true"] == losses["false"]
