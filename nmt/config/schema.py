@@ -166,6 +166,14 @@ class TrainingConfig(Section):
         description="max padded tokens per batch (sentences x longest side); pairs are "
         "bucketed by their longer side, then source length",
     )
+    lr_reference_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="the padded tokens per update (batch_tokens x accumulate x processes) "
+        "that learning_rate was chosen for: with more or fewer, the peak rate is scaled by "
+        "the square root of the ratio (Adam's square-root rule; null: learning_rate as "
+        "given)",
+    )
     guided_alignment: str | None = Field(
         None,
         description="a Pharaoh word alignment of the training pairs (a line per pair of "

@@ -28,7 +28,7 @@ from nmt.training.distributed import Distributed, all_reduce, broadcast_object, 
 from nmt.training.finetune import Initial, freeze, load_initial_weights
 from nmt.training.resume import read_checkpoint, restore, restore_rng, rng_state, save_checkpoints
 from nmt.training.rundir import load_corpora_in_turn, write_run_info
-from nmt.training.schedule import Progress, Schedule
+from nmt.training.schedule import Progress, Schedule, peak_rate
 from nmt.training.step import Clock, PendingStep, Updater
 from nmt.training.tracking import Tracker
 from nmt.training.validation import DevAlignment, load_dev_alignment
@@ -115,7 +115,7 @@ class Run:
             config=config,
             run_dir=run_dir,
             updater=updater,
-            schedule=Schedule.from_config(cfg),
+            schedule=Schedule.from_config(cfg, place.world_size),
             tokenizer=tokenizer,
             corpora=corpora,
             progress=progress,
@@ -304,6 +304,19 @@ def _log_model(config: Config, updater: Updater) -> None:
         updater.precision,
         f", {place.world_size} ranks" if place.enabled else "",
     )
+    cfg = config.training
+    if cfg.lr_reference_tokens is not None:
+        tokens = cfg.batch_tokens * cfg.accumulate * place.world_size
+        log.info(
+            "learning rate %.3g at %d tokens an update (training.lr_reference_tokens), "
+            "%.3g at this run's %d: x sqrt(%d / %d)",
+            cfg.learning_rate,
+            cfg.lr_reference_tokens,
+            peak_rate(cfg, place.world_size),
+            tokens,
+            tokens,
+            cfg.lr_reference_tokens,
+        )
 
 
 def _prefetch(setting: bool | None, device: torch.device) -> bool:

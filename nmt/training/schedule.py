@@ -36,6 +36,18 @@ class Progress:
     # summed since the last log line, so that a resumed run logs the same windows
 
 
+def peak_rate(cfg: TrainingConfig, processes: int = 1) -> float:
+    """training.learning_rate, or with ``lr_reference_tokens`` R the square-root rule for
+    Adam (Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient
+    Algorithms", section 4: a batch k times larger takes a rate sqrt(k) times larger):
+    lr * sqrt(N / R), N = batch_tokens x accumulate x processes, the padded tokens an update
+    may hold."""
+    if cfg.lr_reference_tokens is None:
+        return cfg.learning_rate
+    tokens = cfg.batch_tokens * cfg.accumulate * processes
+    return cfg.learning_rate * math.sqrt(tokens / cfg.lr_reference_tokens)
+
+
 class Schedule:
     """Learning rate as a function of the step, plus halving on a dev plateau.
 
@@ -78,11 +90,12 @@ class Schedule:
         self.epoch_updates = 0  # updates in the epoch under way: set by the loop
 
     @classmethod
-    def from_config(cls, cfg: TrainingConfig) -> Schedule:
-        """The schedule of the ``training`` section."""
+    def from_config(cls, cfg: TrainingConfig, processes: int = 1) -> Schedule:
+        """The schedule of the ``training`` section, its peak rate ``peak_rate`` (``processes``:
+        the ranks, each with its own batches)."""
         return cls(
             cfg.schedule,
-            cfg.learning_rate,
+            peak_rate(cfg, processes),
             cfg.warmup_steps,
             cfg.plateau_patience,
             total=cfg.max_steps,
