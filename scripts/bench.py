@@ -157,12 +157,14 @@ PARTS = ("matmul", "train", "decode", "translate")  # what a run measures (--par
 # torch one batch at a time (--workers 1), torch in bf16, and the model exported to ONNX
 # under onnxruntime, fp32 and with int8 weights (nmt export --quantize int8); and on a GPU
 # torch with beam search's plain loop (decoding.device_loop false: a read of the device per
-# step), in the decode part alone
+# step) and with the device loop's step not captured (decoding.cuda_graphs false), in the
+# decode part alone
 BACKENDS = (
     "torch",
     "torch-whole",
     "torch-1worker",
     "torch-plain-loop",
+    "torch-loop-no-graphs",
     "torch-bf16",
     "onnxruntime",
     "onnxruntime-int8",
@@ -1057,6 +1059,8 @@ def backend_name(backend: str, translator: Translator) -> str:
     name = f"torch {translator.precision}" + (" shortlist" if shortlisted else "")
     if backend == "torch-plain-loop":
         return name + ", plain loop"
+    if backend == "torch-loop-no-graphs":
+        return name + ", device loop without graphs"
     return name + (", 1 worker" if backend == "torch-1worker" else "")
 
 
@@ -1076,13 +1080,16 @@ def backend_translator(
         decoding = serial.config.decoding.model_copy(update={"workers": 1})
         serial.config = serial.config.model_copy(update={"decoding": decoding})  # --workers 1
         return serial
-    if backend == "torch-plain-loop":
+    if backend in ("torch-plain-loop", "torch-loop-no-graphs"):
         if not runs_on_device(default.config.decoding, device, None):
             return None  # the default takes the plain loop already (a CPU)
-        plain = Translator.from_checkpoint(model_path, device.type, default.precision)
-        decoding = plain.config.decoding.model_copy(update={"device_loop": False})
-        plain.config = plain.config.model_copy(update={"decoding": decoding})
-        return plain
+        other = Translator.from_checkpoint(model_path, device.type, default.precision)
+        change = (
+            {"device_loop": False} if backend.endswith("plain-loop") else {"cuda_graphs": False}
+        )
+        decoding = other.config.decoding.model_copy(update=change)
+        other.config = other.config.model_copy(update={"decoding": decoding})
+        return other
     if backend == "torch-whole":
         if default.shortlists is None:  # the default row already decodes the whole vocabulary
             return None
@@ -1356,7 +1363,8 @@ def add_decoding(result: BenchResult, options: Options, device: torch.device) ->
         chosen = sources[: options.translate_sentences or quick]
         log(f"nmt translate --beam 5 on {len(chosen)} test sentences")
         result.translate_command = bench_translate_command(options, model, chosen, device)
-        others = [b for b in options.backends if b not in ("torch", "torch-plain-loop")]
+        decode_only = ("torch", "torch-plain-loop", "torch-loop-no-graphs")
+        others = [b for b in options.backends if b not in decode_only]
         if others:
             result.translate_backends = [
                 bench_translate_command(options, model, chosen, device, backend)

@@ -6,8 +6,8 @@
 # large-{eager,graphs}.json, bench.md (the tables of every bench run), rnn.txt,
 # profile-{eager,graphs}.json (scripts/profile_step.py, Bahdanau at the bench sizes), and
 # with the decode stage decode.json (greedy and beam 5 at batch 1 and 64, and the whole
-# nmt translate --beam 5, on CUDA; beam search's device loop against its plain loop, and the
-# shortlist against the whole vocabulary), with the prefetch stage prefetch.txt (nmt train's target
+# nmt translate --beam 5, on CUDA; beam search's captured device loop against the same loop
+# without graphs and the plain loop, and the shortlist against the whole vocabulary), with the prefetch stage prefetch.txt (nmt train's target
 # tokens/s on the demo config with training.prefetch off and on, in turn), with the reads
 # stage reads-{false,true}.json (the bench with training.deferred_reads off, then on).
 #
@@ -121,7 +121,7 @@ PY
     decode)
         timeout "${DECODE_SECONDS:-240}" $PY scripts/bench.py --device cuda \
             --parts matmul,decode,translate --model "${DECODE_MODEL:-runs/demo}" \
-            --backends torch,torch-plain-loop,torch-whole \
+            --backends torch,torch-plain-loop,torch-loop-no-graphs,torch-whole \
             --work-dir runs/bench --json "$OUT/decode.json" 2>&1 | tail -30
         if [ -f "$OUT/decode.json" ]; then
             echo "### decode"

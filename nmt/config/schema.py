@@ -326,7 +326,13 @@ class DecodingConfig(Section):
         None,
         description="beam search reads nothing from the device until a batch ends: every "
         "sentence keeps its beams to the end, and the host learns that all are done without "
-        "waiting (null: on a GPU; prefixes and constraints read every step)",
+        "waiting (null: on a GPU; prefixes, constraints and no_repeat_ngram read every "
+        "step)",
+    )
+    cuda_graphs: bool = Field(
+        True,
+        description="on a GPU, the device loop's search step is captured once per batch as "
+        "a CUDA graph and replayed, not launched kernel by kernel",
     )
     workers: int | Literal["auto"] = Field(
         "auto",

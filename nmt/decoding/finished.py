@@ -29,12 +29,27 @@ class Finished:
     Sentences dropped from the batch (``select``) leave their rows in an archive, in the
     batch's first order, from which ``rows`` reads."""
 
-    def __init__(self, batch: int, slots: int, width: int, attention: bool, device: Any):
+    def __init__(
+        self,
+        batch: int,
+        slots: int,
+        width: int,
+        attention: bool,
+        device: Any,
+        longest: int | None = None,
+    ):
+        """``width``: the source positions S; ``longest``: with a length T, every tensor is
+        made at its full size at once and written in place (``fixed``: what a CUDA graph
+        replays), else the tokens and attention grow with the output."""
+        self.fixed = longest is not None
+        steps = longest or 0
         self.scores = torch.full((batch, slots), -math.inf, dtype=torch.float64, device=device)
         self.log_probs = torch.zeros((batch, slots), dtype=torch.float64, device=device)
         self.lengths = torch.zeros((batch, slots), dtype=torch.long, device=device)
-        self.tokens = torch.zeros((batch, slots, 0), dtype=torch.long, device=device)
-        self.alphas = torch.zeros((batch, slots, 0, width), device=device) if attention else None
+        self.tokens = torch.zeros((batch, slots, steps), dtype=torch.long, device=device)
+        self.alphas = (
+            torch.zeros((batch, slots, steps, width), device=device) if attention else None
+        )
         self.count = torch.zeros(batch, dtype=torch.long, device=device)
         self.sentences = list(range(batch))  # the batch index of each row
         self.archive: dict[int, tuple[Tensor | None, ...]] = {}  # sentence -> its dropped row
@@ -44,21 +59,34 @@ class Finished:
         return self.scores[:, 0]
 
     def add(
-        self, scores: Tensor, log_probs: Tensor, length: int, tokens: Tensor, alphas: Tensor | None
+        self,
+        scores: Tensor,
+        log_probs: Tensor,
+        length: int | Tensor,
+        tokens: Tensor,
+        alphas: Tensor | None,
     ) -> None:
         """Candidates (B, K): ``scores`` s(Y, x) (-inf: not finished), ``log_probs``, their
-        tokens before EOS (B, K, length-1) and attention (B, K, length, S)."""
+        length (EOS included; a 0-d tensor when fixed), tokens before EOS (B, K, length-1,
+        or T when fixed, zeros after) and attention (B, K, length or T, S)."""
         slots = self.scores.size(1)
         self.count += torch.isfinite(scores).sum(dim=1)
         merged = torch.cat([self.scores, scores], dim=1)  # (B, F+K)
         order = merged.sort(dim=1, descending=True, stable=True).indices[:, :slots]  # (B, F)
-        self.scores = merged.gather(1, order)
-        self.log_probs = torch.cat([self.log_probs, log_probs], dim=1).gather(1, order)
-        lengths = torch.full_like(order[:, :1], length).expand(-1, scores.size(1))
-        self.lengths = torch.cat([self.lengths, lengths], dim=1).gather(1, order)
-        self.tokens = _merged(_widened(self.tokens, tokens.size(2)), tokens, order)
+        lengths = torch.zeros_like(order[:, :1]).add_(length).expand(-1, scores.size(1))
+        update = {
+            "scores": merged.gather(1, order),
+            "log_probs": torch.cat([self.log_probs, log_probs], dim=1).gather(1, order),
+            "lengths": torch.cat([self.lengths, lengths], dim=1).gather(1, order),
+            "tokens": _merged(_widened(self.tokens, tokens.size(2)), tokens, order),
+        }
         if self.alphas is not None and alphas is not None:
-            self.alphas = _merged(_widened(self.alphas, alphas.size(2)), alphas, order)
+            update["alphas"] = _merged(_widened(self.alphas, alphas.size(2)), alphas, order)
+        for name, value in update.items():
+            if self.fixed:
+                getattr(self, name).copy_(value)
+            else:
+                setattr(self, name, value)
 
     def select(self, keep: list[int]) -> None:
         """Keep the rows ``keep``; the others (done sentences) go to the archive."""

@@ -33,7 +33,7 @@ from torch import Tensor
 from nmt.config import DecodingConfig
 from nmt.decoding.constraints import ConstraintState
 from nmt.decoding.ensemble import Stepper, stepper
-from nmt.decoding.finished import DoneFlag, Finished
+from nmt.decoding.finished import Finished
 from nmt.decoding.steering import (
     Steering,
     constrained_beams,
@@ -251,15 +251,13 @@ def _finalise(
     done: Tensor,
     length: int,
     alpha: float,
-    every_step: bool,
 ) -> None:
     """Set aside candidates that end in EOS among each open sentence's top K, with their
-    score s(Y, x) in float64; ``every_step``: add them without first reading whether any
-    ended (the device loop)."""
+    score s(Y, x) in float64 (nothing where none ended)."""
     beam_size = beams.scores.size(1)
     top_scores, top_tokens = step.scores[:, :beam_size], step.tokens[:, :beam_size]
     is_eos = (top_tokens == EOS_ID) & torch.isfinite(top_scores) & ~done[:, None]  # (N, K)
-    if not every_step and not bool(is_eos.any()):
+    if not bool(is_eos.any()):
         return
     sentences = torch.arange(top_scores.size(0), device=top_scores.device)[:, None]
     sources = sentences * beam_size + step.origins[:, :beam_size]  # (N, K) their rows
@@ -320,8 +318,14 @@ def beam_search(
         return [[h] for h in hyps]
     scorer = stepper(model)
     batch, device = src.size(0), src.device
-    flag = DoneFlag(device) if runs_on_device(decoding, device, steering) else None
     limits = search_limits(src_lengths, decoding.max_len_ratio, decoding.max_len_offset, steering)
+    if runs_on_device(decoding, device, steering):
+        from nmt.decoding.device_loop import device_beam_search  # (it imports this module)
+
+        found = device_beam_search(
+            scorer, src, src_lengths, decoding, limits, n_best, return_attention
+        )
+        return _hypotheses(found)
     state = scorer.encode(src, src_lengths, repeat=beam_size)
     beams = _first_beams(src, decoding, return_attention, steering)
     live = _Live.first(limits, steering, device)
@@ -330,7 +334,7 @@ def beam_search(
     finished = Finished(batch, max(beam_size, n_best), src.size(1), return_attention, device)
     for length in range(1, max(limits) + 1):
         log_probs, step_alphas, state = scorer.step(prev, state)  # (N*K, V), (N*K, S)
-        _restrict(log_probs, beams, decoding, live, length, flag is not None)
+        _restrict(log_probs, beams, decoding, live, length)
         scores, origins, tokens = _top_candidates(
             beams, log_probs, beam_size, scorer.native_kernels
         )
@@ -342,7 +346,7 @@ def beam_search(
             coverage = beams.coverage + kept
             penalties = coverage_penalty(coverage, row_lengths, decoding.coverage_penalty).double()
         step = _Step(scores, origins, tokens, kept, penalties)
-        _finalise(finished, beams, step, live.done, length, alpha, every_step=flag is not None)
+        _finalise(finished, beams, step, live.done, length, alpha)
         alive_scores, origins, tokens, constraint_states = _next_alive(
             beams, log_probs, step, live.limits, length
         )
@@ -353,10 +357,6 @@ def beam_search(
         prev = tokens.view(-1)
         live.done |= _now_done(finished, alive_scores, length, live.limit, beam_size, alpha)
         beams.scores.masked_fill_(live.done[:, None], -math.inf)
-        if flag is not None:  # the device loop: nothing read, every row kept
-            if flag.all_done(live.done):
-                break
-            continue
         done = live.done.tolist()
         if all(done):
             break
@@ -369,6 +369,13 @@ def beam_search(
             prev, row_lengths = prev[rows], row_lengths[rows]
             live = live.subset(keep, index)
             finished.select(keep)
+    return _hypotheses(finished.hypotheses(n_best))
+
+
+def _hypotheses(
+    found: list[tuple[list[float], list[float], list[list[int]], list[Tensor] | None]],
+) -> list[list[Hypothesis]]:
+    """``Finished.hypotheses`` as each sentence's Hypothesis list."""
     return [
         [
             Hypothesis(tokens, score, alphas[f] if alphas is not None else None, log_prob)
@@ -376,7 +383,7 @@ def beam_search(
                 zip(scores, log_probs, token_lists, strict=True)
             )
         ]
-        for scores, log_probs, token_lists, alphas in finished.hypotheses(n_best)
+        for scores, log_probs, token_lists, alphas in found
     ]
 
 
@@ -384,12 +391,13 @@ def runs_on_device(
     decoding: DecodingConfig, device: torch.device, steering: Steering | None
 ) -> bool:
     """Whether a beam search keeps its loop on the device (``decoding.device_loop``; None:
-    on a GPU). Prefixes and constraints are steered from the host at every step, so a search
-    with them reads its steps as the plain loop does."""
+    on a GPU; ``nmt.decoding.device_loop``). Prefixes and constraints are steered from the
+    host, and ``no_repeat_ngram`` reads the outputs' history, at every step: a search with
+    them takes the plain loop."""
     wanted = decoding.device_loop
     if wanted is None:
         wanted = device.type == "cuda"
-    return wanted and steering is None
+    return wanted and steering is None and not decoding.no_repeat_ngram
 
 
 @dataclass
@@ -448,7 +456,6 @@ def _restrict(
     decoding: DecodingConfig,
     live: _Live,
     length: int,
-    on_device: bool,
 ) -> None:
     """This step's bans, in place: repeated n-grams, the prefixes' forced tokens, EOS at the
     length limit, and EOS before a hypothesis has met its constraints."""
@@ -457,10 +464,7 @@ def _restrict(
         block_repeated_ngrams(log_probs, beams.tokens, decoding.no_repeat_ngram)
     if live.steering is not None and live.steering.prefixes is not None:
         force_prefixes(log_probs, live.steering.prefixes, length, beam_size)
-    if on_device:
-        _force_eos_on_device(log_probs, live.limit, length, beam_size)
-    else:
-        _force_eos_at_limit(log_probs, live.limits, length, beam_size)
+    _force_eos_at_limit(log_probs, live.limits, length, beam_size)
     if beams.constraints is not None:
         forbid_early_eos(log_probs, beams.constraints)
 
@@ -527,14 +531,6 @@ def _force_eos_at_limit(log_probs: Tensor, limits: list[int], length: int, beam_
     eos = log_probs[rows, EOS_ID].clone()
     log_probs[rows] = -math.inf
     log_probs[rows, EOS_ID] = eos
-
-
-def _force_eos_on_device(log_probs: Tensor, limit: Tensor, length: int, beam_size: int) -> None:
-    """``_force_eos_at_limit`` with the limits on the device (limit: (N,)), nothing read."""
-    at_limit = (limit <= length).repeat_interleave(beam_size)  # (N*K,)
-    eos = log_probs[:, EOS_ID].clone()
-    log_probs.masked_fill_(at_limit[:, None], -math.inf)
-    log_probs[:, EOS_ID] = eos
 
 
 def block_repeated_ngrams(log_probs: Tensor, history: Tensor, n: int) -> None:

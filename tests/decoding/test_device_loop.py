@@ -8,16 +8,20 @@ enumeration of test_search is repeated through this loop."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from searchref import enumerate_outputs, sequence_log_probs, source
 
 from nmt.config import DecodingConfig, from_dict
-from nmt.decoding.ensemble import Ensemble
+from nmt.decoding import device_loop
+from nmt.decoding.ensemble import Ensemble, EnsembleState
 from nmt.decoding.finished import DoneFlag, Finished
 from nmt.decoding.search import beam_search, length_penalty, runs_on_device
 from nmt.decoding.steering import Steering
 from nmt.model import Seq2Seq, build_model
+from nmt.model.decoder import DecoderState
 from nmt.vocab import EOS_ID
 
 VOCAB = 12
@@ -93,9 +97,9 @@ def test_the_device_loop_gives_the_plain_loops_hypotheses(variant: str) -> None:
         {"length_penalty": 1.5, "beam_size": 5},
         {"coverage_penalty": 0.4},
         {"coverage_penalty": 0.4, "length_penalty": 1.0, "beam_size": 2},
-        {"no_repeat_ngram": 2, "max_len_offset": 8},
+        {"max_len_offset": 12, "length_penalty": 0.2},
     ],
-    ids=["alpha-0", "alpha-1.5", "coverage", "coverage-beam-2", "no-repeat-2"],
+    ids=["alpha-0", "alpha-1.5", "coverage", "coverage-beam-2", "long"],
 )
 def test_penalties_n_best_and_attention_through_the_device_loop(options: dict) -> None:
     model = _model("bahdanau", seed=8)
@@ -194,6 +198,7 @@ def test_when_the_loop_stays_on_the_device() -> None:
     assert runs_on_device(DecodingConfig(device_loop=True), cpu, None)
     assert not runs_on_device(DecodingConfig(device_loop=False), cuda, None)
     assert not runs_on_device(DecodingConfig(), cuda, Steering([[4]]))  # read every step
+    assert not runs_on_device(DecodingConfig(no_repeat_ngram=2), cuda, None)
 
 
 def test_the_device_loop_reads_nothing_until_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,14 +232,87 @@ def test_the_device_loop_reads_nothing_until_the_end(monkeypatch: pytest.MonkeyP
     assert plain_reads > 10  # at least one a step
 
 
+def _carried_tensors(carry: Any) -> list[torch.Tensor]:
+    """Every tensor a step reads and writes, the state's included (memory aside)."""
+    out = []
+    for value in (*vars(carry).values(), *vars(carry.finished).values()):
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+    for member in carry.state.states:
+        out += [v for v in vars(member).values() if isinstance(v, torch.Tensor)]
+    return out
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_after_the_first_steps_a_step_replaces_nothing(
+    variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a CUDA graph's capture needs, on a CPU: after the eager steps, every step
+    (``strict``: a replacement is an error) writes into the same tensors at the same
+    addresses, and the search still gives the plain loop's hypotheses."""
+    addresses: list[list[int]] = []
+
+    def emulated(scorer, carry, fixed):  # the capture's warm-up, then "replays"
+        device_loop._search_step(scorer, carry, fixed)
+        tensors = _carried_tensors(carry)
+
+        def replay() -> None:
+            device_loop._search_step(scorer, carry, fixed, strict=True)
+            addresses.append([t.data_ptr() for t in tensors])
+
+        return replay
+
+    monkeypatch.setattr(device_loop, "_captures", lambda decoding, device: True)
+    monkeypatch.setattr(device_loop, "_captured", emulated)
+    model = _model(variant, seed=3)
+    src, src_lengths = source(LENGTHS, VOCAB, seed=5)
+    plain, on_device = _both(model, src, src_lengths, 3, True, coverage_penalty=0.3)
+    _assert_same(plain, on_device, attention=True)
+    assert len(addresses) >= 3 and all(a == addresses[0] for a in addresses)
+
+
+def test_a_strict_step_refuses_to_replace_a_tensor() -> None:
+    state = EnsembleState([], [DecoderState(torch.zeros(1, 2, 3))], None)
+    grown = EnsembleState([], [DecoderState(torch.ones(1, 2, 3), coverage=torch.ones(2, 4))])
+    with pytest.raises(ValueError, match="would replace a NoneType"):
+        device_loop._write_back(state, grown, strict=True)
+    device_loop._write_back(state, grown)  # an eager step may
+    assert state.states[0].coverage is not None and torch.equal(
+        state.states[0].hidden, grown.states[0].hidden
+    )
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("variant", ["bahdanau", "luong-feed-dot", "coverage-neural"])
-def test_the_device_loop_on_cuda(variant: str) -> None:
-    """On a GPU, where the flag arrives late: the plain loop's hypotheses, in float64, and
-    the same with attention and a coverage penalty."""
+@pytest.mark.parametrize("variant", ["bahdanau", "luong-feed-dot", "coverage-neural", "local-p"])
+def test_the_device_loop_on_cuda(variant: str, caplog: pytest.LogCaptureFixture) -> None:
+    """On a GPU, where the flag arrives late, with the step captured as a CUDA graph and
+    without: the plain loop's hypotheses in float64, attention and a coverage penalty too;
+    and the capture did not fall back."""
     model = _model(variant, seed=3).cuda()
     src, src_lengths = source(LENGTHS, VOCAB, seed=5)
     src, src_lengths = src.cuda(), src_lengths.cuda()
-    plain, on_device = _both(model, src, src_lengths, 3, True, coverage_penalty=0.2)
-    _assert_same(plain, on_device, attention=True)
+    options = {"coverage_penalty": 0.2, "max_len_offset": 9}
+    plain = beam_search(model, src, src_lengths, _options(False, **options), 3, True)
+    for graphs in (False, True):
+        config = _options(True, cuda_graphs=graphs, **options)
+        _assert_same(plain, beam_search(model, src, src_lengths, config, 3, True), True)
+    assert "could not be captured" not in caplog.text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_captured_step_under_bf16_autocast() -> None:
+    """As a translator decodes on a GPU (bf16 autocast): the captured step's outputs equal
+    the uncaptured step's (the same kernels, replayed)."""
+    model = _model("luong-general", seed=4).float().cuda()
+    src, src_lengths = source(LENGTHS * 4, VOCAB, seed=6)
+    src, src_lengths = src.cuda(), src_lengths.cuda()
+    found = {}
+    for graphs in (False, True):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            config = _options(True, cuda_graphs=graphs, beam_size=5)
+            found[graphs] = beam_search(model, src, src_lengths, config, 2)
+    for eager, replayed in zip(found[False], found[True], strict=True):
+        assert [h.tokens for h in eager] == [h.tokens for h in replayed]
+        assert [h.score for h in eager] == pytest.approx([h.score for h in replayed], abs=1e-6)

@@ -222,7 +222,8 @@ def test_decoding_backends_add_their_rows_and_commands(tmp_path: Path) -> None:
     torch in bf16 and the model exported under onnxruntime with int8 weights (the fp32 export
     takes the same path), each with the four unconstrained rows and the whole command, all
     decoding the same sentences (the onnxruntime rows' FLOPs counted on the torch model);
-    torch-plain-loop adds nothing on a CPU, whose default is that loop."""
+    torch-plain-loop and torch-loop-no-graphs add nothing on a CPU, whose default is the plain
+    loop."""
     data = tmp_path / "data"
     data.mkdir()
     write_corpus(data)
@@ -230,7 +231,7 @@ def test_decoding_backends_add_their_rows_and_commands(tmp_path: Path) -> None:
     command = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--tiny", "--quick"]
     command += ["--parts", "matmul,decode,translate", "--model", "untrained"]
     command += ["--backends", "torch,torch-whole,torch-1worker,torch-plain-loop,torch-bf16"]
-    command[-1] += ",onnxruntime-int8"  # torch-plain-loop: the plain loop is a CPU's own
+    command[-1] += ",torch-loop-no-graphs,onnxruntime-int8"  # the loops: a GPU's alone
     command += ["--data", str(data), "--work-dir", str(tmp_path / "work"), "--json", str(out)]
     command += ["--threads", "2", "--translate-sentences", "8"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)

@@ -1,0 +1,279 @@
+"""Beam search with its loop on the device (``decoding.device_loop``, a GPU's default): the
+search of ``nmt.decoding.search.beam_search``, the same scores, in fixed shapes, so that the
+host never waits for a step and, on a GPU, a step is one CUDA graph replayed.
+
+The plain loop reads once a step which sentences are done, to drop them; on a GPU each read
+waits until the device has run every kernel queued so far, and each of a step's many small
+kernels is launched on its own. Here every sentence keeps its K rows to the end, and
+everything a step reads and writes (``_Carry``) has a fixed shape and address:
+
+- the output position being chosen, a 0-d tensor on the device, from which the length
+  limits and the length penalty (a table made on the host, so that it is the plain loop's
+  Python floats) are read;
+- the alive hypotheses' scores, tokens (N, T) and, as needed, attention (N, T, S) and
+  coverage (N, S), T the batch's longest output, written one column a step;
+- each sentence's finished hypotheses (``Finished`` at its full size, written in place);
+- whether each sentence is done, and the model's state (its ``step`` a 0-d tensor too).
+
+A step writes each of these back into its own tensor (``_write_back``). On a GPU
+(``decoding.cuda_graphs``) the first steps run as they are, the next is captured as a CUDA
+graph, and the rest replay it; the host learns that every sentence is done from a flag it
+never waits for (``DoneFlag``), so the loop may run a step or two past the end, steps whose
+candidates are all -inf and change nothing.
+
+The plain loop's outputs (``tests/decoding/test_device_loop.py``: float64, every decoder,
+n-best, both penalties, attention), save where round-off differs: the plain loop multiplies
+fewer rows once sentences drop out. Prefixes, constraints and ``no_repeat_ngram`` take the
+plain loop: they read the host's lists or the outputs' history at every step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt.config import DecodingConfig
+from nmt.decoding.ensemble import EnsembleState, Stepper
+from nmt.decoding.finished import DoneFlag, Finished
+from nmt.decoding.search import (
+    _Beams,
+    _top_candidates,
+    coverage_penalty,
+    length_penalty,
+)
+from nmt.vocab import BOS_ID, EOS_ID
+
+log = logging.getLogger("nmt")
+
+EAGER_STEPS = 2  # steps run as they are before a capture: the state's shape settles in the
+# first (coverage appears), and the second warms the kernels up on a side stream
+
+
+@dataclass
+class _Carry:
+    """What a step reads and writes, each tensor written back in place (see the module
+    docstring): position () long, prev (N,), scores (B, K), tokens (N, T), alphas (N, T, S)
+    or None, coverage (N, S) or None, done (B,) bool, the finished store and the state."""
+
+    position: Tensor
+    prev: Tensor
+    scores: Tensor
+    tokens: Tensor
+    alphas: Tensor | None
+    coverage: Tensor | None
+    done: Tensor
+    finished: Finished
+    state: Any
+
+
+@dataclass
+class _Fixed:
+    """What every step of a batch reads and no step writes: the beam size K, each sentence's
+    length limit (B,), each row's source length (N,), each sentence's first row (B, 1), the
+    length penalty of each output length 1..T (T,) float64 and the coverage penalty's beta."""
+
+    beam_size: int
+    limit: Tensor
+    row_lengths: Tensor
+    first_rows: Tensor
+    penalties: Tensor
+    beta: float
+
+
+@torch.no_grad()
+def device_beam_search(
+    scorer: Stepper[Any],
+    src: Tensor,
+    src_lengths: Tensor,
+    decoding: DecodingConfig,
+    limits: list[int],
+    n_best: int,
+    return_attention: bool,
+) -> list[tuple[list[float], list[float], list[list[int]], list[Tensor] | None]]:
+    """The search of one batch, ``limits`` its sentences' longest outputs: per sentence the
+    ``n_best`` best scores, log-probabilities, tokens and attention (``Finished``)."""
+    beam_size, device = decoding.beam_size, src.device
+    batch, width, longest = src.size(0), src.size(1), max(limits)
+    rows = batch * beam_size
+    fixed = _Fixed(
+        beam_size,
+        torch.tensor(limits, device=device),
+        src_lengths.repeat_interleave(beam_size),
+        torch.arange(batch, device=device)[:, None] * beam_size,
+        torch.tensor(
+            [length_penalty(n, decoding.length_penalty) for n in range(1, longest + 1)],
+            dtype=torch.float64,
+            device=device,
+        ),
+        decoding.coverage_penalty,
+    )
+    scores = torch.full((batch, beam_size), -math.inf, device=device)
+    scores[:, 0] = 0.0  # one live hypothesis (the empty one) per sentence
+    carry = _Carry(
+        position=torch.ones((), dtype=torch.long, device=device),
+        prev=torch.full((rows,), BOS_ID, dtype=torch.long, device=device),
+        scores=scores,
+        tokens=torch.zeros((rows, longest), dtype=torch.long, device=device),
+        alphas=src.new_zeros((rows, longest, width), dtype=torch.float32)
+        if return_attention
+        else None,
+        coverage=src.new_zeros((rows, width), dtype=torch.float32) if fixed.beta > 0 else None,
+        done=torch.zeros(batch, dtype=torch.bool, device=device),
+        finished=Finished(
+            batch, max(beam_size, n_best), width, return_attention, device, longest=longest
+        ),
+        state=_step_as_tensor(scorer.encode(src, src_lengths, repeat=beam_size), device),
+    )
+    graphs = _captures(decoding, device)
+    flag = DoneFlag(device)
+    replay: Callable[[], None] | None = None
+    for index in range(longest):
+        if replay is not None:
+            replay()
+        elif graphs and index == EAGER_STEPS:  # the warm-up before the capture is this step
+            replay = _captured(scorer, carry, fixed)
+        else:
+            _search_step(scorer, carry, fixed)
+        if flag.all_done(carry.done):
+            break
+    return carry.finished.hypotheses(n_best)
+
+
+def _captures(decoding: DecodingConfig, device: torch.device) -> bool:
+    """Whether the step is captured as a CUDA graph (``decoding.cuda_graphs``, on a GPU)."""
+    return decoding.cuda_graphs and device.type == "cuda"
+
+
+def _search_step(scorer: Stepper[Any], carry: _Carry, fixed: _Fixed, strict: bool = False) -> None:
+    """Score every row's next token, set aside the candidates that end, keep the best K
+    that do not, and decide which sentences are done: the plain loop's step, in place
+    (``strict``: nothing in the carry may be replaced, as a graph's capture needs)."""
+    beam_size, length = fixed.beam_size, carry.position
+    column = (length - 1).view(1)  # the tokens' column this step writes
+    penalty = fixed.penalties.index_select(0, column)  # lp(length), (1,) float64
+    log_probs, step_alphas, state = scorer.step(carry.prev, carry.state)  # (N, V), (N, S)
+    _force_eos_on_device(log_probs, fixed.limit, length, beam_size)
+    beams = _Beams(carry.scores, carry.tokens, None, None, None)
+    top_scores, origins, top_tokens = _top_candidates(
+        beams, log_probs, beam_size, scorer.native_kernels
+    )  # (B, 2K)
+    kept = step_alphas.float() if carry.alphas is not None or carry.coverage is not None else None
+
+    # the candidates that end in EOS among each open sentence's top K are finished
+    first_scores, first_tokens = top_scores[:, :beam_size], top_tokens[:, :beam_size]
+    is_eos = (first_tokens == EOS_ID) & torch.isfinite(first_scores) & ~carry.done[:, None]
+    sources = fixed.first_rows + origins[:, :beam_size]  # (B, K) their rows
+    log_prob = first_scores.double()
+    score = log_prob / penalty
+    if carry.coverage is not None and kept is not None:
+        summed = carry.coverage + kept
+        score = score + coverage_penalty(summed, fixed.row_lengths, fixed.beta).double()[sources]
+    ended_alphas = None
+    if carry.alphas is not None and kept is not None:
+        ended_alphas = carry.alphas[sources].index_copy_(2, column, kept[sources].unsqueeze(2))
+    carry.finished.add(
+        score.masked_fill(~is_eos, -math.inf), log_prob, length, carry.tokens[sources], ended_alphas
+    )
+
+    # the next K alive hypotheses: the best candidates that do not end
+    alive = top_scores.masked_fill(top_tokens == EOS_ID, -math.inf)
+    alive_scores, pick = alive.topk(beam_size, dim=-1)  # (B, K)
+    chosen = top_tokens.gather(1, pick).view(-1, 1)  # (N, 1)
+    flat = (fixed.first_rows + origins.gather(1, pick)).view(-1)  # (N,)
+    _write_back(carry.state, scorer.reorder(state, flat), strict)
+    carry.tokens.copy_(carry.tokens[flat].index_copy_(1, column, chosen))
+    if carry.alphas is not None and kept is not None:
+        carry.alphas.copy_(carry.alphas[flat].index_copy_(1, column, kept[flat].unsqueeze(1)))
+    if carry.coverage is not None and kept is not None:
+        carry.coverage.copy_(carry.coverage[flat] + kept[flat])
+    carry.prev.copy_(chosen.view(-1))
+
+    # done: at the length limit, or K finished and none alive can beat the best
+    beaten = carry.finished.best() >= alive_scores[:, 0].double() / penalty
+    finished_enough = carry.finished.count >= beam_size
+    carry.done |= (fixed.limit <= length) | (finished_enough & beaten)
+    carry.scores.copy_(alive_scores.masked_fill(carry.done[:, None], -math.inf))
+    carry.position += 1
+
+
+def _force_eos_on_device(log_probs: Tensor, limit: Tensor, length: Tensor, beam_size: int) -> None:
+    """Rows of sentences at their length limit (limit (B,)) may only end: every other token
+    gets -inf (the plain loop's ``_force_eos_at_limit``, nothing read)."""
+    at_limit = (limit <= length)[:, None].expand(-1, beam_size).reshape(-1)  # (N,)
+    eos = log_probs[:, EOS_ID].clone()
+    log_probs.masked_fill_(at_limit[:, None], -math.inf)
+    log_probs[:, EOS_ID] = eos
+
+
+def _step_as_tensor(state: Any, device: torch.device) -> Any:
+    """An ensemble's decoder states with their ``step`` a 0-d tensor (as an exported step's
+    input), which a step then advances on the device; any other stepper's state as it is."""
+    if not isinstance(state, EnsembleState):
+        return state
+    states = [
+        dataclasses.replace(member, step=torch.tensor(int(member.step), device=device))
+        for member in state.states
+    ]
+    return EnsembleState(state.memories, states, state.allowed)
+
+
+def _write_back(into: Any, new: Any, strict: bool = False) -> Any:
+    """``new``'s tensors written into ``into``'s own, field by field (dataclasses, lists,
+    dicts): -> ``into``. A field whose tensor is new (a first coverage vector) or is not a
+    tensor (a step count) is set instead, except with ``strict`` (a graph being captured,
+    whose inputs must stay where they are): then a ValueError."""
+    if isinstance(into, Tensor) and isinstance(new, Tensor) and into.shape == new.shape:
+        if into is not new:
+            into.copy_(new)
+        return into
+    if dataclasses.is_dataclass(into) and type(into) is type(new):
+        for field in dataclasses.fields(into):
+            old, value = getattr(into, field.name), getattr(new, field.name)
+            if old is not value:
+                object.__setattr__(into, field.name, _write_back(old, value, strict))
+        return into
+    if isinstance(into, list) and isinstance(new, list) and len(into) == len(new):
+        into[:] = [_write_back(a, b, strict) for a, b in zip(into, new, strict=True)]
+        return into
+    if isinstance(into, dict) and isinstance(new, dict) and into.keys() == new.keys():
+        for key in into:
+            into[key] = _write_back(into[key], new[key], strict)
+        return into
+    if strict and into is not new and not (into is None and new is None):
+        raise ValueError(f"a captured step would replace a {type(into).__name__}")
+    return new
+
+
+def _captured(scorer: Stepper[Any], carry: _Carry, fixed: _Fixed) -> Callable[[], None] | None:
+    """The search step as a CUDA graph: warmed up once on a side stream (a real step), then
+    captured (recorded, not run) under autocast without its cache, whose copies of the
+    weights would otherwise live outside the graph; -> its replay, or None (one log line)
+    where the capture fails: the steps then run as they are."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _search_step(scorer, carry, fixed)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    no_cache: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if torch.is_autocast_enabled("cuda"):
+        dtype = torch.get_autocast_dtype("cuda")
+        no_cache = torch.autocast("cuda", dtype=dtype, cache_enabled=False)
+    try:
+        with no_cache, torch.cuda.graph(graph):
+            _search_step(scorer, carry, fixed, strict=True)
+    except (RuntimeError, ValueError) as error:
+        log.warning(
+            "beam search: its step could not be captured as a CUDA graph (%s); it runs without one",
+            error,
+        )
+        return None
+    return graph.replay
