@@ -55,6 +55,8 @@ log = logging.getLogger("nmt")
 
 EAGER_STEPS = 2  # steps run as they are before a capture: the state's shape settles in the
 # first (coverage appears), and the second warms the kernels up on a side stream
+_FAILED: list[str] = []  # why a capture failed in this process, whose later batches then
+# run without graphs instead of failing again
 
 
 @dataclass
@@ -148,8 +150,9 @@ def device_beam_search(
 
 
 def _captures(decoding: DecodingConfig, device: torch.device) -> bool:
-    """Whether the step is captured as a CUDA graph (``decoding.cuda_graphs``, on a GPU)."""
-    return decoding.cuda_graphs and device.type == "cuda"
+    """Whether the step is captured as a CUDA graph (``decoding.cuda_graphs``, on a GPU,
+    unless a capture failed before in this process)."""
+    return decoding.cuda_graphs and device.type == "cuda" and not _FAILED
 
 
 def _search_step(scorer: Stepper[Any], carry: _Carry, fixed: _Fixed, strict: bool = False) -> None:
@@ -255,8 +258,8 @@ def _write_back(into: Any, new: Any, strict: bool = False) -> Any:
 def _captured(scorer: Stepper[Any], carry: _Carry, fixed: _Fixed) -> Callable[[], None] | None:
     """The search step as a CUDA graph: warmed up once on a side stream (a real step), then
     captured (recorded, not run) under autocast without its cache, whose copies of the
-    weights would otherwise live outside the graph; -> its replay, or None (one log line)
-    where the capture fails: the steps then run as they are."""
+    weights would otherwise live outside the graph; -> its replay, or None where the capture
+    fails: one log line, and this batch's steps and every later batch's run as they are."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -271,8 +274,10 @@ def _captured(scorer: Stepper[Any], carry: _Carry, fixed: _Fixed) -> Callable[[]
         with no_cache, torch.cuda.graph(graph):
             _search_step(scorer, carry, fixed, strict=True)
     except (RuntimeError, ValueError) as error:
+        _FAILED.append(str(error))
         log.warning(
-            "beam search: its step could not be captured as a CUDA graph (%s); it runs without one",
+            "beam search: its step could not be captured as a CUDA graph (%s); beam search "
+            "runs without one from now on",
             error,
         )
         return None
