@@ -7,19 +7,19 @@ a resumed run; an update after which the loop validates, saves or stops is read 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from faultinject import nan_losses
 from synthetic import data_section, luong_model_section, write_corpus
 
 import nmt.training.loop as loop_module
 from nmt import checkpoint
 from nmt.config import from_dict
 from nmt.errors import NMTError
-from nmt.model import Seq2Seq, build_model
+from nmt.model import build_model
 from nmt.training import train
 from nmt.training.distributed import Distributed
 from nmt.training.loop import MAX_BAD_STEPS
@@ -54,22 +54,6 @@ def _config(corpus: Path, run_dir: Path, deferred: bool, device: str = "cpu", **
             "run": {"dir": str(run_dir), "device": device},
         }
     )
-
-
-def _nan_losses(monkeypatch: pytest.MonkeyPatch, bad: set[int] | range) -> None:
-    """The training loss NaN on the given training forward passes (from 1)."""
-    real = Seq2Seq.loss
-    calls = {"n": 0}
-
-    def loss(self: Seq2Seq, *tensors: Any, **options: Any) -> Any:
-        loss_sum, nll_sum = real(self, *tensors, **options)
-        if self.training:
-            calls["n"] += 1
-            if calls["n"] in bad:
-                return loss_sum * math.nan, nll_sum * math.nan
-        return loss_sum, nll_sum
-
-    monkeypatch.setattr(Seq2Seq, "loss", loss)
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -120,7 +104,7 @@ def test_a_run_with_deferred_reads_trains_as_one_without(
     monkeypatch.setattr(Run, "save", noted_save)
     runs = {}
     for deferred in (False, True):
-        _nan_losses(monkeypatch, {3, 9})
+        nan_losses(monkeypatch, {3, 9})
         order.clear()
         run_dir = tmp_path / str(deferred)
         runs[deferred] = train(_config(corpus, run_dir, deferred, max_steps=40), quiet=True)
@@ -158,7 +142,7 @@ def test_a_resumed_run_with_deferred_reads_equals_an_uninterrupted_one(
 def test_non_finite_updates_in_a_row_still_stop_the_run(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _nan_losses(monkeypatch, range(13, 1000))
+    nan_losses(monkeypatch, range(13, 1000))
     run_dir = tmp_path / "run"
     with pytest.raises(NMTError, match=f"training diverged: {MAX_BAD_STEPS} non-finite steps"):
         train(_config(corpus, run_dir, True, max_steps=40, save_every=None), quiet=True)
@@ -193,7 +177,7 @@ def test_on_a_gpu_deferred_reads_train_as_reads_at_once(
     to float tolerance (cuDNN's backward adds in its own order), the same losses."""
     logged = {}
     for deferred in (False, True):
-        _nan_losses(monkeypatch, {4})
+        nan_losses(monkeypatch, {4})
         config = _config(corpus, tmp_path / str(deferred), deferred, "cuda", max_steps=30)
         run_dir = train(config, quiet=True)
         logged[deferred] = [r for r in _metrics(run_dir) if r.get("split") == "train"]

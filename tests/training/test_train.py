@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from faultinject import nan_losses
 from runs import read_metrics
 from synthetic import data_section, luong_model_section, write_corpus
 
@@ -334,22 +335,6 @@ def test_fp16_overflows_are_counted_and_do_not_stop_training(
 
 
 # ----------------------------------------------------------------------------- non-finite losses
-
-
-def nan_losses(monkeypatch: pytest.MonkeyPatch, bad_calls: set[int] | range) -> None:
-    """Make the training loss NaN on the given training forward passes (counting from 1)."""
-    real_loss = Seq2Seq.loss
-    calls = {"n": 0}
-
-    def loss(self: Seq2Seq, *tensors: Any, **options: Any) -> Any:
-        loss_sum, nll_sum = real_loss(self, *tensors, **options)
-        if self.training:
-            calls["n"] += 1
-            if calls["n"] in bad_calls:
-                return loss_sum * math.nan, nll_sum * math.nan
-        return loss_sum, nll_sum
-
-    monkeypatch.setattr(Seq2Seq, "loss", loss)
 
 
 def test_a_single_nan_loss_is_skipped(
