@@ -324,10 +324,10 @@ class DecodingConfig(Section):
     )
     device_loop: bool | None = Field(
         None,
-        description="beam search reads nothing from the device until a batch ends: every "
-        "sentence keeps its beams to the end, and the host learns that all are done without "
-        "waiting (null: on a GPU; prefixes, constraints and no_repeat_ngram read every "
-        "step)",
+        description="beam and greedy search read nothing from the device until a batch "
+        "ends: every sentence keeps its rows to the end, in fixed shapes, and the host "
+        "learns that all are done without waiting (null: on a GPU; prefixes, constraints and "
+        "no_repeat_ngram read every step)",
     )
     cuda_graphs: bool = Field(
         True,

@@ -1,6 +1,7 @@
-"""Beam search with its loop on the device (``decoding.device_loop``, a GPU's default): the
-search of ``nmt.decoding.search.beam_search``, the same scores, in fixed shapes, so that the
-host never waits for a step and, on a GPU, a step is one CUDA graph replayed.
+"""Search with its loop on the device (``decoding.device_loop``, a GPU's default): the
+searches of ``nmt.decoding.search`` (``beam_search``, and ``greedy_search`` below), the same
+scores, in fixed shapes, so that the host never waits for a step and, on a GPU, a step is
+one CUDA graph replayed.
 
 The plain loop reads once a step which sentences are done, to drop them; on a GPU each read
 waits until the device has run every kernel queued so far, and each of a step's many small
@@ -14,6 +15,9 @@ everything a step reads and writes (``_Carry``) has a fixed shape and address:
   coverage (N, S), T the batch's longest output, written one column a step;
 - each sentence's finished hypotheses (``Finished`` at its full size, written in place);
 - whether each sentence is done, and the model's state (its ``step`` a 0-d tensor too).
+
+Greedy search keeps less: each row's tokens, their log-probabilities and attention, each
+(B, T), written a column a step, whether each row has ended, and the model's state.
 
 A step writes each of these back into its own tensor (``_write_back``). On a GPU
 (``decoding.cuda_graphs``) the first steps run as they are, the next is captured as a CUDA
@@ -49,6 +53,7 @@ from nmt.decoding.search import (
     coverage_penalty,
     length_penalty,
 )
+from nmt.fast.topk import row_max
 from nmt.vocab import BOS_ID, EOS_ID
 
 log = logging.getLogger("nmt")
@@ -134,19 +139,75 @@ def device_beam_search(
         ),
         state=_step_as_tensor(scorer.encode(src, src_lengths, repeat=beam_size), device),
     )
-    graphs = _captures(decoding, device)
-    flag = DoneFlag(device)
+
+    def step(strict: bool = False) -> None:
+        _search_step(scorer, carry, fixed, strict)
+
+    _run(step, carry.done, longest, _captures(decoding, device))
+    return carry.finished.hypotheses(n_best)
+
+
+@torch.no_grad()
+def device_greedy_search(
+    scorer: Stepper[Any],
+    src: Tensor,
+    src_lengths: Tensor,
+    decoding: DecodingConfig,
+    limits: list[int],
+    keep_alphas: bool,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Greedy search of one batch (``nmt.decoding.search.greedy_search``'s, without
+    prefixes or ``no_repeat_ngram``) in fixed shapes: -> each row's tokens (B, T), the
+    log-probability of each (0 after its EOS) (B, T) and, with ``keep_alphas``, its
+    attention (B, T, S); T the longest output, every row's first EOS within it."""
+    device, batch, longest = src.device, src.size(0), max(limits)
+    limit = torch.tensor(limits, device=device)
+    position = torch.ones((), dtype=torch.long, device=device)
+    prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=device)
+    tokens = torch.zeros((batch, longest), dtype=torch.long, device=device)
+    ended = torch.zeros(batch, dtype=torch.bool, device=device)
+    state = _step_as_tensor(scorer.encode(src, src_lengths), device)
+    made: dict[str, Tensor] = {}  # the scores and attention, made at the first (eager) step
+    # in the log-probabilities' dtype
+
+    def step(strict: bool = False) -> None:
+        """The argmax of each row (EOS at its limit), written at the position's column."""
+        log_probs, step_alphas, new_state = scorer.step(prev, state)  # (B, V), (B, S)
+        if not made:
+            made["scores"] = log_probs.new_zeros((batch, longest))
+            made["alphas"] = step_alphas.new_zeros((batch, longest, src.size(1))).float()
+        best, chosen = row_max(log_probs, scorer.native_kernels)  # (B,), (B,)
+        at_limit = limit <= position
+        chosen = chosen.masked_fill(at_limit, EOS_ID)
+        best = torch.where(at_limit, log_probs[:, EOS_ID], best)
+        column = (position - 1).view(1)
+        tokens.index_copy_(1, column, chosen[:, None])
+        made["scores"].index_copy_(1, column, best.masked_fill(ended, 0.0)[:, None])
+        if keep_alphas:
+            made["alphas"].index_copy_(1, column, step_alphas.float()[:, None])
+        ended.logical_or_(chosen == EOS_ID)
+        prev.copy_(chosen)
+        _write_back(state, new_state, strict)
+        position.add_(1)
+
+    _run(step, ended, longest, _captures(decoding, device))
+    return tokens, made["scores"], made["alphas"] if keep_alphas else None
+
+
+def _run(step: Callable[..., None], done: Tensor, longest: int, graphs: bool) -> None:
+    """At most ``longest`` steps, until ``done`` (a flag the host never waits for); with
+    ``graphs``, the step after the first EAGER_STEPS is captured and the rest replay it."""
+    flag = DoneFlag(done.device)
     replay: Callable[[], None] | None = None
     for index in range(longest):
         if replay is not None:
             replay()
         elif graphs and index == EAGER_STEPS:  # the warm-up before the capture is this step
-            replay = _captured(scorer, carry, fixed)
+            replay = _captured(step)
         else:
-            _search_step(scorer, carry, fixed)
-        if flag.all_done(carry.done):
+            step()
+        if flag.all_done(done):
             break
-    return carry.finished.hypotheses(n_best)
 
 
 def _captures(decoding: DecodingConfig, device: torch.device) -> bool:
@@ -255,15 +316,16 @@ def _write_back(into: Any, new: Any, strict: bool = False) -> Any:
     return new
 
 
-def _captured(scorer: Stepper[Any], carry: _Carry, fixed: _Fixed) -> Callable[[], None] | None:
-    """The search step as a CUDA graph: warmed up once on a side stream (a real step), then
-    captured (recorded, not run) under autocast without its cache, whose copies of the
-    weights would otherwise live outside the graph; -> its replay, or None where the capture
-    fails: one log line, and this batch's steps and every later batch's run as they are."""
+def _captured(step: Callable[..., None]) -> Callable[[], None] | None:
+    """``step`` as a CUDA graph: warmed up once on a side stream (a real step), then
+    captured (recorded, not run; ``step(strict=True)``) under autocast without its cache,
+    whose copies of the weights would otherwise live outside the graph; -> its replay, or
+    None where the capture fails: one log line, and this batch's steps and every later
+    batch's run as they are."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        _search_step(scorer, carry, fixed)
+        step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     no_cache: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
@@ -272,12 +334,12 @@ def _captured(scorer: Stepper[Any], carry: _Carry, fixed: _Fixed) -> Callable[[]
         no_cache = torch.autocast("cuda", dtype=dtype, cache_enabled=False)
     try:
         with no_cache, torch.cuda.graph(graph):
-            _search_step(scorer, carry, fixed, strict=True)
+            step(strict=True)
     except (RuntimeError, ValueError) as error:
         _FAILED.append(str(error))
         log.warning(
-            "beam search: its step could not be captured as a CUDA graph (%s); beam search "
-            "runs without one from now on",
+            "search: its step could not be captured as a CUDA graph (%s); search runs "
+            "without one from now on",
             error,
         )
         return None

@@ -88,13 +88,21 @@ def greedy_search(
 
     Like beam search, a sentence at its maximum length may only end (EOS is forced), and the
     score is s(Y, x) of the output including EOS. Rows that have ended are dropped from the
-    batch (``kept_rows``); each step's results are written back into whole-batch rows.
+    batch (``kept_rows``); each step's results are written back into whole-batch rows. With
+    ``decoding.device_loop`` (a GPU's default) the search runs in fixed shapes, every row to
+    the end, nothing read until then (``nmt.decoding.device_loop``).
     """
     scorer = stepper(model)
     batch = src.size(0)
     no_repeat_ngram = decoding.no_repeat_ngram
     steering = Steering(prefixes) if prefixes is not None else None
     limits = search_limits(src_lengths, decoding.max_len_ratio, decoding.max_len_offset, steering)
+    keep_alphas = return_attention or decoding.coverage_penalty > 0
+    if runs_on_device(decoding, src.device, steering):
+        from nmt.decoding.device_loop import device_greedy_search  # (it imports this module)
+
+        found = device_greedy_search(scorer, src, src_lengths, decoding, limits, keep_alphas)
+        return _collect_greedy(*found, src_lengths, decoding, return_attention)
     state = scorer.encode(src, src_lengths)
     prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=src.device)
     rows = torch.arange(batch, device=src.device)  # the batch rows still stepped
@@ -103,7 +111,6 @@ def greedy_search(
     tokens: list[Tensor] = []
     scores: list[Tensor] = []
     alphas: list[Tensor] = []
-    keep_alphas = return_attention or decoding.coverage_penalty > 0
     ended = torch.zeros(batch, dtype=torch.bool, device=src.device)  # (N,) rows past EOS
     for t in range(max(limits)):
         log_probs, alphas_t, state = scorer.step(prev, state)  # (N, V), (N, S)
@@ -130,7 +137,14 @@ def greedy_search(
             rows, prev, live_limits, ended = rows[keep], prev[keep], live_limits[keep], ended[keep]
             if live_prefixes is not None:
                 live_prefixes = [live_prefixes[i] for i in chosen]
-    return _collect_greedy(tokens, scores, alphas, src_lengths, decoding, return_attention)
+    return _collect_greedy(
+        torch.stack(tokens, dim=1),
+        torch.stack(scores, dim=1),
+        torch.stack(alphas, dim=1) if alphas else None,
+        src_lengths,
+        decoding,
+        return_attention,
+    )
 
 
 MIN_ROWS = 16  # rows a batch keeps while it drops ended sentences (see ``kept_rows``)
@@ -165,16 +179,18 @@ def _whole(values: Tensor, rows: Tensor, batch: int, fill: float) -> Tensor:
 
 
 def _collect_greedy(
-    tokens: list[Tensor],
-    scores: list[Tensor],
-    alphas: list[Tensor],
+    tokens: Tensor,
+    scores: Tensor,
+    alphas: Tensor | None,
     src_lengths: Tensor,
     decoding: DecodingConfig,
     return_attention: bool,
 ) -> list[Hypothesis]:
-    ids = torch.stack(tokens, dim=1).tolist()  # (B, T)
-    score_rows = torch.stack(scores, dim=1).cpu()  # (B, T)
-    attention = torch.stack(alphas, dim=1).cpu() if alphas else None  # (B, T, S)
+    """Each row's output up to its first EOS: tokens (B, T), each token's log-probability
+    (B, T) and attention (B, T, S) or None -> its Hypothesis."""
+    ids = tokens.tolist()  # (B, T)
+    score_rows = scores.cpu()  # (B, T)
+    attention = alphas.cpu() if alphas is not None else None  # (B, T, S)
     beta = decoding.coverage_penalty
     out = []
     for row, seq in enumerate(ids):
@@ -390,10 +406,10 @@ def _hypotheses(
 def runs_on_device(
     decoding: DecodingConfig, device: torch.device, steering: Steering | None
 ) -> bool:
-    """Whether a beam search keeps its loop on the device (``decoding.device_loop``; None:
-    on a GPU; ``nmt.decoding.device_loop``). Prefixes and constraints are steered from the
-    host, and ``no_repeat_ngram`` reads the outputs' history, at every step: a search with
-    them takes the plain loop."""
+    """Whether a search (beam or greedy) keeps its loop on the device
+    (``decoding.device_loop``; None: on a GPU; ``nmt.decoding.device_loop``). Prefixes and
+    constraints are steered from the host, and ``no_repeat_ngram`` reads the outputs'
+    history, at every step: a search with them takes the plain loop."""
     wanted = decoding.device_loop
     if wanted is None:
         wanted = device.type == "cuda"

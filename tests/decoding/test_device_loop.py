@@ -18,7 +18,7 @@ from nmt.config import DecodingConfig, from_dict
 from nmt.decoding import device_loop
 from nmt.decoding.ensemble import Ensemble, EnsembleState
 from nmt.decoding.finished import DoneFlag, Finished
-from nmt.decoding.search import beam_search, length_penalty, runs_on_device
+from nmt.decoding.search import beam_search, greedy_search, length_penalty, runs_on_device
 from nmt.decoding.steering import Steering
 from nmt.model import Seq2Seq, build_model
 from nmt.model.decoder import DecoderState
@@ -251,17 +251,18 @@ def test_after_the_first_steps_a_step_replaces_nothing(
     (``strict``: a replacement is an error) writes into the same tensors at the same
     addresses, and the search still gives the plain loop's hypotheses."""
     addresses: list[list[int]] = []
+    search_step = device_loop._search_step
 
-    def emulated(scorer, carry, fixed):  # the capture's warm-up, then "replays"
-        device_loop._search_step(scorer, carry, fixed)
-        tensors = _carried_tensors(carry)
+    def noted(scorer, carry, fixed, strict=False):  # each strict step's tensors' addresses
+        search_step(scorer, carry, fixed, strict)
+        if strict:
+            addresses.append([t.data_ptr() for t in _carried_tensors(carry)])
 
-        def replay() -> None:
-            device_loop._search_step(scorer, carry, fixed, strict=True)
-            addresses.append([t.data_ptr() for t in tensors])
+    def emulated(step):  # the capture's warm-up, then "replays" that replace nothing
+        step()
+        return lambda: step(strict=True)
 
-        return replay
-
+    monkeypatch.setattr(device_loop, "_search_step", noted)
     monkeypatch.setattr(device_loop, "_captures", lambda decoding, device: True)
     monkeypatch.setattr(device_loop, "_captured", emulated)
     model = _model(variant, seed=3)
@@ -269,6 +270,27 @@ def test_after_the_first_steps_a_step_replaces_nothing(
     plain, on_device = _both(model, src, src_lengths, 3, True, coverage_penalty=0.3)
     _assert_same(plain, on_device, attention=True)
     assert len(addresses) >= 3 and all(a == addresses[0] for a in addresses)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_greedy_through_the_device_loop(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy search in fixed shapes gives plain greedy's hypotheses in float64 (attention
+    and a coverage penalty too); after its first two steps a step replaces nothing."""
+    model = _model(variant, seed=7)
+    src, src_lengths = source(LENGTHS, VOCAB, seed=8)
+    options = {"beam_size": 1, "coverage_penalty": 0.3, "max_len_offset": 6}
+    plain = greedy_search(model, src, src_lengths, _options(False, **options), True)
+    strict: list[bool] = []
+
+    def emulated(step):
+        step()
+        return lambda: (step(strict=True), strict.append(True))
+
+    monkeypatch.setattr(device_loop, "_captures", lambda decoding, device: True)
+    monkeypatch.setattr(device_loop, "_captured", emulated)
+    on_device = greedy_search(model, src, src_lengths, _options(True, **options), True)
+    _assert_same([[h] for h in plain], [[h] for h in on_device], attention=True)
+    assert len(strict) >= 3
 
 
 def test_a_strict_step_refuses_to_replace_a_tensor() -> None:
@@ -287,8 +309,8 @@ def test_a_strict_step_refuses_to_replace_a_tensor() -> None:
 @pytest.mark.parametrize("variant", ["bahdanau", "luong-feed-dot", "coverage-neural", "local-p"])
 def test_the_device_loop_on_cuda(variant: str, caplog: pytest.LogCaptureFixture) -> None:
     """On a GPU, where the flag arrives late, with the step captured as a CUDA graph and
-    without: the plain loop's hypotheses in float64, attention and a coverage penalty too;
-    and the capture did not fall back."""
+    without: the plain loop's hypotheses in float64, attention and a coverage penalty too,
+    beam search and greedy; and no capture fell back."""
     model = _model(variant, seed=3).cuda()
     src, src_lengths = source(LENGTHS, VOCAB, seed=5)
     src, src_lengths = src.cuda(), src_lengths.cuda()
@@ -297,6 +319,12 @@ def test_the_device_loop_on_cuda(variant: str, caplog: pytest.LogCaptureFixture)
     for graphs in (False, True):
         config = _options(True, cuda_graphs=graphs, **options)
         _assert_same(plain, beam_search(model, src, src_lengths, config, 3, True), True)
+    greedy = {**options, "beam_size": 1}
+    first = greedy_search(model, src, src_lengths, _options(False, **greedy), True)
+    for graphs in (False, True):
+        config = _options(True, cuda_graphs=graphs, **greedy)
+        found = greedy_search(model, src, src_lengths, config, True)
+        _assert_same([[h] for h in first], [[h] for h in found], True)
     assert "could not be captured" not in caplog.text
 
 
