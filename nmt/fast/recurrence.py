@@ -28,7 +28,7 @@ import functools
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from nmt.fast.dropout import dropout
 from nmt.fast.gru import GRULayer
@@ -155,7 +155,23 @@ def _module_call(
 ) -> tuple[Tensor, RNNState]:
     if lengths is None:
         return rnn(inputs, state)  # type: ignore[no-any-return]
-    packed = pack_padded_sequence(inputs, lengths.cpu(), batch_first=True, enforce_sorted=False)
-    packed_out, final = rnn(packed, state)
+    packed_out, final = rnn(packed_sequence(inputs, lengths), state)
     outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=inputs.size(1))
     return outputs, final
+
+
+def packed_sequence(inputs: Tensor, lengths: Tensor) -> PackedSequence:
+    """``pack_padded_sequence(inputs, lengths, batch_first=True, enforce_sorted=False)``,
+    the same sequence, without waiting for a GPU: the lengths are sorted on the host (where
+    training keeps them, ``nmt.training.batches.to_device``; a GPU's are copied back first),
+    and the order goes to the GPU through page-locked memory, not by a blocking copy."""
+    host_lengths, order = torch.sort(lengths.cpu(), descending=True)
+    if inputs.device.type == "cuda":
+        order = order.pin_memory().to(inputs.device, non_blocking=True)
+    packed = pack_padded_sequence(
+        inputs.index_select(0, order), host_lengths, batch_first=True, enforce_sorted=True
+    )
+    restore = torch.empty_like(order).scatter_(
+        0, order, torch.arange(len(order), device=order.device)
+    )
+    return PackedSequence(packed.data, packed.batch_sizes, order, restore)

@@ -6,6 +6,7 @@ scripts/bench.py take them from here."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -54,10 +55,12 @@ def host_batch(corpus: Corpus, indices: np.ndarray, batch_tokens: int, shaped: b
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
     """A host batch on ``device``. A GPU's goes through page-locked memory, so that its copy
-    does not wait for the GPU."""
-    if device.type == "cuda":
-        batch = batch.pin_memory()
-    return batch.to(device)
+    does not wait for the GPU, and keeps its source lengths on the host: the encoder's packed
+    RNN reads them there (``fast.recurrence.packed_sequence``), and a copy back from the GPU
+    would wait for every kernel queued before it."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return dataclasses.replace(batch.pin_memory().to(device), src_lengths=batch.src_lengths)
 
 
 class Prefetch:

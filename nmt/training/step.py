@@ -186,7 +186,7 @@ def _split_batch(batch: Batch, pieces: int) -> list[Batch]:
     out = []
     for rows in np.array_split(np.arange(batch.src.size(0)), pieces):
         index = torch.as_tensor(rows, device=batch.src.device)
-        src_lengths = batch.src_lengths[index]
+        src_lengths = batch.src_lengths[torch.as_tensor(rows, device=batch.src_lengths.device)]
         trg_out = batch.trg_out[index]
         src_len = int(src_lengths.max())
         trg_len = int((trg_out != PAD_ID).sum(dim=1).max())

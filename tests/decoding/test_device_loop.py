@@ -344,3 +344,28 @@ def test_the_captured_step_under_bf16_autocast() -> None:
     for eager, replayed in zip(found[False], found[True], strict=True):
         assert [h.tokens for h in eager] == [h.tokens for h in replayed]
         assert [h.score for h in eager] == pytest.approx([h.score for h in replayed], abs=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_loop_never_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's sync debug mode raises on any operation that waits for the GPU: the device
+    loop's steps and flags (beam search and greedy, without graphs, whose capture itself
+    synchronises) raise nothing."""
+    run = device_loop._run
+
+    def checked(*args, **kwargs):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return run(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    monkeypatch.setattr(device_loop, "_run", checked)
+    model = _model("luong-feed-dot", seed=2).cuda()
+    src, src_lengths = source(LENGTHS, VOCAB, seed=4)
+    src, src_lengths = src.cuda(), src_lengths.cuda()
+    for beam in (4, 1):
+        config = _options(True, beam_size=beam, cuda_graphs=False, coverage_penalty=0.2)
+        beam_search(model, src, src_lengths, config, 1, True)

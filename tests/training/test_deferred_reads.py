@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from faultinject import nan_losses
@@ -18,14 +19,16 @@ from synthetic import data_section, luong_model_section, write_corpus
 import nmt.training.loop as loop_module
 from nmt import checkpoint
 from nmt.config import from_dict
+from nmt.data.batching import make_batch
 from nmt.errors import NMTError
 from nmt.model import build_model
 from nmt.training import train
+from nmt.training.batches import to_device
 from nmt.training.distributed import Distributed
 from nmt.training.loop import MAX_BAD_STEPS
 from nmt.training.resume import rng_state
 from nmt.training.run import Run
-from nmt.training.step import PendingStep, Updater
+from nmt.training.step import PendingStep, Updater, backward, queue_update
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +188,32 @@ def test_on_a_gpu_deferred_reads_train_as_reads_at_once(
     assert [r["step"] for r in logged[True]] == [r["step"] for r in logged[False]]
     for ours, theirs in zip(logged[True], logged[False], strict=True):
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_on_a_gpu_a_deferred_update_never_waits(
+    corpus: Path, tmp_path: Path, precision: str
+) -> None:
+    """torch's sync debug mode raises on any operation that waits for the GPU: a deferred
+    update (backward, clip, the step skipped or not on the device) raises nothing."""
+    config = _config(corpus, tmp_path, True, "cuda")
+    cuda = torch.device("cuda")
+    model = build_model(config.model, 40, 40).to(cuda).train()
+    updater = Updater.build(config, model, precision, cuda, Distributed())
+    assert updater.defers
+    rng = np.random.default_rng(0)
+    src = [rng.integers(4, 40, size=int(n)).tolist() for n in rng.integers(2, 12, size=16)]
+    trg = [rng.integers(4, 40, size=int(n)).tolist() for n in rng.integers(2, 12, size=16)]
+    batch = to_device(make_batch(src, trg, np.arange(16)), cuda)
+    tokens = int((batch.trg_out != 0).sum())
+    for _ in range(2):  # the first steps make the optimiser's state and cuBLAS's handles
+        queue_update(updater, backward(updater, [batch], tokens), None, None).read()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        queued = queue_update(updater, backward(updater, [batch], tokens), None, None)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert queued.read().status == "applied"
