@@ -63,7 +63,7 @@ for stage in $STAGES; do
         timeout "${TEST_SECONDS:-210}" $PY -m pytest -p no:cacheprovider -o addopts="" \
             -m "gpu and not slow" -q --timeout 200 tests/fast/test_graphs_cuda.py \
             tests/training/test_gpu.py tests/training/test_deferred_reads.py \
-            tests/decoding/test_device_loop.py 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+            tests/decoding/test_device_loop.py tests/fast/test_packing.py 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     bench)
         bench_pair bench 170 --configs "$CONFIGS" ;;
     large)
