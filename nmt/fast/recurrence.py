@@ -161,17 +161,25 @@ def _module_call(
 
 
 def packed_sequence(inputs: Tensor, lengths: Tensor) -> PackedSequence:
-    """``pack_padded_sequence(inputs, lengths, batch_first=True, enforce_sorted=False)``,
-    the same sequence, without waiting for a GPU: the lengths are sorted on the host (where
-    training keeps them, ``nmt.training.batches.to_device``; a GPU's are copied back first),
-    and the order goes to the GPU through page-locked memory, not by a blocking copy."""
+    """``pack_padded_sequence(inputs, lengths, batch_first=True, enforce_sorted=False)``; on
+    a GPU the same sequence made without waiting for it (``unwaited_pack``)."""
+    if inputs.device.type == "cuda":
+        return unwaited_pack(inputs, lengths)
+    return pack_padded_sequence(inputs, lengths.cpu(), batch_first=True, enforce_sorted=False)
+
+
+def unwaited_pack(inputs: Tensor, lengths: Tensor) -> PackedSequence:
+    """The packed sequence of ``pack_padded_sequence(..., enforce_sorted=False)``, the
+    lengths sorted on the host (where training keeps them, ``nmt.training.batches.to_device``;
+    a GPU's are copied back first) and the order sent to a GPU through page-locked memory,
+    not by the blocking copy that waits for every kernel queued before it. (Elsewhere torch's
+    own call packs: the ONNX export traces it.)"""
     host_lengths, order = torch.sort(lengths.cpu(), descending=True)
     if inputs.device.type == "cuda":
         order = order.pin_memory().to(inputs.device, non_blocking=True)
     packed = pack_padded_sequence(
         inputs.index_select(0, order), host_lengths, batch_first=True, enforce_sorted=True
     )
-    restore = torch.empty_like(order).scatter_(
-        0, order, torch.arange(len(order), device=order.device)
-    )
+    positions = torch.arange(len(order), device=order.device)
+    restore = torch.empty_like(order).scatter_(0, order, positions)
     return PackedSequence(packed.data, packed.batch_sizes, order, restore)

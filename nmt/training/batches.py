@@ -56,7 +56,7 @@ def host_batch(corpus: Corpus, indices: np.ndarray, batch_tokens: int, shaped: b
 def to_device(batch: Batch, device: torch.device) -> Batch:
     """A host batch on ``device``. A GPU's goes through page-locked memory, so that its copy
     does not wait for the GPU, and keeps its source lengths on the host: the encoder's packed
-    RNN reads them there (``fast.recurrence.packed_sequence``), and a copy back from the GPU
+    RNN reads them there (``fast.recurrence.unwaited_pack``), and a copy back from the GPU
     would wait for every kernel queued before it."""
     if device.type != "cuda":
         return batch.to(device)
