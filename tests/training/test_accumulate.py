@@ -109,6 +109,7 @@ def test_the_loss_scaler_scales_every_batch_and_unscales_once() -> None:
 def _accumulating_rank(rank: int, world: int, port: int, out: Path) -> None:
     """One rank: one update of two batches; a comm hook counts the gradient all-reduces."""
     place, device = join_group(rank, world, port)
+    done = False
     try:
         model = tiny_model()
         loss_module = loss_for_training(model, 0.1, place)
@@ -132,8 +133,10 @@ def _accumulating_rank(rank: int, world: int, port: int, out: Path) -> None:
             {"grads": _grads(model), "single": single, "accumulated": len(calls)},
             out / f"{rank}.pt",
         )
-    finally:
-        shutdown_distributed(place)
+        done = True
+    finally:  # after a normal end, wait for the other rank before leaving (gloo aborts a
+        # process whose threads are torn down while the other still talks to it)
+        shutdown_distributed(place, wait_for_all=done)
 
 
 def test_ddp_all_reduces_once_per_update(tmp_path: Path) -> None:

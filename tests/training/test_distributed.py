@@ -98,6 +98,7 @@ def join_group(rank: int, world: int, port: int) -> tuple[Any, torch.device]:
 def _two_steps(rank: int, world: int, port: int, out: Path) -> None:
     """One rank: two DDP updates; the second with rank 0's batch split for out-of-memory."""
     place, device = join_group(rank, world, port)
+    done = False
     try:
         model = tiny_model()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -112,8 +113,10 @@ def _two_steps(rank: int, world: int, port: int, out: Path) -> None:
             grads = {n: p.grad.clone() for n, p in model.named_parameters()}
             apply_update(model, optimizer, None, 1.0)
             torch.save({"grads": grads, "model": model.state_dict()}, out / f"{rank}-{step}.pt")
-    finally:
-        shutdown_distributed(place)
+        done = True
+    finally:  # after a normal end, wait for the other rank before leaving (gloo aborts a
+        # process whose threads are torn down while the other still talks to it)
+        shutdown_distributed(place, wait_for_all=done)
 
 
 def spawn(fn: Any, world: int, *args: Any, timeout: float = 120) -> None:
