@@ -49,6 +49,10 @@ from nmt.decoding.ensemble import EnsembleState, Stepper
 from nmt.decoding.finished import DoneFlag, Finished
 from nmt.decoding.search import (
     _Beams,
+    _finalise,
+    _next_alive,
+    _now_done,
+    _Step,
     _top_candidates,
     coverage_penalty,
     length_penalty,
@@ -225,33 +229,21 @@ def _search_step(scorer: Stepper[Any], carry: _Carry, fixed: _Fixed, strict: boo
     penalty = fixed.penalties.index_select(0, column)  # lp(length), (1,) float64
     log_probs, step_alphas, state = scorer.step(carry.prev, carry.state)  # (N, V), (N, S)
     _force_eos_on_device(log_probs, fixed.limit, length, beam_size)
-    beams = _Beams(carry.scores, carry.tokens, None, None, None)
+    beams = _Beams(carry.scores, carry.tokens, carry.alphas, None, None)
     top_scores, origins, top_tokens = _top_candidates(
         beams, log_probs, beam_size, scorer.native_kernels
     )  # (B, 2K)
     kept = step_alphas.float() if carry.alphas is not None or carry.coverage is not None else None
-
-    # the candidates that end in EOS among each open sentence's top K are finished
-    first_scores, first_tokens = top_scores[:, :beam_size], top_tokens[:, :beam_size]
-    is_eos = (first_tokens == EOS_ID) & torch.isfinite(first_scores) & ~carry.done[:, None]
-    sources = fixed.first_rows + origins[:, :beam_size]  # (B, K) their rows
-    log_prob = first_scores.double()
-    score = log_prob / penalty
+    penalties = None  # (N,) float64: each row's coverage penalty, were it to end here
     if carry.coverage is not None and kept is not None:
         summed = carry.coverage + kept
-        score = score + coverage_penalty(summed, fixed.row_lengths, fixed.beta).double()[sources]
-    ended_alphas = None
-    if carry.alphas is not None and kept is not None:
-        ended_alphas = carry.alphas[sources].index_copy_(2, column, kept[sources].unsqueeze(2))
-    carry.finished.add(
-        score.masked_fill(~is_eos, -math.inf), log_prob, length, carry.tokens[sources], ended_alphas
-    )
-
-    # the next K alive hypotheses: the best candidates that do not end
-    alive = top_scores.masked_fill(top_tokens == EOS_ID, -math.inf)
-    alive_scores, pick = alive.topk(beam_size, dim=-1)  # (B, K)
-    chosen = top_tokens.gather(1, pick).view(-1, 1)  # (N, 1)
-    flat = (fixed.first_rows + origins.gather(1, pick)).view(-1)  # (N,)
+        penalties = coverage_penalty(summed, fixed.row_lengths, fixed.beta).double()
+    step = _Step(top_scores, origins, top_tokens, kept, penalties)
+    _finalise(carry.finished, beams, step, carry.done, length, penalty, column)
+    # the next K alive hypotheses (no constraints here: the limits are not read)
+    alive_scores, picked, tokens, _ = _next_alive(beams, log_probs, step, [], 0)  # (B, K)
+    chosen = tokens.view(-1, 1)  # (N, 1)
+    flat = (fixed.first_rows + picked).view(-1)  # (N,)
     _write_back(carry.state, scorer.reorder(state, flat), strict)
     carry.tokens.copy_(carry.tokens[flat].index_copy_(1, column, chosen))
     if carry.alphas is not None and kept is not None:
@@ -260,10 +252,7 @@ def _search_step(scorer: Stepper[Any], carry: _Carry, fixed: _Fixed, strict: boo
         carry.coverage.copy_(carry.coverage[flat] + kept[flat])
     carry.prev.copy_(chosen.view(-1))
 
-    # done: at the length limit, or K finished and none alive can beat the best
-    beaten = carry.finished.best() >= alive_scores[:, 0].double() / penalty
-    finished_enough = carry.finished.count >= beam_size
-    carry.done |= (fixed.limit <= length) | (finished_enough & beaten)
+    carry.done |= _now_done(carry.finished, alive_scores, length, fixed.limit, beam_size, penalty)
     carry.scores.copy_(alive_scores.masked_fill(carry.done[:, None], -math.inf))
     carry.position += 1
 

@@ -265,25 +265,33 @@ def _finalise(
     beams: _Beams,
     step: _Step,
     done: Tensor,
-    length: int,
-    alpha: float,
+    length: int | Tensor,
+    penalty: float | Tensor,
+    column: Tensor | None = None,
 ) -> None:
     """Set aside candidates that end in EOS among each open sentence's top K, with their
-    score s(Y, x) in float64 (nothing where none ended)."""
+    score s(Y, x) in float64, ``penalty`` lp(length). ``column``: the device loop's (1,)
+    column of this step in fixed-width beams (``nmt.decoding.device_loop``), where the
+    candidates are added without first reading whether any ended; else nothing is added
+    where none ended."""
     beam_size = beams.scores.size(1)
     top_scores, top_tokens = step.scores[:, :beam_size], step.tokens[:, :beam_size]
     is_eos = (top_tokens == EOS_ID) & torch.isfinite(top_scores) & ~done[:, None]  # (N, K)
-    if not bool(is_eos.any()):
+    if column is None and not bool(is_eos.any()):
         return
     sentences = torch.arange(top_scores.size(0), device=top_scores.device)[:, None]
     sources = sentences * beam_size + step.origins[:, :beam_size]  # (N, K) their rows
     log_prob = top_scores.double()
-    score = log_prob / length_penalty(length, alpha)
+    score = log_prob / penalty
     if step.penalties is not None:
         score = score + step.penalties[sources]
-    alphas = None  # (N, K, length, S)
+    alphas = None  # (N, K, length or T, S)
     if beams.alphas is not None and step.alphas is not None:
-        alphas = torch.cat([beams.alphas[sources], step.alphas[sources].unsqueeze(2)], dim=2)
+        ended = step.alphas[sources].unsqueeze(2)  # (N, K, 1, S)
+        if column is None:
+            alphas = torch.cat([beams.alphas[sources], ended], dim=2)
+        else:
+            alphas = beams.alphas[sources].index_copy_(2, column, ended)
     finished.add(
         score.masked_fill(~is_eos, -math.inf), log_prob, length, beams.tokens[sources], alphas
     )
@@ -292,15 +300,15 @@ def _finalise(
 def _now_done(
     finished: Finished,
     alive_scores: Tensor,
-    length: int,
+    length: int | Tensor,
     limit: Tensor,
     beam_size: int,
-    alpha: float,
+    penalty: float | Tensor,
 ) -> Tensor:
     """(N,) the sentences done after this step: at their length limit, or with K finished
     of which the best scores at least the best alive hypothesis over the length penalty
-    (which only falls as log P does)."""
-    beaten = finished.best() >= alive_scores[:, 0].double() / length_penalty(length, alpha)
+    ``penalty`` lp(length) (which only falls as log P does)."""
+    beaten = finished.best() >= alive_scores[:, 0].double() / penalty
     return (limit <= length) | ((finished.count >= beam_size) & beaten)
 
 
@@ -362,7 +370,8 @@ def beam_search(
             coverage = beams.coverage + kept
             penalties = coverage_penalty(coverage, row_lengths, decoding.coverage_penalty).double()
         step = _Step(scores, origins, tokens, kept, penalties)
-        _finalise(finished, beams, step, live.done, length, alpha)
+        penalty = length_penalty(length, alpha)
+        _finalise(finished, beams, step, live.done, length, penalty)
         alive_scores, origins, tokens, constraint_states = _next_alive(
             beams, log_probs, step, live.limits, length
         )
@@ -371,7 +380,7 @@ def beam_search(
         state = scorer.reorder(state, flat)
         beams = _advance(beams, step, alive_scores, flat, tokens, constraint_states)
         prev = tokens.view(-1)
-        live.done |= _now_done(finished, alive_scores, length, live.limit, beam_size, alpha)
+        live.done |= _now_done(finished, alive_scores, length, live.limit, beam_size, penalty)
         beams.scores.masked_fill_(live.done[:, None], -math.inf)
         done = live.done.tolist()
         if all(done):
