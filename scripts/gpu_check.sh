@@ -15,6 +15,7 @@
 #                                                        # decode prefetch reads (default: the
 #                                                        # first five)
 #   CONFIGS=bahdanau bash scripts/gpu_check.sh bench      # scripts/bench.py --configs
+#   BENCH_SECONDS=120 LARGE_SECONDS=140 TEST_SECONDS=150 DECODE_SECONDS=180 ...  # stage limits
 #   DECODE_MODEL=runs/demo-model.pt bash scripts/gpu_check.sh decode
 #
 # decode needs a trained model (default runs/demo). A model-only checkpoint, small enough to
@@ -65,9 +66,9 @@ for stage in $STAGES; do
             tests/training/test_gpu.py tests/training/test_deferred_reads.py \
             tests/decoding/test_device_loop.py tests/fast/test_packing.py 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     bench)
-        bench_pair bench 170 --configs "$CONFIGS" ;;
+        bench_pair bench "${BENCH_SECONDS:-170}" --configs "$CONFIGS" ;;
     large)
-        bench_pair large 150 --configs "$LARGE_CONFIGS" --large ;;
+        bench_pair large "${LARGE_SECONDS:-150}" --configs "$LARGE_CONFIGS" --large ;;
     reads)
         # each update read at once, then once the next is queued (the default), with graphs
         for setting in false true; do

@@ -156,6 +156,8 @@ def _module_call(
     if lengths is None:
         return rnn(inputs, state)  # type: ignore[no-any-return]
     packed_out, final = rnn(packed_sequence(inputs, lengths), state)
+    if inputs.device.type == "cuda":
+        return unwaited_unpack(packed_out, inputs.size(1)), final
     outputs, _ = pad_packed_sequence(packed_out, batch_first=True, total_length=inputs.size(1))
     return outputs, final
 
@@ -183,3 +185,16 @@ def unwaited_pack(inputs: Tensor, lengths: Tensor) -> PackedSequence:
     positions = torch.arange(len(order), device=order.device)
     restore = torch.empty_like(order).scatter_(0, order, positions)
     return PackedSequence(packed.data, packed.batch_sizes, order, restore)
+
+
+def unwaited_unpack(packed: PackedSequence, total_length: int) -> Tensor:
+    """The outputs of ``pad_packed_sequence(packed, batch_first=True, total_length=...)``
+    without its lengths, which torch restores to the batch's order by indexing with a host
+    copy of ``unsorted_indices``: on a GPU a copy back that waits for every kernel queued
+    before it. Here the rows are unpadded in sorted order (the batch sizes are on the host)
+    and put back in the batch's order on the device."""
+    in_order = PackedSequence(packed.data, packed.batch_sizes)
+    outputs, _ = pad_packed_sequence(in_order, batch_first=True, total_length=total_length)
+    if packed.unsorted_indices is None:
+        return outputs
+    return outputs.index_select(0, packed.unsorted_indices)

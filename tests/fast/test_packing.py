@@ -1,7 +1,8 @@
 """The encoder's packed sequence on a GPU (``fast.recurrence.unwaited_pack``), made without
 waiting for it: the same PackedSequence as ``pack_padded_sequence(..., enforce_sorted=False)``
 and, through it, the same outputs and final states of a 2-layer bidirectional GRU and LSTM,
-checked on a CPU; on a GPU the same outputs with lengths on the host (as training keeps
+checked on a CPU; its unpacking (``unwaited_unpack``), which restores the batch's order on
+the device, gives ``pad_packed_sequence``'s outputs; on a GPU the same outputs with lengths on the host (as training keeps
 them) or beside the inputs, the host's never waiting."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from nmt.fast.recurrence import plain_rnn, unwaited_pack
+from nmt.fast.recurrence import plain_rnn, unwaited_pack, unwaited_unpack
 
 
 def _inputs(lengths: list[int], device: str = "cpu") -> torch.Tensor:
@@ -51,6 +52,29 @@ def test_the_rnn_over_it_gives_torchs_outputs_and_final_states(kind: type[nn.RNN
     assert torch.equal(finals[0], finals[1])
     if kind is nn.LSTM:
         assert torch.equal(final[1], got_final[1])
+
+
+@pytest.mark.parametrize("kind", [nn.GRU, nn.LSTM])
+@pytest.mark.parametrize("lengths", [[4, 7, 1, 7, 3], [2], [1, 2, 3, 4, 5, 6]])
+@pytest.mark.parametrize("extra", [0, 3])
+def test_the_unpacked_outputs_are_torchs(
+    kind: type[nn.RNNBase], lengths: list[int], extra: int
+) -> None:
+    torch.manual_seed(1)
+    rnn = kind(5, 4, batch_first=True, bidirectional=True).double()
+    inputs = _inputs(lengths)
+    total = inputs.size(1) + extra  # padded past the longest, as a batch's bucket may be
+    for packed in (
+        pack_padded_sequence(inputs, torch.tensor(lengths), True, enforce_sorted=False),
+        unwaited_pack(inputs, torch.tensor(lengths)),
+    ):
+        out, _ = rnn(packed)
+        want, _ = pad_packed_sequence(out, batch_first=True, total_length=total)
+        assert torch.equal(unwaited_unpack(out, total), want)
+    ordered = pack_padded_sequence(inputs[:1], torch.tensor(lengths[:1]), True)  # no indices
+    out, _ = rnn(ordered)
+    want, _ = pad_packed_sequence(out, batch_first=True, total_length=total)
+    assert torch.equal(unwaited_unpack(out, total), want)
 
 
 @pytest.mark.gpu

@@ -206,7 +206,7 @@ def test_on_a_gpu_a_deferred_update_never_waits(
     rng = np.random.default_rng(0)
     src = [rng.integers(4, 40, size=int(n)).tolist() for n in rng.integers(2, 12, size=16)]
     trg = [rng.integers(4, 40, size=int(n)).tolist() for n in rng.integers(2, 12, size=16)]
-    batch = to_device(make_batch(src, trg, np.arange(16)), cuda)
+    batch = to_device(make_batch(src, trg, np.arange(16)).with_target_rows(), cuda)  # as loaded
     tokens = int((batch.trg_out != 0).sum())
     for _ in range(2):  # the first steps make the optimiser's state and cuBLAS's handles
         queue_update(updater, backward(updater, [batch], tokens), None, None).read()
