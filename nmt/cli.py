@@ -196,7 +196,7 @@ ShortlistOption = Annotated[
         "--shortlist",
         help="Decode each batch over the target pieces its source can bring (the lexical "
         "shortlist the run built from its training pairs): auto when the checkpoint has "
-        "one, on, or off for the whole vocabulary.",
+        "one and the device is a CPU, on, or off for the whole vocabulary.",
     ),
 ]
 

@@ -313,8 +313,9 @@ class DecodingConfig(Section):
     shortlist: Literal["auto", "on", "off"] = Field(
         "auto",
         description="decode each batch over a lexical shortlist of the target vocabulary, "
-        "built from the training pairs (auto: when the checkpoint has one; on: an error "
-        "if it has none; off: the whole vocabulary)",
+        "built from the training pairs (auto: on a CPU, when the checkpoint has one; a GPU "
+        "computes the whole output layer faster; on: an error if the checkpoint has none; "
+        "off: the whole vocabulary)",
     )
     shortlist_frequent: int = Field(
         300, ge=0, le=1000, description="shortlist: the most frequent target pieces taken"

@@ -284,6 +284,10 @@ def test_when_a_shortlist_is_used() -> None:
     assert having.decoding_shortlists(decoding("off")) is None
     assert lacking.decoding_shortlists(decoding("auto")) is None
     assert exported.decoding_shortlists(decoding("auto")) is None
+    having.device = torch.device("cuda")  # the choice reads the device alone
+    assert having.decoding_shortlists(decoding("auto")) is None  # a GPU: the whole layer
+    assert having.decoding_shortlists(decoding("on")) == [shortlist]
+    having.device = cpu
     with pytest.raises(ConfigError, match="--shortlist on: a model's checkpoint has no shortlist"):
         lacking.decoding_shortlists(decoding("on"))
     with pytest.raises(ConfigError, match="--shortlist on: the exported graphs"):
