@@ -9,10 +9,12 @@
 # nmt translate --beam 5, on CUDA; beam search's captured device loop against the same loop
 # without graphs and the plain loop, and the shortlist against the whole vocabulary), with the prefetch stage prefetch.txt (nmt train's target
 # tokens/s on the demo config with training.prefetch off and on, in turn), with the reads
-# stage reads-{false,true}.json (the bench with training.deferred_reads off, then on).
+# stage reads-{false,true}.json (the bench with training.deferred_reads off, then on), with
+# the recipe stage recipe.txt (configs/bible_gpu.yaml trained from scratch, its wall clock,
+# and beam 5's test and books BLEU with their signatures).
 #
 #   OUT=runs/gpu bash scripts/gpu_check.sh [STAGE ...]   # stages: tests bench large profile rnn
-#                                                        # decode prefetch reads (default: the
+#                                                        # decode prefetch reads recipe (default: the
 #                                                        # first five)
 #   CONFIGS=bahdanau bash scripts/gpu_check.sh bench      # scripts/bench.py --configs
 #   BENCH_SECONDS=120 LARGE_SECONDS=140 TEST_SECONDS=150 DECODE_SECONDS=180 ...  # stage limits
@@ -159,7 +161,25 @@ for end, setting in zip(map(int, sys.argv[2].split(",")), ("false", "true", "fal
     start = end
 PY
         ;;
-    *) echo "unknown stage $stage (tests bench large profile rnn decode prefetch reads)" ;;
+    recipe)
+        # configs/bible_gpu.yaml from scratch (data preparation included), timed, then beam 5
+        # on the test and books splits with sacrebleu's signatures; RECIPE_OVERRIDES: -O ...
+        run=runs/bible_gpu
+        rm -rf "$run"
+        SECONDS=0
+        timeout "${RECIPE_SECONDS:-560}" $PY -m nmt train configs/bible_gpu.yaml --quiet \
+            ${RECIPE_OVERRIDES:-} 2>&1 | tail -5
+        took=$SECONDS
+        {
+            echo "nmt train configs/bible_gpu.yaml ${RECIPE_OVERRIDES:-}: $took s wall clock"
+            tail -3 "$run/train.log" 2>/dev/null
+            grep '"split": "dev"' "$run/metrics.jsonl" 2>/dev/null | tail -3
+            for split in test books; do
+                echo "### beam 5, $split"
+                timeout 60 $PY -m nmt eval --model "$run" --split $split --beam 5 2>&1 | tail -12
+            done
+        } 2>&1 | tee "$OUT/recipe.txt" ;;
+    *) echo "unknown stage $stage (tests bench large profile rnn decode prefetch reads recipe)" ;;
     esac
 done
 echo "== done"
