@@ -25,6 +25,15 @@ graph, and the rest replay it; the host learns that every sentence is done from 
 never waits for (``DoneFlag``), so the loop may run a step or two past the end, steps whose
 candidates are all -inf and change nothing.
 
+A capture costs tens of milliseconds, as much as a batch's replays, so a captured step is
+kept for later batches (``_GRAPHS``, the last ``GRAPH_CACHE``): with graphs, a batch is padded
+to a static shape (``_static_batch``: ``decoding.batch_size`` sentences, the source and the
+output to a length class) whose step, once captured, later batches of that shape replay
+after copying their own tensors into the captured ones. A cached step is keyed by the
+shapes and types of everything it reads and writes, the search's settings, the precision
+and the addresses of the weights it reads; a shortlisted batch, whose output layer is its
+own, is captured for itself alone.
+
 The plain loop's outputs (``tests/decoding/test_device_loop.py``: float64, every decoder,
 n-best, both penalties, attention), save where round-off differs: the plain loop multiplies
 fewer rows once sentences drop out. Prefixes, constraints and ``no_repeat_ngram`` take the
@@ -37,7 +46,9 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Callable
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +69,7 @@ from nmt.decoding.search import (
     length_penalty,
 )
 from nmt.fast.topk import row_max
-from nmt.vocab import BOS_ID, EOS_ID
+from nmt.vocab import BOS_ID, EOS_ID, PAD_ID
 
 log = logging.getLogger("nmt")
 
@@ -66,6 +77,23 @@ EAGER_STEPS = 2  # steps run as they are before a capture: the state's shape set
 # first (coverage appears), and the second warms the kernels up on a side stream
 _FAILED: list[str] = []  # why a capture failed in this process, whose later batches then
 # run without graphs instead of failing again
+GRAPH_CACHE = 8  # captured steps kept for later batches, the least recently used dropped
+LENGTH_CLASSES = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # a static batch's source
+# and output lengths (longer: the next multiple of 256)
+
+
+@dataclass
+class _Kept:
+    """A captured step kept for later batches: its replay and the tensors it reads and
+    writes (the batch it was captured for), into which a later batch copies its own."""
+
+    replay: Callable[[], None]
+    inputs: Any
+
+
+_GRAPHS: OrderedDict[tuple[Any, ...], _Kept] = OrderedDict()
+_GRAPHS_LOCK = threading.Lock()  # held by the search using the kept steps: another thread's
+# search meanwhile captures its own
 
 
 @dataclass
@@ -99,6 +127,14 @@ class _Fixed:
     beta: float
 
 
+@dataclass
+class _Search:
+    """A beam search's step inputs: what it writes (``carry``) and what it only reads."""
+
+    carry: _Carry
+    fixed: _Fixed
+
+
 @torch.no_grad()
 def device_beam_search(
     scorer: Stepper[Any],
@@ -110,45 +146,83 @@ def device_beam_search(
     return_attention: bool,
 ) -> list[tuple[list[float], list[float], list[list[int]], list[Tensor] | None]]:
     """The search of one batch, ``limits`` its sentences' longest outputs: per sentence the
-    ``n_best`` best scores, log-probabilities, tokens and attention (``Finished``)."""
+    ``n_best`` best scores, log-probabilities, tokens and attention (``Finished``); where
+    steps are captured, over the batch padded to a static shape (``_static_batch``)."""
     beam_size, device = decoding.beam_size, src.device
+    graphs = _captures(decoding, device)
     batch, width, longest = src.size(0), src.size(1), max(limits)
-    rows = batch * beam_size
+    if _static_shapes(graphs, scorer):
+        src, src_lengths, limits, length = _static_batch(src, src_lengths, limits, decoding)
+    else:
+        length = longest
+    rows = src.size(0) * beam_size
     fixed = _Fixed(
         beam_size,
         torch.tensor(limits, device=device),
         src_lengths.repeat_interleave(beam_size),
-        torch.arange(batch, device=device)[:, None] * beam_size,
+        torch.arange(src.size(0), device=device)[:, None] * beam_size,
         torch.tensor(
-            [length_penalty(n, decoding.length_penalty) for n in range(1, longest + 1)],
+            [length_penalty(n, decoding.length_penalty) for n in range(1, length + 1)],
             dtype=torch.float64,
             device=device,
         ),
         decoding.coverage_penalty,
     )
-    scores = torch.full((batch, beam_size), -math.inf, device=device)
+    scores = torch.full((src.size(0), beam_size), -math.inf, device=device)
     scores[:, 0] = 0.0  # one live hypothesis (the empty one) per sentence
     carry = _Carry(
         position=torch.ones((), dtype=torch.long, device=device),
         prev=torch.full((rows,), BOS_ID, dtype=torch.long, device=device),
         scores=scores,
-        tokens=torch.zeros((rows, longest), dtype=torch.long, device=device),
-        alphas=src.new_zeros((rows, longest, width), dtype=torch.float32)
+        tokens=torch.zeros((rows, length), dtype=torch.long, device=device),
+        alphas=src.new_zeros((rows, length, src.size(1)), dtype=torch.float32)
         if return_attention
         else None,
-        coverage=src.new_zeros((rows, width), dtype=torch.float32) if fixed.beta > 0 else None,
-        done=torch.zeros(batch, dtype=torch.bool, device=device),
+        coverage=src.new_zeros((rows, src.size(1)), dtype=torch.float32)
+        if fixed.beta > 0
+        else None,
+        done=torch.zeros(src.size(0), dtype=torch.bool, device=device),
         finished=Finished(
-            batch, max(beam_size, n_best), width, return_attention, device, longest=longest
+            src.size(0),
+            max(beam_size, n_best),
+            src.size(1),
+            return_attention,
+            device,
+            longest=length,
         ),
         state=_step_as_tensor(scorer.encode(src, src_lengths, repeat=beam_size), device),
     )
 
-    def step(strict: bool = False) -> None:
-        _search_step(scorer, carry, fixed, strict)
+    def step(inputs: _Search, strict: bool = False) -> None:
+        _search_step(scorer, inputs.carry, inputs.fixed, strict)
 
-    _run(step, carry.done, longest, _captures(decoding, device))
-    return carry.finished.hypotheses(n_best)
+    settings = ("beam", beam_size, n_best, return_attention, fixed.beta)
+    with _kept_steps(scorer, settings, graphs) as key:
+        done = _run(step, _Search(carry, fixed), longest, graphs, key)
+        found = done.carry.finished.hypotheses(n_best)[:batch]
+    if src.size(1) == width:
+        return found
+    return [  # the attention over the batch's own source positions
+        (scores, log_probs, tokens, [a[:, :width] for a in alphas] if alphas else alphas)
+        for scores, log_probs, tokens, alphas in found
+    ]
+
+
+@dataclass
+class _Greedy:
+    """A greedy search's step inputs: each sentence's length limit (B,) (read only); the
+    output position () long, prev (B,), tokens (B, T), whether each row has ended (B,), the
+    state, and, once the first step has made them in the log-probabilities' dtype, the
+    scores (B, T) and attention (B, T, S)."""
+
+    limit: Tensor
+    position: Tensor
+    prev: Tensor
+    tokens: Tensor
+    ended: Tensor
+    state: Any
+    scores: Tensor | None = None
+    alphas: Tensor | None = None
 
 
 @torch.no_grad()
@@ -163,55 +237,194 @@ def device_greedy_search(
     """Greedy search of one batch (``nmt.decoding.search.greedy_search``'s, without
     prefixes or ``no_repeat_ngram``) in fixed shapes: -> each row's tokens (B, T), the
     log-probability of each (0 after its EOS) (B, T) and, with ``keep_alphas``, its
-    attention (B, T, S); T the longest output, every row's first EOS within it."""
-    device, batch, longest = src.device, src.size(0), max(limits)
-    limit = torch.tensor(limits, device=device)
-    position = torch.ones((), dtype=torch.long, device=device)
-    prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=device)
-    tokens = torch.zeros((batch, longest), dtype=torch.long, device=device)
-    ended = torch.zeros(batch, dtype=torch.bool, device=device)
-    state = _step_as_tensor(scorer.encode(src, src_lengths), device)
-    made: dict[str, Tensor] = {}  # the scores and attention, made at the first (eager) step
-    # in the log-probabilities' dtype
+    attention (B, T, S); T the longest output, every row's first EOS within it. Padded as
+    ``device_beam_search``'s batch."""
+    device, batch, width, longest = src.device, src.size(0), src.size(1), max(limits)
+    graphs = _captures(decoding, device)
+    if _static_shapes(graphs, scorer):
+        src, src_lengths, limits, length = _static_batch(src, src_lengths, limits, decoding)
+    else:
+        length = longest
+    inputs = _Greedy(
+        limit=torch.tensor(limits, device=device),
+        position=torch.ones((), dtype=torch.long, device=device),
+        prev=torch.full((src.size(0),), BOS_ID, dtype=torch.long, device=device),
+        tokens=torch.zeros((src.size(0), length), dtype=torch.long, device=device),
+        ended=torch.zeros(src.size(0), dtype=torch.bool, device=device),
+        state=_step_as_tensor(scorer.encode(src, src_lengths), device),
+    )
 
-    def step(strict: bool = False) -> None:
+    def step(inputs: _Greedy, strict: bool = False) -> None:
         """The argmax of each row (EOS at its limit), written at the position's column."""
-        log_probs, step_alphas, new_state = scorer.step(prev, state)  # (B, V), (B, S)
-        if not made:
-            made["scores"] = log_probs.new_zeros((batch, longest))
-            made["alphas"] = step_alphas.new_zeros((batch, longest, src.size(1))).float()
+        log_probs, step_alphas, new_state = scorer.step(inputs.prev, inputs.state)
+        if inputs.scores is None or inputs.alphas is None:  # (B, V), (B, S)
+            inputs.scores = log_probs.new_zeros(inputs.tokens.shape)
+            inputs.alphas = step_alphas.new_zeros((*inputs.tokens.shape, src.size(1))).float()
         best, chosen = row_max(log_probs, scorer.native_kernels)  # (B,), (B,)
-        at_limit = limit <= position
+        at_limit = inputs.limit <= inputs.position
         chosen = chosen.masked_fill(at_limit, EOS_ID)
         best = torch.where(at_limit, log_probs[:, EOS_ID], best)
-        column = (position - 1).view(1)
-        tokens.index_copy_(1, column, chosen[:, None])
-        made["scores"].index_copy_(1, column, best.masked_fill(ended, 0.0)[:, None])
+        column = (inputs.position - 1).view(1)
+        inputs.tokens.index_copy_(1, column, chosen[:, None])
+        inputs.scores.index_copy_(1, column, best.masked_fill(inputs.ended, 0.0)[:, None])
         if keep_alphas:
-            made["alphas"].index_copy_(1, column, step_alphas.float()[:, None])
-        ended.logical_or_(chosen == EOS_ID)
-        prev.copy_(chosen)
-        _write_back(state, new_state, strict)
-        position.add_(1)
+            inputs.alphas.index_copy_(1, column, step_alphas.float()[:, None])
+        inputs.ended.logical_or_(chosen == EOS_ID)
+        inputs.prev.copy_(chosen)
+        _write_back(inputs.state, new_state, strict)
+        inputs.position.add_(1)
 
-    _run(step, ended, longest, _captures(decoding, device))
-    return tokens, made["scores"], made["alphas"] if keep_alphas else None
+    with _kept_steps(scorer, ("greedy", keep_alphas), graphs) as key:
+        done = _run(step, inputs, longest, graphs, key)
+        assert done.scores is not None and done.alphas is not None
+        # the batch's own rows, outputs and source positions (clones: the kept step's
+        # tensors are the next batch's)
+        tokens = done.tokens[:batch, :longest].clone()
+        scores = done.scores[:batch, :longest].clone()
+        alphas = done.alphas[:batch, :longest, :width].clone() if keep_alphas else None
+    return tokens, scores, alphas
 
 
-def _run(step: Callable[..., None], done: Tensor, longest: int, graphs: bool) -> None:
-    """At most ``longest`` steps, until ``done`` (a flag the host never waits for); with
-    ``graphs``, the step after the first EAGER_STEPS is captured and the rest replay it."""
-    flag = DoneFlag(done.device)
+def _static_batch(
+    src: Tensor, src_lengths: Tensor, limits: list[int], decoding: DecodingConfig
+) -> tuple[Tensor, Tensor, list[int], int]:
+    """The batch padded to a static shape, so that a captured step serves later batches: at
+    least ``decoding.batch_size`` sentences (an added one is a source of EOS alone, whose
+    only output is EOS: limit 1) and the source to its length class (``LENGTH_CLASSES``;
+    the positions past each sentence's length are masked, as they are in any batch) ->
+    (src, src_lengths, limits, the output length class of the longest limit)."""
+    batch, width = src.size(0), src.size(1)
+    rows, columns = max(batch, decoding.batch_size), _length_class(width)
+    padded = src.new_full((rows, columns), PAD_ID)
+    padded[:batch, :width] = src
+    padded[batch:, 0] = EOS_ID
+    lengths = src_lengths.new_ones(rows)
+    lengths[:batch] = src_lengths
+    return padded, lengths, limits + [1] * (rows - batch), _length_class(max(limits))
+
+
+def _static_shapes(graphs: bool, scorer: Stepper[Any]) -> bool:
+    """Whether a batch is padded to a static shape: where its steps are captured and may
+    be kept (not over a shortlist, whose columns and rows are the batch's own)."""
+    return graphs and _shortlisted(scorer) is None
+
+
+def _shortlisted(scorer: Stepper[Any]) -> Tensor | None:
+    """A stepper's shortlist columns (``Ensemble.restricted``), or None."""
+    return getattr(scorer, "columns", None)
+
+
+def _length_class(length: int) -> int:
+    """The least of ``LENGTH_CLASSES`` that holds ``length``, else its next multiple of 256."""
+    for size in LENGTH_CLASSES:
+        if length <= size:
+            return size
+    return -(-length // 256) * 256
+
+
+@contextlib.contextmanager
+def _kept_steps(
+    scorer: Stepper[Any], settings: tuple[Any, ...], graphs: bool
+) -> Iterator[tuple[Any, ...] | None]:
+    """While a search runs: the key under which its captured step is kept (``_GRAPHS``),
+    the search's ``settings`` and what the step reads besides its inputs (the precision, the
+    weights' addresses), or None: nothing kept (no graphs, a shortlist's own output layer,
+    a stepper without models, or another thread's search using the kept steps)."""
+    models = getattr(scorer, "models", None)
+    if not graphs or not models or _shortlisted(scorer) is not None:
+        yield None
+        return
+    if not _GRAPHS_LOCK.acquire(blocking=False):
+        yield None
+        return
+    try:
+        tables = getattr(scorer, "tables", [])
+        weights = [t for m in models for t in (*m.parameters(), *m.buffers())]
+        weights += [t for table in tables for t in vars(table).values() if t is not None]
+        autocast = torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda")
+        native = getattr(scorer, "native_kernels", None)
+        addresses = tuple(w.data_ptr() for w in weights)
+        yield (settings, autocast, native, getattr(scorer, "average", None), addresses)
+    finally:
+        _GRAPHS_LOCK.release()
+
+
+def _run(
+    step: Callable[..., None],
+    inputs: Any,
+    longest: int,
+    graphs: bool,
+    key: tuple[Any, ...] | None = None,
+) -> Any:
+    """At most ``longest`` steps of ``step(inputs)``, until ``inputs``'s done flag (a flag
+    the host never waits for) -> the inputs the steps ended in: ``inputs``, or a kept
+    step's, into which they were copied. With ``graphs`` the step after the first
+    EAGER_STEPS is captured, or, under ``key``, a kept one of the same shapes replayed,
+    and the rest replay it."""
+    flag = DoneFlag(_done(inputs).device)
     replay: Callable[[], None] | None = None
     for index in range(longest):
         if replay is not None:
             replay()
-        elif graphs and index == EAGER_STEPS:  # the warm-up before the capture is this step
-            replay = _captured(step)
+        elif graphs and index == EAGER_STEPS:  # the warm-up before a capture is this step
+            replay, inputs = _replayed(step, inputs, key)
         else:
-            step()
-        if flag.all_done(done):
+            step(inputs)
+        if flag.all_done(_done(inputs)):
             break
+    return inputs
+
+
+def _done(inputs: Any) -> Tensor:
+    """The flag a search's inputs end on: every sentence done, or every row ended."""
+    return inputs.carry.done if isinstance(inputs, _Search) else inputs.ended
+
+
+def _replayed(
+    step: Callable[..., None], inputs: Any, key: tuple[Any, ...] | None
+) -> tuple[Callable[[], None] | None, Any]:
+    """This step, run by the replay of a kept capture of the same shapes (``inputs``
+    copied into its own), else captured (and kept under ``key``) -> the replay, or None
+    (the capture failed), and the inputs the steps now use."""
+    full = None if key is None else (key, _signature(inputs))
+    kept = _GRAPHS.get(full) if full is not None else None
+    if kept is not None and full is not None:
+        _GRAPHS.move_to_end(full)
+        _write_back(kept.inputs, inputs, strict=True)
+        kept.replay()
+        return kept.replay, kept.inputs
+    replay = _captured(lambda strict=False: step(inputs, strict))
+    if replay is not None and full is not None:
+        _GRAPHS[full] = _Kept(replay, inputs)
+        while len(_GRAPHS) > GRAPH_CACHE:
+            _GRAPHS.popitem(last=False)
+    return replay, inputs
+
+
+def _signature(value: Any) -> Any:
+    """The shapes, dtypes and strides of ``value``'s tensors and the values of its other
+    fields, through dataclasses, lists, tuples and dicts: what a kept step's inputs must
+    match. An object of another kind counts by its identity."""
+    if isinstance(value, Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.device, value.stride())
+    if isinstance(value, Finished):
+        return (
+            "finished",
+            value.fixed,
+            len(value.sentences),
+            len(value.archive),
+            tuple(_signature(t) for t in (*value._fields(), value.count)),
+        )
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        return (type(value), tuple(_signature(getattr(value, f.name)) for f in fields))
+    if isinstance(value, list | tuple):
+        return (type(value), tuple(_signature(v) for v in value))
+    if isinstance(value, dict):
+        return (dict, tuple((k, _signature(v)) for k, v in value.items()))
+    if value is None or isinstance(value, bool | int | float | str):
+        return (type(value), value)
+    return (type(value), id(value))
 
 
 def _captures(decoding: DecodingConfig, device: torch.device) -> bool:
@@ -280,12 +493,20 @@ def _step_as_tensor(state: Any, device: torch.device) -> Any:
 
 def _write_back(into: Any, new: Any, strict: bool = False) -> Any:
     """``new``'s tensors written into ``into``'s own, field by field (dataclasses, lists,
-    dicts): -> ``into``. A field whose tensor is new (a first coverage vector) or is not a
+    dicts, a fixed ``Finished``; equal plain values stay): -> ``into``. A field whose tensor is new (a first coverage vector) or is not a
     tensor (a step count) is set instead, except with ``strict`` (a graph being captured,
     whose inputs must stay where they are): then a ValueError."""
     if isinstance(into, Tensor) and isinstance(new, Tensor) and into.shape == new.shape:
         if into is not new:
             into.copy_(new)
+        return into
+    if isinstance(into, Finished) and isinstance(new, Finished) and into.fixed and new.fixed:
+        for mine, theirs in zip(
+            (*into._fields(), into.count), (*new._fields(), new.count), strict=True
+        ):
+            _write_back(mine, theirs, strict)
+        return into
+    if isinstance(into, bool | int | float | str) and type(into) is type(new) and into == new:
         return into
     if dataclasses.is_dataclass(into) and type(into) is type(new):
         for field in dataclasses.fields(into):

@@ -116,7 +116,7 @@ class Finished:
         """Per sentence of the batch, in its first order: the ``n_best`` best scores,
         log-probabilities, token lists and attention ((length, S) each, or None), fewer
         where fewer finished; the rows still held are copied to the host once."""
-        held = [field.cpu() if field is not None else None for field in self._fields()]
+        held = [_to_host(field, self.fixed) for field in self._fields()]
         for row, sentence in enumerate(self.sentences):
             self.archive[sentence] = tuple(f[row] if f is not None else None for f in held)
         out = []
@@ -136,6 +136,14 @@ class Finished:
                 )
             )
         return out
+
+
+def _to_host(field: Tensor | None, fixed: bool) -> Tensor | None:
+    """A field in host memory; a fixed store's always copied, since a CUDA graph kept for
+    later batches writes its tensors again (``nmt.decoding.device_loop``)."""
+    if field is None:
+        return None
+    return field.to("cpu", copy=True) if fixed else field.cpu()
 
 
 def _widened(kept: Tensor, width: int) -> Tensor:

@@ -80,6 +80,21 @@ def _assert_same(plain, on_device, attention: bool) -> None:
                 torch.testing.assert_close(b.alphas.cpu(), a.alphas.cpu(), atol=1e-12, rtol=0)
 
 
+def _assert_close(plain, on_device, attention: bool) -> None:
+    """The same hypotheses, scores to the float32 log-probabilities' rounding: a batch
+    padded to a static shape multiplies in other shapes, which changes the last bits."""
+    assert len(plain) == len(on_device)
+    for mine, theirs in zip(plain, on_device, strict=True):
+        assert [h.tokens for h in mine] == [h.tokens for h in theirs]
+        for a, b in zip(mine, theirs, strict=True):
+            assert b.score == pytest.approx(a.score, rel=1e-6, abs=1e-9)
+            assert b.log_prob == pytest.approx(a.log_prob, rel=1e-6, abs=1e-9)
+            if attention:
+                assert a.alphas is not None and b.alphas is not None
+                assert b.alphas.shape == a.alphas.shape
+                torch.testing.assert_close(b.alphas.cpu(), a.alphas.cpu(), atol=1e-6, rtol=0)
+
+
 LENGTHS = [7, 2, 5, 1, 6, 3, 7, 4, 2, 5, 6, 1]  # 12 sentences: the plain loop drops some
 
 
@@ -266,6 +281,9 @@ def test_after_the_first_steps_a_step_replaces_nothing(
 
     monkeypatch.setattr(device_loop, "_search_step", noted)
     monkeypatch.setattr(device_loop, "_captures", lambda decoding, device: True)
+    # the batch as it is, for the plain loop's float64 results to the bit (the static
+    # shapes that captured steps take are tested below)
+    monkeypatch.setattr(device_loop, "_static_shapes", lambda graphs, scorer: False)
     monkeypatch.setattr(device_loop, "_captured", emulated)
     model = _model(variant, seed=3)
     src, src_lengths = source(LENGTHS, VOCAB, seed=5)
@@ -289,6 +307,7 @@ def test_greedy_through_the_device_loop(variant: str, monkeypatch: pytest.Monkey
         return lambda: (step(strict=True), strict.append(True))
 
     monkeypatch.setattr(device_loop, "_captures", lambda decoding, device: True)
+    monkeypatch.setattr(device_loop, "_static_shapes", lambda graphs, scorer: False)
     monkeypatch.setattr(device_loop, "_captured", emulated)
     on_device = greedy_search(model, src, src_lengths, _options(True, **options), True)
     _assert_same([[h] for h in plain], [[h] for h in on_device], attention=True)
@@ -318,15 +337,17 @@ def test_the_device_loop_on_cuda(variant: str, caplog: pytest.LogCaptureFixture)
     src, src_lengths = src.cuda(), src_lengths.cuda()
     options = {"coverage_penalty": 0.2, "max_len_offset": 9}
     plain = beam_search(model, src, src_lengths, _options(False, **options), 3, True)
-    for graphs in (False, True):
+    for graphs in (False, True):  # with graphs, a static batch: the same to rounding
         config = _options(True, cuda_graphs=graphs, **options)
-        _assert_same(plain, beam_search(model, src, src_lengths, config, 3, True), True)
+        same = _assert_close if graphs else _assert_same
+        same(plain, beam_search(model, src, src_lengths, config, 3, True), True)
     greedy = {**options, "beam_size": 1}
     first = greedy_search(model, src, src_lengths, _options(False, **greedy), True)
     for graphs in (False, True):
         config = _options(True, cuda_graphs=graphs, **greedy)
         found = greedy_search(model, src, src_lengths, config, True)
-        _assert_same([[h] for h in first], [[h] for h in found], True)
+        same = _assert_close if graphs else _assert_same
+        same([[h] for h in first], [[h] for h in found], True)
     assert "could not be captured" not in caplog.text
 
 
@@ -371,3 +392,121 @@ def test_on_a_gpu_the_loop_never_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     for beam in (4, 1):
         config = _options(True, beam_size=beam, cuda_graphs=False, coverage_penalty=0.2)
         beam_search(model, src, src_lengths, config, 1, True)
+
+
+# --- captured steps kept for later batches, on a CPU: the capture emulated as above, its
+# "replay" the capturing batch's own step over the inputs it was captured with
+
+
+@pytest.fixture
+def kept(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Static batches and kept steps as on a GPU; -> the number of captures, as they come."""
+    captures: list[int] = []
+
+    def emulated(step):
+        step()
+        captures.append(1)
+        return lambda: step(strict=True)
+
+    monkeypatch.setattr(device_loop, "_captures", lambda decoding, device: True)
+    monkeypatch.setattr(device_loop, "_captured", emulated)
+    monkeypatch.setattr(device_loop, "_GRAPHS", type(device_loop._GRAPHS)())
+    return captures
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Three batches: two of one length class (16) with different lengths and sizes, then a
+    longer one (a source of 20: class 24)."""
+    return [
+        source([7, 2, 5, 1, 6, 3], VOCAB, seed=5),
+        source([4, 9, 2, 3], VOCAB, seed=6),
+        source([20, 3, 11], VOCAB, seed=7),
+    ]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_later_batches_replay_a_kept_step(variant: str, kept: list[int]) -> None:
+    """A batch of a length class met before copies its tensors into the kept step's and
+    replays it: the plain loop's hypotheses for every batch (n-best, attention, a coverage
+    penalty), an earlier batch's results untouched by the later ones, and one capture per
+    static shape."""
+    model = _model(variant, seed=3)
+    options = {"coverage_penalty": 0.3, "max_len_offset": 5, "batch_size": 8}
+    results, wanted = [], []
+    for src, src_lengths in _batches():
+        wanted.append(beam_search(model, src, src_lengths, _options(False, **options), 3, True))
+        results.append(beam_search(model, src, src_lengths, _options(True, **options), 3, True))
+        assert len(results[-1]) == src.size(0)  # the padding sentences dropped
+    for plain, found in zip(wanted, results, strict=True):
+        _assert_close(plain, found, attention=True)
+    assert len(kept) == 2  # the second batch replayed the first one's step
+    assert len(device_loop._GRAPHS) == 2
+
+
+@pytest.mark.parametrize("variant", ["bahdanau", "luong-general", "coverage-neural"])
+def test_greedy_batches_replay_a_kept_step(variant: str, kept: list[int]) -> None:
+    model = _model(variant, seed=7)
+    options = {"beam_size": 1, "coverage_penalty": 0.3, "max_len_offset": 6, "batch_size": 8}
+    results, wanted = [], []
+    for src, src_lengths in _batches():
+        wanted.append(greedy_search(model, src, src_lengths, _options(False, **options), True))
+        results.append(greedy_search(model, src, src_lengths, _options(True, **options), True))
+    for plain, found in zip(wanted, results, strict=True):
+        _assert_close([[h] for h in plain], [[h] for h in found], attention=True)
+    assert len(kept) == 2
+
+
+def test_a_step_is_kept_per_model_and_setting(kept: list[int]) -> None:
+    """Another model's weights, another beam size or a shortlist's own output layer is a
+    step of its own; the least recently used goes beyond GRAPH_CACHE."""
+    first, second = _model("bahdanau", seed=1), _model("bahdanau", seed=2)
+    src, src_lengths = _batches()[0]
+    for model in (first, second, first):
+        beam_search(model, src, src_lengths, _options(True, batch_size=8), 2)
+    assert len(kept) == 2  # the first model's step kept while the second's was captured
+    beam_search(first, src, src_lengths, _options(True, batch_size=8, beam_size=3), 2)
+    assert len(kept) == 3
+    columns = torch.tensor([0, 1, 2, 3, 4, 6, 7, 9, 10])
+    allowed = torch.ones(src.size(0), len(columns), dtype=torch.bool)
+    restricted = Ensemble([first]).restricted(columns, allowed)
+    for _ in range(2):
+        beam_search(restricted, src, src_lengths, _options(True, batch_size=8), 2)
+    assert len(kept) == 5 and len(device_loop._GRAPHS) == 3  # captured each time, not kept
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(device_loop, "GRAPH_CACHE", 1)
+        beam_search(second, src, src_lengths, _options(True, batch_size=8), 2)  # kept: a hit
+        assert len(kept) == 5 and len(device_loop._GRAPHS) == 3
+        beam_search(first, src, src_lengths, _options(True, batch_size=16), 2)  # new: 32 rows
+        assert len(kept) == 6 and len(device_loop._GRAPHS) == 1
+
+
+def test_a_search_on_another_thread_keeps_nothing(kept: list[int]) -> None:
+    """While one search uses the kept steps, another (nmt serve's threads) captures its own
+    and keeps none, so that no two write into one step's tensors."""
+    model = _model("bahdanau", seed=1)
+    src, src_lengths = _batches()[0]
+    with device_loop._GRAPHS_LOCK:
+        for _ in range(2):
+            found = beam_search(model, src, src_lengths, _options(True, batch_size=8), 2)
+    assert len(kept) == 2 and not device_loop._GRAPHS
+    plain = beam_search(model, src, src_lengths, _options(False, batch_size=8), 2)
+    _assert_close(plain, found, attention=False)
+
+
+def test_a_static_batch() -> None:
+    src, src_lengths = source([7, 2, 5], VOCAB, seed=5)
+    decoding = _options(True, batch_size=5)
+    padded, lengths, limits, length = device_loop._static_batch(
+        src, src_lengths, [9, 4, 7], decoding
+    )
+    assert padded.shape == (5, 16) and torch.equal(padded[:3, :7], src)
+    assert padded[3:, 0].tolist() == [EOS_ID, EOS_ID] and not padded[:, 7:].any()
+    assert lengths.tolist() == [7, 2, 5, 1, 1] and limits == [9, 4, 7, 1, 1] and length == 16
+    assert [device_loop._length_class(n) for n in (1, 16, 17, 100, 512, 513)] == [
+        16,
+        16,
+        24,
+        128,
+        512,
+        768,
+    ]
