@@ -510,3 +510,26 @@ def test_a_static_batch() -> None:
         512,
         768,
     ]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("variant", ["bahdanau", "luong-feed-dot", "coverage-neural"])
+def test_kept_cuda_graphs_serve_later_batches(
+    variant: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a GPU, real captures: three batches, two of one static shape, beam search and
+    greedy; each batch gets the plain loop's hypotheses, and two steps are kept for each
+    search."""
+    monkeypatch.setattr(device_loop, "_GRAPHS", type(device_loop._GRAPHS)())
+    model = _model(variant, seed=3).cuda()
+    options = {"coverage_penalty": 0.2, "max_len_offset": 5, "batch_size": 8}
+    for beam, n_best in ((4, 3), (1, 1)):
+        settings = {**options, "beam_size": beam}
+        for src, src_lengths in _batches():
+            src, src_lengths = src.cuda(), src_lengths.cuda()
+            plain = beam_search(model, src, src_lengths, _options(False, **settings), n_best, True)
+            found = beam_search(model, src, src_lengths, _options(True, **settings), n_best, True)
+            _assert_close(plain, found, attention=True)
+    assert len(device_loop._GRAPHS) == 4
+    assert "could not be captured" not in caplog.text
