@@ -1028,6 +1028,9 @@ def bench_decoding(
     warm = translator.config.decoding.model_copy(update={"beam_size": 1, "batch_size": 4})
     translator.decode_ids(src_ids[:4], warm)
     rows = [decode_row(translator, src_ids, device, setting) for setting in DECODE_SETTINGS]
+    if device.type == "cuda":  # the same again: its search steps kept from the first pass
+        again = backend_name("torch", translator) + ", second pass"
+        rows += [decode_row(translator, src_ids, device, s, None, again) for s in DECODE_SETTINGS]
     for count in CONSTRAINT_COUNTS:
         phrases = reference_constraints(references, count)
         steering = Steering(

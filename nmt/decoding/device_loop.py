@@ -78,8 +78,9 @@ EAGER_STEPS = 2  # steps run as they are before a capture: the state's shape set
 _FAILED: list[str] = []  # why a capture failed in this process, whose later batches then
 # run without graphs instead of failing again
 GRAPH_CACHE = 8  # captured steps kept for later batches, the least recently used dropped
-LENGTH_CLASSES = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # a static batch's source
-# and output lengths (longer: the next multiple of 256)
+LENGTH_CLASSES = (32, 64, 128, 256, 512)  # a static batch's source and output lengths
+# (longer: the next multiple of 256): few, since a GPU's search step waits on its kernels'
+# launches, not on the attention over a longer padded source
 
 
 @dataclass

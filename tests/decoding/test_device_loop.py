@@ -415,12 +415,12 @@ def kept(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Three batches: two of one length class (16) with different lengths and sizes, then a
-    longer one (a source of 20: class 24)."""
+    """Three batches: two of one length class (32) with different lengths and sizes, then a
+    longer one (a source of 40: class 64)."""
     return [
         source([7, 2, 5, 1, 6, 3], VOCAB, seed=5),
         source([4, 9, 2, 3], VOCAB, seed=6),
-        source([20, 3, 11], VOCAB, seed=7),
+        source([40, 3, 11], VOCAB, seed=7),
     ]
 
 
@@ -499,17 +499,11 @@ def test_a_static_batch() -> None:
     padded, lengths, limits, length = device_loop._static_batch(
         src, src_lengths, [9, 4, 7], decoding
     )
-    assert padded.shape == (5, 16) and torch.equal(padded[:3, :7], src)
+    assert padded.shape == (5, 32) and torch.equal(padded[:3, :7], src)
     assert padded[3:, 0].tolist() == [EOS_ID, EOS_ID] and not padded[:, 7:].any()
-    assert lengths.tolist() == [7, 2, 5, 1, 1] and limits == [9, 4, 7, 1, 1] and length == 16
-    assert [device_loop._length_class(n) for n in (1, 16, 17, 100, 512, 513)] == [
-        16,
-        16,
-        24,
-        128,
-        512,
-        768,
-    ]
+    assert lengths.tolist() == [7, 2, 5, 1, 1] and limits == [9, 4, 7, 1, 1] and length == 32
+    classes = [device_loop._length_class(n) for n in (1, 32, 33, 100, 512, 513)]
+    assert classes == [32, 32, 64, 128, 512, 768]
 
 
 @pytest.mark.gpu
