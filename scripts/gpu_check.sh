@@ -11,10 +11,11 @@
 # tokens/s on the demo config with training.prefetch off and on, in turn), with the reads
 # stage reads-{false,true}.json (the bench with training.deferred_reads off, then on), with
 # the recipe stage recipe.txt (configs/bible_gpu.yaml trained from scratch, its wall clock,
-# and beam 5's test and books BLEU with their signatures).
+# and beam 5's test and books BLEU with their signatures), with the batches stage
+# batch-<tokens>.json (the bench's training at 4,000 to 32,000-token batches).
 #
 #   OUT=runs/gpu bash scripts/gpu_check.sh [STAGE ...]   # stages: tests bench large profile rnn
-#                                                        # decode prefetch reads recipe (default: the
+#                                                        # decode prefetch reads batches recipe (default: the
 #                                                        # first five)
 #   CONFIGS=bahdanau bash scripts/gpu_check.sh bench      # scripts/bench.py --configs
 #   BENCH_SECONDS=120 LARGE_SECONDS=140 TEST_SECONDS=150 DECODE_SECONDS=180 ...  # stage limits
@@ -161,6 +162,19 @@ for end, setting in zip(map(int, sys.argv[2].split(",")), ("false", "true", "fal
     start = end
 PY
         ;;
+    batches)
+        # the bench's training at larger batches (GPU-sized work), graphs on: target tokens/s
+        # by batch_tokens, for documenting a GPU's value (the learning rate follows
+        # training.lr_reference_tokens' square-root rule in nmt train, not in the bench)
+        for tokens in ${BATCH_SIZES:-4000 8000 16000 32000}; do
+            timeout "${BATCH_SECONDS:-90}" $PY scripts/bench.py --device cuda --parts train \
+                --warmup 2 --windows 3 --steps 6 --work-dir runs/bench --configs "$CONFIGS" \
+                --override training.batch_tokens=$tokens --json "$OUT/batch-$tokens.json" \
+                2>&1 | tail -6
+            [ -f "$OUT/batch-$tokens.json" ] || continue
+            echo "### training.batch_tokens=$tokens"
+            $PY scripts/bench.py --report "$OUT/batch-$tokens.json" --markdown 2>/dev/null
+        done >> "$OUT/bench.md" ;;
     recipe)
         # configs/bible_gpu.yaml from scratch (data preparation included), timed, then beam 5
         # on the test and books splits with sacrebleu's signatures; RECIPE_OVERRIDES: -O ...
@@ -179,7 +193,7 @@ PY
                 timeout 60 $PY -m nmt eval --model "$run" --split $split --beam 5 2>&1 | tail -12
             done
         } 2>&1 | tee "$OUT/recipe.txt" ;;
-    *) echo "unknown stage $stage (tests bench large profile rnn decode prefetch reads recipe)" ;;
+    *) echo "unknown stage $stage (tests bench large profile rnn decode prefetch reads batches recipe)" ;;
     esac
 done
 echo "== done"
