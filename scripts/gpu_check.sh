@@ -47,7 +47,7 @@ $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_na
 bench_pair() {  # NAME SECONDS ARGS...: the bench eager, then with graphs
     local name=$1 seconds=$2
     shift 2
-    local common=(--device cuda --parts train --warmup 2 --windows 3 --steps 6
+    local common=(--device cuda --parts matmul,train --warmup 2 --windows 3 --steps 6
                   --work-dir runs/bench "$@")
     timeout "$seconds" $PY scripts/bench.py "${common[@]}" \
         --override training.cuda_graphs=false --json "$OUT/$name-eager.json" 2>&1 | tail -12
@@ -167,7 +167,7 @@ PY
         # by batch_tokens, for documenting a GPU's value (the learning rate follows
         # training.lr_reference_tokens' square-root rule in nmt train, not in the bench)
         for tokens in ${BATCH_SIZES:-4000 8000 16000 32000}; do
-            timeout "${BATCH_SECONDS:-90}" $PY scripts/bench.py --device cuda --parts train \
+            timeout "${BATCH_SECONDS:-90}" $PY scripts/bench.py --device cuda --parts matmul,train \
                 --warmup 2 --windows 3 --steps 6 --work-dir runs/bench --configs "$CONFIGS" \
                 --override training.batch_tokens=$tokens --json "$OUT/batch-$tokens.json" \
                 2>&1 | tail -6
