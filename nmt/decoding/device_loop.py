@@ -19,20 +19,13 @@ everything a step reads and writes (``_Carry``) has a fixed shape and address:
 Greedy search keeps less: each row's tokens, their log-probabilities and attention, each
 (B, T), written a column a step, whether each row has ended, and the model's state.
 
-A step writes each of these back into its own tensor (``_write_back``). On a GPU
+A step writes each of these back into its own tensor (``captured.write_back``). On a GPU
 (``decoding.cuda_graphs``) the first steps run as they are, the next is captured as a CUDA
 graph, and the rest replay it; the host learns that every sentence is done from a flag it
 never waits for (``DoneFlag``), so the loop may run a step or two past the end, steps whose
-candidates are all -inf and change nothing.
-
-A capture costs tens of milliseconds, as much as a batch's replays, so a captured step is
-kept for later batches (``_GRAPHS``, the last ``GRAPH_CACHE``): with graphs, a batch is padded
-to a static shape (``_static_batch``: ``decoding.batch_size`` sentences, the source and the
-output to a length class) whose step, once captured, later batches of that shape replay
-after copying their own tensors into the captured ones. A cached step is keyed by the
-shapes and types of everything it reads and writes, the search's settings, the precision
-and the addresses of the weights it reads; a shortlisted batch, whose output layer is its
-own, is captured for itself alone.
+candidates are all -inf and change nothing. There the batch is padded to a static shape
+first, and its captured step is kept for later batches of that shape
+(``nmt.decoding.captured``).
 
 The plain loop's outputs (``tests/decoding/test_device_loop.py``: float64, every decoder,
 n-best, both penalties, attention), save where round-off differs: the plain loop multiplies
@@ -42,13 +35,8 @@ plain loop: they read the host's lists or the outputs' history at every step.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import logging
 import math
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +44,9 @@ import torch
 from torch import Tensor
 
 from nmt.config import DecodingConfig
+from nmt.decoding import captured
 from nmt.decoding.ensemble import EnsembleState, Stepper
-from nmt.decoding.finished import DoneFlag, Finished
+from nmt.decoding.finished import Finished
 from nmt.decoding.search import (
     _Beams,
     _finalise,
@@ -69,32 +58,7 @@ from nmt.decoding.search import (
     length_penalty,
 )
 from nmt.fast.topk import row_max
-from nmt.vocab import BOS_ID, EOS_ID, PAD_ID
-
-log = logging.getLogger("nmt")
-
-EAGER_STEPS = 2  # steps run as they are before a capture: the state's shape settles in the
-# first (coverage appears), and the second warms the kernels up on a side stream
-_FAILED: list[str] = []  # why a capture failed in this process, whose later batches then
-# run without graphs instead of failing again
-GRAPH_CACHE = 8  # captured steps kept for later batches, the least recently used dropped
-LENGTH_CLASSES = (32, 64, 128, 256, 512)  # a static batch's source and output lengths
-# (longer: the next multiple of 256): few, since a GPU's search step waits on its kernels'
-# launches, not on the attention over a longer padded source
-
-
-@dataclass
-class _Kept:
-    """A captured step kept for later batches: its replay and the tensors it reads and
-    writes (the batch it was captured for), into which a later batch copies its own."""
-
-    replay: Callable[[], None]
-    inputs: Any
-
-
-_GRAPHS: OrderedDict[tuple[Any, ...], _Kept] = OrderedDict()
-_GRAPHS_LOCK = threading.Lock()  # held by the search using the kept steps: another thread's
-# search meanwhile captures its own
+from nmt.vocab import BOS_ID, EOS_ID
 
 
 @dataclass
@@ -148,12 +112,12 @@ def device_beam_search(
 ) -> list[tuple[list[float], list[float], list[list[int]], list[Tensor] | None]]:
     """The search of one batch, ``limits`` its sentences' longest outputs: per sentence the
     ``n_best`` best scores, log-probabilities, tokens and attention (``Finished``); where
-    steps are captured, over the batch padded to a static shape (``_static_batch``)."""
+    steps are captured, over the batch padded to a static shape (``captured.static_batch``)."""
     beam_size, device = decoding.beam_size, src.device
-    graphs = _captures(decoding, device)
+    graphs = captured.captures(decoding, device)
     batch, width, longest = src.size(0), src.size(1), max(limits)
-    if _static_shapes(graphs, scorer):
-        src, src_lengths, limits, length = _static_batch(src, src_lengths, limits, decoding)
+    if captured.static_shapes(graphs, scorer):
+        src, src_lengths, limits, length = captured.static_batch(src, src_lengths, limits, decoding)
     else:
         length = longest
     rows = src.size(0) * beam_size
@@ -198,8 +162,8 @@ def device_beam_search(
         _search_step(scorer, inputs.carry, inputs.fixed, strict)
 
     settings = ("beam", beam_size, n_best, return_attention, fixed.beta)
-    with _kept_steps(scorer, settings, graphs) as key:
-        done = _run(step, _Search(carry, fixed), longest, graphs, key)
+    with captured.kept_steps(scorer, settings, graphs) as key:
+        done = captured.run_steps(step, _Search(carry, fixed), _search_done, longest, graphs, key)
         found = done.carry.finished.hypotheses(n_best)[:batch]
     if src.size(1) == width:
         return found
@@ -241,9 +205,9 @@ def device_greedy_search(
     attention (B, T, S); T the longest output, every row's first EOS within it. Padded as
     ``device_beam_search``'s batch."""
     device, batch, width, longest = src.device, src.size(0), src.size(1), max(limits)
-    graphs = _captures(decoding, device)
-    if _static_shapes(graphs, scorer):
-        src, src_lengths, limits, length = _static_batch(src, src_lengths, limits, decoding)
+    graphs = captured.captures(decoding, device)
+    if captured.static_shapes(graphs, scorer):
+        src, src_lengths, limits, length = captured.static_batch(src, src_lengths, limits, decoding)
     else:
         length = longest
     inputs = _Greedy(
@@ -272,11 +236,11 @@ def device_greedy_search(
             inputs.alphas.index_copy_(1, column, step_alphas.float()[:, None])
         inputs.ended.logical_or_(chosen == EOS_ID)
         inputs.prev.copy_(chosen)
-        _write_back(inputs.state, new_state, strict)
+        captured.write_back(inputs.state, new_state, strict)
         inputs.position.add_(1)
 
-    with _kept_steps(scorer, ("greedy", keep_alphas), graphs) as key:
-        done = _run(step, inputs, longest, graphs, key)
+    with captured.kept_steps(scorer, ("greedy", keep_alphas), graphs) as key:
+        done = captured.run_steps(step, inputs, _greedy_done, longest, graphs, key)
         assert done.scores is not None and done.alphas is not None
         # the batch's own rows, outputs and source positions (clones: the kept step's
         # tensors are the next batch's)
@@ -284,154 +248,6 @@ def device_greedy_search(
         scores = done.scores[:batch, :longest].clone()
         alphas = done.alphas[:batch, :longest, :width].clone() if keep_alphas else None
     return tokens, scores, alphas
-
-
-def _static_batch(
-    src: Tensor, src_lengths: Tensor, limits: list[int], decoding: DecodingConfig
-) -> tuple[Tensor, Tensor, list[int], int]:
-    """The batch padded to a static shape, so that a captured step serves later batches: at
-    least ``decoding.batch_size`` sentences (an added one is a source of EOS alone, whose
-    only output is EOS: limit 1) and the source to its length class (``LENGTH_CLASSES``;
-    the positions past each sentence's length are masked, as they are in any batch) ->
-    (src, src_lengths, limits, the output length class of the longest limit)."""
-    batch, width = src.size(0), src.size(1)
-    rows, columns = max(batch, decoding.batch_size), _length_class(width)
-    padded = src.new_full((rows, columns), PAD_ID)
-    padded[:batch, :width] = src
-    padded[batch:, 0] = EOS_ID
-    lengths = src_lengths.new_ones(rows)
-    lengths[:batch] = src_lengths
-    return padded, lengths, limits + [1] * (rows - batch), _length_class(max(limits))
-
-
-def _static_shapes(graphs: bool, scorer: Stepper[Any]) -> bool:
-    """Whether a batch is padded to a static shape: where its steps are captured and may
-    be kept (not over a shortlist, whose columns and rows are the batch's own)."""
-    return graphs and _shortlisted(scorer) is None
-
-
-def _shortlisted(scorer: Stepper[Any]) -> Tensor | None:
-    """A stepper's shortlist columns (``Ensemble.restricted``), or None."""
-    return getattr(scorer, "columns", None)
-
-
-def _length_class(length: int) -> int:
-    """The least of ``LENGTH_CLASSES`` that holds ``length``, else its next multiple of 256."""
-    for size in LENGTH_CLASSES:
-        if length <= size:
-            return size
-    return -(-length // 256) * 256
-
-
-@contextlib.contextmanager
-def _kept_steps(
-    scorer: Stepper[Any], settings: tuple[Any, ...], graphs: bool
-) -> Iterator[tuple[Any, ...] | None]:
-    """While a search runs: the key under which its captured step is kept (``_GRAPHS``),
-    the search's ``settings`` and what the step reads besides its inputs (the precision, the
-    weights' addresses), or None: nothing kept (no graphs, a shortlist's own output layer,
-    a stepper without models, or another thread's search using the kept steps)."""
-    models = getattr(scorer, "models", None)
-    if not graphs or not models or _shortlisted(scorer) is not None:
-        yield None
-        return
-    if not _GRAPHS_LOCK.acquire(blocking=False):
-        yield None
-        return
-    try:
-        tables = getattr(scorer, "tables", [])
-        weights = [t for m in models for t in (*m.parameters(), *m.buffers())]
-        weights += [t for table in tables for t in vars(table).values() if t is not None]
-        autocast = torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda")
-        native = getattr(scorer, "native_kernels", None)
-        addresses = tuple(w.data_ptr() for w in weights)
-        yield (settings, autocast, native, getattr(scorer, "average", None), addresses)
-    finally:
-        _GRAPHS_LOCK.release()
-
-
-def _run(
-    step: Callable[..., None],
-    inputs: Any,
-    longest: int,
-    graphs: bool,
-    key: tuple[Any, ...] | None = None,
-) -> Any:
-    """At most ``longest`` steps of ``step(inputs)``, until ``inputs``'s done flag (a flag
-    the host never waits for) -> the inputs the steps ended in: ``inputs``, or a kept
-    step's, into which they were copied. With ``graphs`` the step after the first
-    EAGER_STEPS is captured, or, under ``key``, a kept one of the same shapes replayed,
-    and the rest replay it."""
-    flag = DoneFlag(_done(inputs).device)
-    replay: Callable[[], None] | None = None
-    for index in range(longest):
-        if replay is not None:
-            replay()
-        elif graphs and index == EAGER_STEPS:  # the warm-up before a capture is this step
-            replay, inputs = _replayed(step, inputs, key)
-        else:
-            step(inputs)
-        if flag.all_done(_done(inputs)):
-            break
-    return inputs
-
-
-def _done(inputs: Any) -> Tensor:
-    """The flag a search's inputs end on: every sentence done, or every row ended."""
-    return inputs.carry.done if isinstance(inputs, _Search) else inputs.ended
-
-
-def _replayed(
-    step: Callable[..., None], inputs: Any, key: tuple[Any, ...] | None
-) -> tuple[Callable[[], None] | None, Any]:
-    """This step, run by the replay of a kept capture of the same shapes (``inputs``
-    copied into its own), else captured (and kept under ``key``) -> the replay, or None
-    (the capture failed), and the inputs the steps now use."""
-    full = None if key is None else (key, _signature(inputs))
-    kept = _GRAPHS.get(full) if full is not None else None
-    if kept is not None and full is not None:
-        _GRAPHS.move_to_end(full)
-        _write_back(kept.inputs, inputs, strict=True)
-        kept.replay()
-        return kept.replay, kept.inputs
-    replay = _captured(lambda strict=False: step(inputs, strict))
-    if replay is not None and full is not None:
-        _GRAPHS[full] = _Kept(replay, inputs)
-        while len(_GRAPHS) > GRAPH_CACHE:
-            _GRAPHS.popitem(last=False)
-    return replay, inputs
-
-
-def _signature(value: Any) -> Any:
-    """The shapes, dtypes and strides of ``value``'s tensors and the values of its other
-    fields, through dataclasses, lists, tuples and dicts: what a kept step's inputs must
-    match. An object of another kind counts by its identity."""
-    if isinstance(value, Tensor):
-        return ("tensor", tuple(value.shape), value.dtype, value.device, value.stride())
-    if isinstance(value, Finished):
-        return (
-            "finished",
-            value.fixed,
-            len(value.sentences),
-            len(value.archive),
-            tuple(_signature(t) for t in (*value._fields(), value.count)),
-        )
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = dataclasses.fields(value)
-        return (type(value), tuple(_signature(getattr(value, f.name)) for f in fields))
-    if isinstance(value, list | tuple):
-        return (type(value), tuple(_signature(v) for v in value))
-    if isinstance(value, dict):
-        return (dict, tuple((k, _signature(v)) for k, v in value.items()))
-    if value is None or isinstance(value, bool | int | float | str):
-        return (type(value), value)
-    return (type(value), id(value))
-
-
-def _captures(decoding: DecodingConfig, device: torch.device) -> bool:
-    """Whether the step is captured as a CUDA graph (``decoding.cuda_graphs``, on a GPU,
-    unless a capture failed before in this process)."""
-    return decoding.cuda_graphs and device.type == "cuda" and not _FAILED
 
 
 def _search_step(scorer: Stepper[Any], carry: _Carry, fixed: _Fixed, strict: bool = False) -> None:
@@ -458,7 +274,7 @@ def _search_step(scorer: Stepper[Any], carry: _Carry, fixed: _Fixed, strict: boo
     alive_scores, picked, tokens, _ = _next_alive(beams, log_probs, step, [], 0)  # (B, K)
     chosen = tokens.view(-1, 1)  # (N, 1)
     flat = (fixed.first_rows + picked).view(-1)  # (N,)
-    _write_back(carry.state, scorer.reorder(state, flat), strict)
+    captured.write_back(carry.state, scorer.reorder(state, flat), strict)
     carry.tokens.copy_(carry.tokens[flat].index_copy_(1, column, chosen))
     if carry.alphas is not None and kept is not None:
         carry.alphas.copy_(carry.alphas[flat].index_copy_(1, column, kept[flat].unsqueeze(1)))
@@ -492,66 +308,11 @@ def _step_as_tensor(state: Any, device: torch.device) -> Any:
     return EnsembleState(state.memories, states, state.allowed)
 
 
-def _write_back(into: Any, new: Any, strict: bool = False) -> Any:
-    """``new``'s tensors written into ``into``'s own, field by field (dataclasses, lists,
-    dicts, a fixed ``Finished``; equal plain values stay): -> ``into``. A field whose tensor is new (a first coverage vector) or is not a
-    tensor (a step count) is set instead, except with ``strict`` (a graph being captured,
-    whose inputs must stay where they are): then a ValueError."""
-    if isinstance(into, Tensor) and isinstance(new, Tensor) and into.shape == new.shape:
-        if into is not new:
-            into.copy_(new)
-        return into
-    if isinstance(into, Finished) and isinstance(new, Finished) and into.fixed and new.fixed:
-        for mine, theirs in zip(
-            (*into._fields(), into.count), (*new._fields(), new.count), strict=True
-        ):
-            _write_back(mine, theirs, strict)
-        return into
-    if isinstance(into, bool | int | float | str) and type(into) is type(new) and into == new:
-        return into
-    if dataclasses.is_dataclass(into) and type(into) is type(new):
-        for field in dataclasses.fields(into):
-            old, value = getattr(into, field.name), getattr(new, field.name)
-            if old is not value:
-                object.__setattr__(into, field.name, _write_back(old, value, strict))
-        return into
-    if isinstance(into, list) and isinstance(new, list) and len(into) == len(new):
-        into[:] = [_write_back(a, b, strict) for a, b in zip(into, new, strict=True)]
-        return into
-    if isinstance(into, dict) and isinstance(new, dict) and into.keys() == new.keys():
-        for key in into:
-            into[key] = _write_back(into[key], new[key], strict)
-        return into
-    if strict and into is not new and not (into is None and new is None):
-        raise ValueError(f"a captured step would replace a {type(into).__name__}")
-    return new
+def _search_done(inputs: _Search) -> Tensor:
+    """Whether each sentence of a beam search is done (B,)."""
+    return inputs.carry.done
 
 
-def _captured(step: Callable[..., None]) -> Callable[[], None] | None:
-    """``step`` as a CUDA graph: warmed up once on a side stream (a real step), then
-    captured (recorded, not run; ``step(strict=True)``) under autocast without its cache,
-    whose copies of the weights would otherwise live outside the graph; -> its replay, or
-    None where the capture fails: one log line, and this batch's steps and every later
-    batch's run as they are."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    no_cache: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-    if torch.is_autocast_enabled("cuda"):
-        dtype = torch.get_autocast_dtype("cuda")
-        no_cache = torch.autocast("cuda", dtype=dtype, cache_enabled=False)
-    try:
-        with no_cache, torch.cuda.graph(graph):
-            step(strict=True)
-    except (RuntimeError, ValueError) as error:
-        _FAILED.append(str(error))
-        log.warning(
-            "search: its step could not be captured as a CUDA graph (%s); search runs "
-            "without one from now on",
-            error,
-        )
-        return None
-    return graph.replay
+def _greedy_done(inputs: _Greedy) -> Tensor:
+    """Whether each row of a greedy search has ended (B,)."""
+    return inputs.ended

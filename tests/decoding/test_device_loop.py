@@ -15,7 +15,7 @@ import torch
 from searchref import enumerate_outputs, sequence_log_probs, source
 
 from nmt.config import DecodingConfig, from_dict
-from nmt.decoding import device_loop
+from nmt.decoding import captured, device_loop
 from nmt.decoding.ensemble import Ensemble, EnsembleState
 from nmt.decoding.finished import DoneFlag, Finished
 from nmt.decoding.search import beam_search, greedy_search, length_penalty, runs_on_device
@@ -280,11 +280,11 @@ def test_after_the_first_steps_a_step_replaces_nothing(
         return lambda: step(strict=True)
 
     monkeypatch.setattr(device_loop, "_search_step", noted)
-    monkeypatch.setattr(device_loop, "_captures", lambda decoding, device: True)
+    monkeypatch.setattr(captured, "captures", lambda decoding, device: True)
     # the batch as it is, for the plain loop's float64 results to the bit (the static
     # shapes that captured steps take are tested below)
-    monkeypatch.setattr(device_loop, "_static_shapes", lambda graphs, scorer: False)
-    monkeypatch.setattr(device_loop, "_captured", emulated)
+    monkeypatch.setattr(captured, "static_shapes", lambda graphs, scorer: False)
+    monkeypatch.setattr(captured, "capture", emulated)
     model = _model(variant, seed=3)
     src, src_lengths = source(LENGTHS, VOCAB, seed=5)
     plain, on_device = _both(model, src, src_lengths, 3, True, coverage_penalty=0.3)
@@ -306,9 +306,9 @@ def test_greedy_through_the_device_loop(variant: str, monkeypatch: pytest.Monkey
         step()
         return lambda: (step(strict=True), strict.append(True))
 
-    monkeypatch.setattr(device_loop, "_captures", lambda decoding, device: True)
-    monkeypatch.setattr(device_loop, "_static_shapes", lambda graphs, scorer: False)
-    monkeypatch.setattr(device_loop, "_captured", emulated)
+    monkeypatch.setattr(captured, "captures", lambda decoding, device: True)
+    monkeypatch.setattr(captured, "static_shapes", lambda graphs, scorer: False)
+    monkeypatch.setattr(captured, "capture", emulated)
     on_device = greedy_search(model, src, src_lengths, _options(True, **options), True)
     _assert_same([[h] for h in plain], [[h] for h in on_device], attention=True)
     assert len(strict) >= 3
@@ -318,8 +318,8 @@ def test_a_strict_step_refuses_to_replace_a_tensor() -> None:
     state = EnsembleState([], [DecoderState(torch.zeros(1, 2, 3))], None)
     grown = EnsembleState([], [DecoderState(torch.ones(1, 2, 3), coverage=torch.ones(2, 4))])
     with pytest.raises(ValueError, match="would replace a NoneType"):
-        device_loop._write_back(state, grown, strict=True)
-    device_loop._write_back(state, grown)  # an eager step may
+        captured.write_back(state, grown, strict=True)
+    captured.write_back(state, grown)  # an eager step may
     assert state.states[0].coverage is not None and torch.equal(
         state.states[0].hidden, grown.states[0].hidden
     )
@@ -375,7 +375,7 @@ def test_on_a_gpu_the_loop_never_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch's sync debug mode raises on any operation that waits for the GPU: the device
     loop's steps and flags (beam search and greedy, without graphs, whose capture itself
     synchronises) raise nothing."""
-    run = device_loop._run
+    run = captured.run_steps
 
     def checked(*args, **kwargs):
         torch.cuda.synchronize()
@@ -385,7 +385,7 @@ def test_on_a_gpu_the_loop_never_waits(monkeypatch: pytest.MonkeyPatch) -> None:
         finally:
             torch.cuda.set_sync_debug_mode(0)
 
-    monkeypatch.setattr(device_loop, "_run", checked)
+    monkeypatch.setattr(captured, "run_steps", checked)
     model = _model("luong-feed-dot", seed=2).cuda()
     src, src_lengths = source(LENGTHS, VOCAB, seed=4)
     src, src_lengths = src.cuda(), src_lengths.cuda()
@@ -408,9 +408,9 @@ def kept(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         captures.append(1)
         return lambda: step(strict=True)
 
-    monkeypatch.setattr(device_loop, "_captures", lambda decoding, device: True)
-    monkeypatch.setattr(device_loop, "_captured", emulated)
-    monkeypatch.setattr(device_loop, "_GRAPHS", type(device_loop._GRAPHS)())
+    monkeypatch.setattr(captured, "captures", lambda decoding, device: True)
+    monkeypatch.setattr(captured, "capture", emulated)
+    monkeypatch.setattr(captured, "GRAPHS", type(captured.GRAPHS)())
     return captures
 
 
@@ -440,7 +440,7 @@ def test_later_batches_replay_a_kept_step(variant: str, kept: list[int]) -> None
     for plain, found in zip(wanted, results, strict=True):
         _assert_close(plain, found, attention=True)
     assert len(kept) == 2  # the second batch replayed the first one's step
-    assert len(device_loop._GRAPHS) == 2
+    assert len(captured.GRAPHS) == 2
 
 
 @pytest.mark.parametrize("variant", ["bahdanau", "luong-general", "coverage-neural"])
@@ -471,13 +471,13 @@ def test_a_step_is_kept_per_model_and_setting(kept: list[int]) -> None:
     restricted = Ensemble([first]).restricted(columns, allowed)
     for _ in range(2):
         beam_search(restricted, src, src_lengths, _options(True, batch_size=8), 2)
-    assert len(kept) == 5 and len(device_loop._GRAPHS) == 3  # captured each time, not kept
+    assert len(kept) == 5 and len(captured.GRAPHS) == 3  # captured each time, not kept
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(device_loop, "GRAPH_CACHE", 1)
+        patch.setattr(captured, "GRAPH_CACHE", 1)
         beam_search(second, src, src_lengths, _options(True, batch_size=8), 2)  # kept: a hit
-        assert len(kept) == 5 and len(device_loop._GRAPHS) == 3
+        assert len(kept) == 5 and len(captured.GRAPHS) == 3
         beam_search(first, src, src_lengths, _options(True, batch_size=16), 2)  # new: 32 rows
-        assert len(kept) == 6 and len(device_loop._GRAPHS) == 1
+        assert len(kept) == 6 and len(captured.GRAPHS) == 1
 
 
 def test_a_search_on_another_thread_keeps_nothing(kept: list[int]) -> None:
@@ -485,10 +485,10 @@ def test_a_search_on_another_thread_keeps_nothing(kept: list[int]) -> None:
     and keeps none, so that no two write into one step's tensors."""
     model = _model("bahdanau", seed=1)
     src, src_lengths = _batches()[0]
-    with device_loop._GRAPHS_LOCK:
+    with captured.GRAPHS_LOCK:
         for _ in range(2):
             found = beam_search(model, src, src_lengths, _options(True, batch_size=8), 2)
-    assert len(kept) == 2 and not device_loop._GRAPHS
+    assert len(kept) == 2 and not captured.GRAPHS
     plain = beam_search(model, src, src_lengths, _options(False, batch_size=8), 2)
     _assert_close(plain, found, attention=False)
 
@@ -496,13 +496,11 @@ def test_a_search_on_another_thread_keeps_nothing(kept: list[int]) -> None:
 def test_a_static_batch() -> None:
     src, src_lengths = source([7, 2, 5], VOCAB, seed=5)
     decoding = _options(True, batch_size=5)
-    padded, lengths, limits, length = device_loop._static_batch(
-        src, src_lengths, [9, 4, 7], decoding
-    )
+    padded, lengths, limits, length = captured.static_batch(src, src_lengths, [9, 4, 7], decoding)
     assert padded.shape == (5, 32) and torch.equal(padded[:3, :7], src)
     assert padded[3:, 0].tolist() == [EOS_ID, EOS_ID] and not padded[:, 7:].any()
     assert lengths.tolist() == [7, 2, 5, 1, 1] and limits == [9, 4, 7, 1, 1] and length == 32
-    classes = [device_loop._length_class(n) for n in (1, 32, 33, 100, 512, 513)]
+    classes = [captured.length_class(n) for n in (1, 32, 33, 100, 512, 513)]
     assert classes == [32, 32, 64, 128, 512, 768]
 
 
@@ -515,7 +513,7 @@ def test_kept_cuda_graphs_serve_later_batches(
     """On a GPU, real captures: three batches, two of one static shape, beam search and
     greedy; each batch gets the plain loop's hypotheses, and two steps are kept for each
     search."""
-    monkeypatch.setattr(device_loop, "_GRAPHS", type(device_loop._GRAPHS)())
+    monkeypatch.setattr(captured, "GRAPHS", type(captured.GRAPHS)())
     model = _model(variant, seed=3).cuda()
     options = {"coverage_penalty": 0.2, "max_len_offset": 5, "batch_size": 8}
     for beam, n_best in ((4, 3), (1, 1)):
@@ -525,5 +523,5 @@ def test_kept_cuda_graphs_serve_later_batches(
             plain = beam_search(model, src, src_lengths, _options(False, **settings), n_best, True)
             found = beam_search(model, src, src_lengths, _options(True, **settings), n_best, True)
             _assert_close(plain, found, attention=True)
-    assert len(device_loop._GRAPHS) == 4
+    assert len(captured.GRAPHS) == 4
     assert "could not be captured" not in caplog.text

@@ -1,0 +1,266 @@
+"""A search step replayed on a GPU (``nmt.decoding.device_loop``'s): captured once as a CUDA
+graph (``capture``), its inputs written back in place (``write_back``), and kept for later
+batches of the same static shape.
+
+A capture costs tens of milliseconds, as much as a batch's replays, so a captured step is
+kept (``GRAPHS``, the last ``GRAPH_CACHE``): with graphs (``captures``), a batch is padded to a
+static shape (``static_batch``: ``decoding.batch_size`` sentences, the source and the output to
+a length class), and a later batch of that shape copies its own tensors into the kept step's
+and replays it (``run_steps``). A kept step is keyed by the shapes and types of everything it
+reads and writes, the search's settings, the precision and the addresses of the weights it
+reads (``kept_steps``); a shortlisted batch, whose output layer is its own, is captured for
+itself alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt.config import DecodingConfig
+from nmt.decoding.ensemble import Stepper
+from nmt.decoding.finished import DoneFlag, Finished
+from nmt.vocab import EOS_ID, PAD_ID
+
+log = logging.getLogger("nmt")
+
+EAGER_STEPS = 2  # steps run as they are before a capture: the state's shape settles in the
+# first (coverage appears), and the second warms the kernels up on a side stream
+_FAILED: list[str] = []  # why a capture failed in this process, whose later batches then
+# run without graphs instead of failing again
+GRAPH_CACHE = 8  # captured steps kept for later batches, the least recently used dropped
+LENGTH_CLASSES = (32, 64, 128, 256, 512)  # a static batch's source and output lengths
+# (longer: the next multiple of 256): few, since a GPU's search step waits on its kernels'
+# launches, not on the attention over a longer padded source
+
+
+@dataclass
+class _Kept:
+    """A captured step kept for later batches: its replay and the tensors it reads and
+    writes (the batch it was captured for), into which a later batch copies its own."""
+
+    replay: Callable[[], None]
+    inputs: Any
+
+
+GRAPHS: OrderedDict[tuple[Any, ...], _Kept] = OrderedDict()
+GRAPHS_LOCK = threading.Lock()  # held by the search using the kept steps: another thread's
+# search meanwhile captures its own
+
+
+def static_batch(
+    src: Tensor, src_lengths: Tensor, limits: list[int], decoding: DecodingConfig
+) -> tuple[Tensor, Tensor, list[int], int]:
+    """The batch padded to a static shape, so that a captured step serves later batches: at
+    least ``decoding.batch_size`` sentences (an added one is a source of EOS alone, whose
+    only output is EOS: limit 1) and the source to its length class (``LENGTH_CLASSES``;
+    the positions past each sentence's length are masked, as they are in any batch) ->
+    (src, src_lengths, limits, the output length class of the longest limit)."""
+    batch, width = src.size(0), src.size(1)
+    rows, columns = max(batch, decoding.batch_size), length_class(width)
+    padded = src.new_full((rows, columns), PAD_ID)
+    padded[:batch, :width] = src
+    padded[batch:, 0] = EOS_ID
+    lengths = src_lengths.new_ones(rows)
+    lengths[:batch] = src_lengths
+    return padded, lengths, limits + [1] * (rows - batch), length_class(max(limits))
+
+
+def static_shapes(graphs: bool, scorer: Stepper[Any]) -> bool:
+    """Whether a batch is padded to a static shape: where its steps are captured and may
+    be kept (not over a shortlist, whose columns and rows are the batch's own)."""
+    return graphs and shortlisted(scorer) is None
+
+
+def shortlisted(scorer: Stepper[Any]) -> Tensor | None:
+    """A stepper's shortlist columns (``Ensemble.restricted``), or None."""
+    return getattr(scorer, "columns", None)
+
+
+def length_class(length: int) -> int:
+    """The least of ``LENGTH_CLASSES`` that holds ``length``, else its next multiple of 256."""
+    for size in LENGTH_CLASSES:
+        if length <= size:
+            return size
+    return -(-length // 256) * 256
+
+
+@contextlib.contextmanager
+def kept_steps(
+    scorer: Stepper[Any], settings: tuple[Any, ...], graphs: bool
+) -> Iterator[tuple[Any, ...] | None]:
+    """While a search runs: the key under which its captured step is kept (``GRAPHS``),
+    the search's ``settings`` and what the step reads besides its inputs (the precision, the
+    weights' addresses), or None: nothing kept (no graphs, a shortlist's own output layer,
+    a stepper without models, or another thread's search using the kept steps)."""
+    models = getattr(scorer, "models", None)
+    if not graphs or not models or shortlisted(scorer) is not None:
+        yield None
+        return
+    if not GRAPHS_LOCK.acquire(blocking=False):
+        yield None
+        return
+    try:
+        tables = getattr(scorer, "tables", [])
+        weights = [t for m in models for t in (*m.parameters(), *m.buffers())]
+        weights += [t for table in tables for t in vars(table).values() if t is not None]
+        autocast = torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda")
+        native = getattr(scorer, "native_kernels", None)
+        addresses = tuple(w.data_ptr() for w in weights)
+        yield (settings, autocast, native, getattr(scorer, "average", None), addresses)
+    finally:
+        GRAPHS_LOCK.release()
+
+
+def run_steps(
+    step: Callable[..., None],
+    inputs: Any,
+    done: Callable[[Any], Tensor],
+    longest: int,
+    graphs: bool,
+    key: tuple[Any, ...] | None = None,
+) -> Any:
+    """At most ``longest`` steps of ``step(inputs)``, until every flag of ``done(inputs)`` (a
+    flag the host never waits for) -> the inputs the steps ended in: ``inputs``, or a kept
+    step's, into which they were copied. With ``graphs`` the step after the first
+    EAGER_STEPS is captured, or, under ``key``, a kept one of the same shapes replayed,
+    and the rest replay it."""
+    flag = DoneFlag(done(inputs).device)
+    replay: Callable[[], None] | None = None
+    for index in range(longest):
+        if replay is not None:
+            replay()
+        elif graphs and index == EAGER_STEPS:  # the warm-up before a capture is this step
+            replay, inputs = _replayed(step, inputs, key)
+        else:
+            step(inputs)
+        if flag.all_done(done(inputs)):
+            break
+    return inputs
+
+
+def _replayed(
+    step: Callable[..., None], inputs: Any, key: tuple[Any, ...] | None
+) -> tuple[Callable[[], None] | None, Any]:
+    """This step, run by the replay of a kept capture of the same shapes (``inputs``
+    copied into its own), else captured (and kept under ``key``) -> the replay, or None
+    (the capture failed), and the inputs the steps now use."""
+    full = None if key is None else (key, _signature(inputs))
+    kept = GRAPHS.get(full) if full is not None else None
+    if kept is not None and full is not None:
+        GRAPHS.move_to_end(full)
+        write_back(kept.inputs, inputs, strict=True)
+        kept.replay()
+        return kept.replay, kept.inputs
+    replay = capture(lambda strict=False: step(inputs, strict))
+    if replay is not None and full is not None:
+        GRAPHS[full] = _Kept(replay, inputs)
+        while len(GRAPHS) > GRAPH_CACHE:
+            GRAPHS.popitem(last=False)
+    return replay, inputs
+
+
+def _signature(value: Any) -> Any:
+    """The shapes, dtypes and strides of ``value``'s tensors and the values of its other
+    fields, through dataclasses, lists, tuples and dicts: what a kept step's inputs must
+    match. An object of another kind counts by its identity."""
+    if isinstance(value, Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.device, value.stride())
+    if isinstance(value, Finished):
+        return (
+            "finished",
+            value.fixed,
+            len(value.sentences),
+            len(value.archive),
+            tuple(_signature(t) for t in (*value._fields(), value.count)),
+        )
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        return (type(value), tuple(_signature(getattr(value, f.name)) for f in fields))
+    if isinstance(value, list | tuple):
+        return (type(value), tuple(_signature(v) for v in value))
+    if isinstance(value, dict):
+        return (dict, tuple((k, _signature(v)) for k, v in value.items()))
+    if value is None or isinstance(value, bool | int | float | str):
+        return (type(value), value)
+    return (type(value), id(value))
+
+
+def captures(decoding: DecodingConfig, device: torch.device) -> bool:
+    """Whether the step is captured as a CUDA graph (``decoding.cuda_graphs``, on a GPU,
+    unless a capture failed before in this process)."""
+    return decoding.cuda_graphs and device.type == "cuda" and not _FAILED
+
+
+def write_back(into: Any, new: Any, strict: bool = False) -> Any:
+    """``new``'s tensors written into ``into``'s own, field by field (dataclasses, lists,
+    dicts, a fixed ``Finished``; equal plain values stay): -> ``into``. A field whose tensor is new (a first coverage vector) or is not a
+    tensor (a step count) is set instead, except with ``strict`` (a graph being captured,
+    whose inputs must stay where they are): then a ValueError."""
+    if isinstance(into, Tensor) and isinstance(new, Tensor) and into.shape == new.shape:
+        if into is not new:
+            into.copy_(new)
+        return into
+    if isinstance(into, Finished) and isinstance(new, Finished) and into.fixed and new.fixed:
+        for mine, theirs in zip(
+            (*into._fields(), into.count), (*new._fields(), new.count), strict=True
+        ):
+            write_back(mine, theirs, strict)
+        return into
+    if isinstance(into, bool | int | float | str) and type(into) is type(new) and into == new:
+        return into
+    if dataclasses.is_dataclass(into) and type(into) is type(new):
+        for field in dataclasses.fields(into):
+            old, value = getattr(into, field.name), getattr(new, field.name)
+            if old is not value:
+                object.__setattr__(into, field.name, write_back(old, value, strict))
+        return into
+    if isinstance(into, list) and isinstance(new, list) and len(into) == len(new):
+        into[:] = [write_back(a, b, strict) for a, b in zip(into, new, strict=True)]
+        return into
+    if isinstance(into, dict) and isinstance(new, dict) and into.keys() == new.keys():
+        for key in into:
+            into[key] = write_back(into[key], new[key], strict)
+        return into
+    if strict and into is not new and not (into is None and new is None):
+        raise ValueError(f"a captured step would replace a {type(into).__name__}")
+    return new
+
+
+def capture(step: Callable[..., None]) -> Callable[[], None] | None:
+    """``step`` as a CUDA graph: warmed up once on a side stream (a real step), then
+    captured (recorded, not run; ``step(strict=True)``) under autocast without its cache,
+    whose copies of the weights would otherwise live outside the graph; -> its replay, or
+    None where the capture fails: one log line, and this batch's steps and every later
+    batch's run as they are."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    no_cache: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if torch.is_autocast_enabled("cuda"):
+        dtype = torch.get_autocast_dtype("cuda")
+        no_cache = torch.autocast("cuda", dtype=dtype, cache_enabled=False)
+    try:
+        with no_cache, torch.cuda.graph(graph):
+            step(strict=True)
+    except (RuntimeError, ValueError) as error:
+        _FAILED.append(str(error))
+        log.warning(
+            "search: its step could not be captured as a CUDA graph (%s); search runs "
+            "without one from now on",
+            error,
+        )
+        return None
+    return graph.replay
