@@ -60,6 +60,16 @@ bench_pair() {  # NAME SECONDS ARGS...: the bench eager, then with graphs
     done >> "$OUT/bench.md"
 }
 
+bench_override() {  # NAME SECONDS PARTS OVERRIDE: the bench with graphs and one override
+    local name=$1 seconds=$2 parts=$3 override=$4
+    timeout "$seconds" $PY scripts/bench.py --device cuda --parts "$parts" --warmup 2 \
+        --windows 3 --steps 6 --work-dir runs/bench --configs "$CONFIGS" \
+        --override "$override" --json "$OUT/$name.json" 2>&1 | tail -6
+    [ -f "$OUT/$name.json" ] || return 0
+    echo "### $override"
+    $PY scripts/bench.py --report "$OUT/$name.json" --markdown 2>/dev/null
+}
+
 for stage in $STAGES; do
     echo "== $stage"
     case $stage in
@@ -75,13 +85,7 @@ for stage in $STAGES; do
     reads)
         # each update read at once, then once the next is queued (the default), with graphs
         for setting in false true; do
-            timeout 150 $PY scripts/bench.py --device cuda --parts train --warmup 2 \
-                --windows 3 --steps 6 --work-dir runs/bench --configs "$CONFIGS" \
-                --override training.deferred_reads=$setting --json "$OUT/reads-$setting.json" \
-                2>&1 | tail -6
-            [ -f "$OUT/reads-$setting.json" ] || continue
-            echo "### training.deferred_reads=$setting"
-            $PY scripts/bench.py --report "$OUT/reads-$setting.json" --markdown 2>/dev/null
+            bench_override "reads-$setting" 150 train "training.deferred_reads=$setting"
         done >> "$OUT/bench.md" ;;
     profile)
         for mode in eager graphs; do
@@ -167,13 +171,8 @@ PY
         # by batch_tokens, for documenting a GPU's value (the learning rate follows
         # training.lr_reference_tokens' square-root rule in nmt train, not in the bench)
         for tokens in ${BATCH_SIZES:-4000 8000 16000 32000}; do
-            timeout "${BATCH_SECONDS:-90}" $PY scripts/bench.py --device cuda --parts matmul,train \
-                --warmup 2 --windows 3 --steps 6 --work-dir runs/bench --configs "$CONFIGS" \
-                --override training.batch_tokens=$tokens --json "$OUT/batch-$tokens.json" \
-                2>&1 | tail -6
-            [ -f "$OUT/batch-$tokens.json" ] || continue
-            echo "### training.batch_tokens=$tokens"
-            $PY scripts/bench.py --report "$OUT/batch-$tokens.json" --markdown 2>/dev/null
+            bench_override "batch-$tokens" "${BATCH_SECONDS:-90}" matmul,train \
+                "training.batch_tokens=$tokens"
         done >> "$OUT/bench.md" ;;
     recipe)
         # configs/bible_gpu.yaml from scratch (data preparation included), timed, then beam 5
