@@ -70,23 +70,28 @@ class Finished:
         length (EOS included; a 0-d tensor when fixed), tokens before EOS (B, K, length-1,
         or T when fixed, zeros after) and attention (B, K, length or T, S)."""
         slots = self.scores.size(1)
-        self.count += torch.isfinite(scores).sum(dim=1)
+        # finished: scores are sums of log-probabilities (at most 0), or -inf; one comparison
+        # where isfinite takes four kernels
+        self.count += (scores > -math.inf).sum(dim=1)
         merged = torch.cat([self.scores, scores], dim=1)  # (B, F+K)
         order = merged.sort(dim=1, descending=True, stable=True).indices[:, :slots]  # (B, F)
-        lengths = torch.zeros_like(order[:, :1]).add_(length).expand(-1, scores.size(1))
-        update = {
-            "scores": merged.gather(1, order),
-            "log_probs": torch.cat([self.log_probs, log_probs], dim=1).gather(1, order),
-            "lengths": torch.cat([self.lengths, lengths], dim=1).gather(1, order),
-            "tokens": _merged(_widened(self.tokens, tokens.size(2)), tokens, order),
+        if isinstance(length, Tensor):  # (), on the device
+            lengths = length.expand(scores.shape)
+        else:
+            lengths = torch.zeros_like(order[:, :1]).add_(length).expand(-1, scores.size(1))
+        sources = {  # each field's kept rows followed by the candidates', and its gather index
+            "scores": (merged, order),
+            "log_probs": (torch.cat([self.log_probs, log_probs], dim=1), order),
+            "lengths": (torch.cat([self.lengths, lengths], dim=1), order),
+            "tokens": _both(_widened(self.tokens, tokens.size(2)), tokens, order),
         }
         if self.alphas is not None and alphas is not None:
-            update["alphas"] = _merged(_widened(self.alphas, alphas.size(2)), alphas, order)
-        for name, value in update.items():
-            if self.fixed:
-                getattr(self, name).copy_(value)
+            sources["alphas"] = _both(_widened(self.alphas, alphas.size(2)), alphas, order)
+        for name, (both, index) in sources.items():
+            if self.fixed:  # written in place: straight into the field
+                torch.gather(both, 1, index, out=getattr(self, name))
             else:
-                setattr(self, name, value)
+                setattr(self, name, both.gather(1, index))
 
     def select(self, keep: list[int]) -> None:
         """Keep the rows ``keep``; the others (done sentences) go to the archive."""
@@ -154,11 +159,12 @@ def _widened(kept: Tensor, width: int) -> Tensor:
     return torch.cat([kept, pad], dim=2)
 
 
-def _merged(kept: Tensor, new: Tensor, order: Tensor) -> Tensor:
-    """The rows ``order`` (B, F) of kept (B, F, W, ...) followed by new (B, K, W, ...)."""
+def _both(kept: Tensor, new: Tensor, order: Tensor) -> tuple[Tensor, Tensor]:
+    """kept (B, F, W, ...) followed by new (B, K, W, ...), and the index (B, F, W, ...)
+    that gathers the rows ``order`` (B, F) of it."""
     both = torch.cat([kept, new], dim=1)  # (B, F+K, W, ...)
     index = order.view(*order.shape, *([1] * (both.dim() - 2))).expand(-1, -1, *both.shape[2:])
-    return both.gather(1, index)
+    return both, index
 
 
 class DoneFlag:

@@ -276,7 +276,8 @@ def _finalise(
     where none ended."""
     beam_size = beams.scores.size(1)
     top_scores, top_tokens = step.scores[:, :beam_size], step.tokens[:, :beam_size]
-    is_eos = (top_tokens == EOS_ID) & torch.isfinite(top_scores) & ~done[:, None]  # (N, K)
+    # finite: a top score is at most 0, or -inf (one comparison; isfinite takes four kernels)
+    is_eos = (top_tokens == EOS_ID) & (top_scores > -math.inf) & ~done[:, None]  # (N, K)
     if column is None and not bool(is_eos.any()):
         return
     sentences = torch.arange(top_scores.size(0), device=top_scores.device)[:, None]
