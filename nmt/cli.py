@@ -205,9 +205,9 @@ WorkersOption = Annotated[
     typer.Option(
         "--workers",
         parser=lambda value: int(value) if value.strip().isdigit() else value,
-        help="On a CPU, decode this many batches at once, each in a thread with its share of "
-        "the threads (auto: 2 where there are 2 threads or more and batches of 16 sentences "
-        "or more).",
+        help="Decode this many batches at once, each in a thread: on a CPU with its share of "
+        "the threads, on a GPU on its own CUDA stream (auto: on a CPU 2 where there are 2 "
+        "threads or more and batches of 16 sentences or more; on a GPU 1).",
     ),
 ]
 

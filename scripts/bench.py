@@ -163,6 +163,7 @@ BACKENDS = (
     "torch",
     "torch-whole",
     "torch-1worker",
+    "torch-2workers",
     "torch-plain-loop",
     "torch-loop-no-graphs",
     "torch-bf16",
@@ -1064,6 +1065,8 @@ def backend_name(backend: str, translator: Translator) -> str:
         return name + ", plain loop"
     if backend == "torch-loop-no-graphs":
         return name + ", device loop without graphs"
+    if backend == "torch-2workers":
+        return name + ", 2 workers"
     return name + (", 1 worker" if backend == "torch-1worker" else "")
 
 
@@ -1083,6 +1086,13 @@ def backend_translator(
         decoding = serial.config.decoding.model_copy(update={"workers": 1})
         serial.config = serial.config.model_copy(update={"decoding": decoding})  # --workers 1
         return serial
+    if backend == "torch-2workers":
+        if device.type == "cpu":
+            return None  # a CPU's auto decodes two batches at a time already
+        sided = Translator.from_checkpoint(model_path, device.type, default.precision)
+        decoding = sided.config.decoding.model_copy(update={"workers": 2})
+        sided.config = sided.config.model_copy(update={"decoding": decoding})  # --workers 2
+        return sided
     if backend in ("torch-plain-loop", "torch-loop-no-graphs"):
         if not runs_on_device(default.config.decoding, device, None):
             return None  # the default takes the plain loop already (a CPU)
@@ -1094,7 +1104,8 @@ def backend_translator(
         other.config = other.config.model_copy(update={"decoding": decoding})
         return other
     if backend == "torch-whole":
-        if default.shortlists is None:  # the default row already decodes the whole vocabulary
+        if default.decoding_shortlists(default.config.decoding) is None:  # the default
+            # row already decodes the whole vocabulary (no shortlist, or a GPU's auto)
             return None
         whole = Translator.from_checkpoint(model_path, device.type, default.precision)
         whole.shortlists = None  # as --shortlist off
@@ -1146,6 +1157,8 @@ def bench_translate_command(
         command += ["--shortlist", "off"]
     if backend == "torch-1worker":
         command += ["--workers", "1"]
+    if backend == "torch-2workers":
+        command += ["--workers", "2"]
     start = time.perf_counter()
     proc = subprocess.Popen(
         command, env=child_environment(options), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE

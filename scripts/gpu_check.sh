@@ -7,7 +7,8 @@
 # profile-{eager,graphs}.json (scripts/profile_step.py, Bahdanau at the bench sizes), and
 # with the decode stage decode.json (greedy and beam 5 at batch 1 and 64, and the whole
 # nmt translate --beam 5, on CUDA; beam search's captured device loop against the same loop
-# without graphs and the plain loop, and the shortlist against the whole vocabulary), with the prefetch stage prefetch.txt (nmt train's target
+# without graphs and the plain loop, and two workers on two CUDA streams against one; a
+# second pass replays the steps kept from the first), with the prefetch stage prefetch.txt (nmt train's target
 # tokens/s on the demo config with training.prefetch off and on, in turn), with the reads
 # stage reads-{false,true}.json (the bench with training.deferred_reads off, then on), with
 # the recipe stage recipe.txt (configs/bible_gpu.yaml trained from scratch, its wall clock,
@@ -130,7 +131,7 @@ PY
     decode)
         timeout "${DECODE_SECONDS:-240}" $PY scripts/bench.py --device cuda \
             --parts matmul,decode,translate --model "${DECODE_MODEL:-runs/demo}" \
-            --backends torch,torch-plain-loop,torch-loop-no-graphs,torch-whole \
+            --backends torch,torch-plain-loop,torch-loop-no-graphs,torch-2workers \
             --work-dir runs/bench --json "$OUT/decode.json" 2>&1 | tail -30
         if [ -f "$OUT/decode.json" ]; then
             echo "### decode"

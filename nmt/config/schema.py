@@ -337,9 +337,10 @@ class DecodingConfig(Section):
     )
     workers: int | Literal["auto"] = Field(
         "auto",
-        description="on a CPU, batches decoded at once, each in a thread with its share of "
-        "torch's threads (auto: 2 where torch has 2 threads or more and the batches hold 16 "
-        "sentences or more on average, else 1; a GPU decodes one batch at a time)",
+        description="batches decoded at once, each in a thread: on a CPU with its share of "
+        "torch's threads, on a GPU on its own CUDA stream (auto: on a CPU 2 where torch has 2 "
+        "threads or more and the batches hold 16 sentences or more on average, else 1; on a "
+        "GPU 1)",
     )
 
     @model_validator(mode="before")

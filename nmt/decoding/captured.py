@@ -3,13 +3,13 @@ graph (``capture``), its inputs written back in place (``write_back``), and kept
 batches of the same static shape.
 
 A capture costs tens of milliseconds, as much as a batch's replays, so a captured step is
-kept (``GRAPHS``, the last ``GRAPH_CACHE``): with graphs (``captures``), a batch is padded to a
-static shape (``static_batch``: ``decoding.batch_size`` sentences, the source and the output to
-a length class), and a later batch of that shape copies its own tensors into the kept step's
-and replays it (``run_steps``). A kept step is keyed by the shapes and types of everything it
-reads and writes, the search's settings, the precision and the addresses of the weights it
-reads (``kept_steps``); a shortlisted batch, whose output layer is its own, is captured for
-itself alone.
+kept (``kept_graphs``: each thread's own, its last ``GRAPH_CACHE``): with graphs
+(``captures``), a batch is padded to a static shape (``static_batch``: ``decoding.batch_size``
+sentences, the source and the output to a length class), and a later batch of that shape
+copies its own tensors into the kept step's and replays it (``run_steps``). A kept step is
+keyed by the shapes and types of everything it reads and writes, the search's settings, the
+precision and the addresses of the weights it reads (``kept_steps``); a shortlisted batch,
+whose output layer is its own, is captured for itself alone.
 """
 
 from __future__ import annotations
@@ -52,9 +52,16 @@ class _Kept:
     inputs: Any
 
 
-GRAPHS: OrderedDict[tuple[Any, ...], _Kept] = OrderedDict()
-GRAPHS_LOCK = threading.Lock()  # held by the search using the kept steps: another thread's
-# search meanwhile captures its own
+_THREAD = threading.local()  # each thread's kept steps: batches decoded side by side on a
+# GPU (decoding.workers) each replay their own, on their own stream
+
+
+def kept_graphs() -> OrderedDict[tuple[Any, ...], _Kept]:
+    """This thread's kept steps, the least recently used first (at most GRAPH_CACHE)."""
+    graphs = getattr(_THREAD, "graphs", None)
+    if graphs is None:
+        graphs = _THREAD.graphs = OrderedDict()
+    return graphs
 
 
 def static_batch(
@@ -98,27 +105,21 @@ def length_class(length: int) -> int:
 def kept_steps(
     scorer: Stepper[Any], settings: tuple[Any, ...], graphs: bool
 ) -> Iterator[tuple[Any, ...] | None]:
-    """While a search runs: the key under which its captured step is kept (``GRAPHS``),
+    """While a search runs: the key under which its captured step is kept (``kept_graphs``),
     the search's ``settings`` and what the step reads besides its inputs (the precision, the
     weights' addresses), or None: nothing kept (no graphs, a shortlist's own output layer,
-    a stepper without models, or another thread's search using the kept steps)."""
+    a stepper without models)."""
     models = getattr(scorer, "models", None)
     if not graphs or not models or shortlisted(scorer) is not None:
         yield None
         return
-    if not GRAPHS_LOCK.acquire(blocking=False):
-        yield None
-        return
-    try:
-        tables = getattr(scorer, "tables", [])
-        weights = [t for m in models for t in (*m.parameters(), *m.buffers())]
-        weights += [t for table in tables for t in vars(table).values() if t is not None]
-        autocast = torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda")
-        native = getattr(scorer, "native_kernels", None)
-        addresses = tuple(w.data_ptr() for w in weights)
-        yield (settings, autocast, native, getattr(scorer, "average", None), addresses)
-    finally:
-        GRAPHS_LOCK.release()
+    tables = getattr(scorer, "tables", [])
+    weights = [t for m in models for t in (*m.parameters(), *m.buffers())]
+    weights += [t for table in tables for t in vars(table).values() if t is not None]
+    autocast = torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda")
+    native = getattr(scorer, "native_kernels", None)
+    addresses = tuple(w.data_ptr() for w in weights)
+    yield (settings, autocast, native, getattr(scorer, "average", None), addresses)
 
 
 def run_steps(
@@ -154,18 +155,19 @@ def _replayed(
     """This step, run by the replay of a kept capture of the same shapes (``inputs``
     copied into its own), else captured (and kept under ``key``) -> the replay, or None
     (the capture failed), and the inputs the steps now use."""
+    graphs = kept_graphs()
     full = None if key is None else (key, _signature(inputs))
-    kept = GRAPHS.get(full) if full is not None else None
+    kept = graphs.get(full) if full is not None else None
     if kept is not None and full is not None:
-        GRAPHS.move_to_end(full)
+        graphs.move_to_end(full)
         write_back(kept.inputs, inputs, strict=True)
         kept.replay()
         return kept.replay, kept.inputs
     replay = capture(lambda strict=False: step(inputs, strict))
     if replay is not None and full is not None:
-        GRAPHS[full] = _Kept(replay, inputs)
-        while len(GRAPHS) > GRAPH_CACHE:
-            GRAPHS.popitem(last=False)
+        graphs[full] = _Kept(replay, inputs)
+        while len(graphs) > GRAPH_CACHE:
+            graphs.popitem(last=False)
     return replay, inputs
 
 
@@ -203,9 +205,10 @@ def captures(decoding: DecodingConfig, device: torch.device) -> bool:
 
 def write_back(into: Any, new: Any, strict: bool = False) -> Any:
     """``new``'s tensors written into ``into``'s own, field by field (dataclasses, lists,
-    dicts, a fixed ``Finished``; equal plain values stay): -> ``into``. A field whose tensor is new (a first coverage vector) or is not a
-    tensor (a step count) is set instead, except with ``strict`` (a graph being captured,
-    whose inputs must stay where they are): then a ValueError."""
+    dicts, a fixed ``Finished``; equal plain values stay): -> ``into``. A field whose tensor
+    is new (a first coverage vector) or is not a tensor (a step count) is set instead,
+    except with ``strict`` (a graph being captured, whose inputs must stay where they are):
+    then a ValueError."""
     if isinstance(into, Tensor) and isinstance(new, Tensor) and into.shape == new.shape:
         if into is not new:
             into.copy_(new)
@@ -253,7 +256,8 @@ def capture(step: Callable[..., None]) -> Callable[[], None] | None:
         dtype = torch.get_autocast_dtype("cuda")
         no_cache = torch.autocast("cuda", dtype=dtype, cache_enabled=False)
     try:
-        with no_cache, torch.cuda.graph(graph):
+        # thread_local: another thread's search (decoding.workers on a GPU) goes on meanwhile
+        with no_cache, torch.cuda.graph(graph, capture_error_mode="thread_local"):
             step(strict=True)
     except (RuntimeError, ValueError) as error:
         _FAILED.append(str(error))

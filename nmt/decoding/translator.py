@@ -25,7 +25,7 @@ from nmt.decoding.scoring import Scored, score_ids
 from nmt.decoding.search import Hypothesis, beam_search
 from nmt.decoding.shortlist import Columns, Shortlist, batch_columns, forced_pieces
 from nmt.decoding.steering import Steering
-from nmt.decoding.workers import in_workers, worker_count
+from nmt.decoding.workers import in_workers, worker_count, worker_stream
 from nmt.errors import CheckpointError, ConfigError, DataError
 from nmt.fast import compiled
 from nmt.fast.precision import choose_precision
@@ -206,7 +206,7 @@ class Translator:
         progress: Callable[[int], None] | None = None,
         steering: Steering | None = None,
     ) -> list[list[Hypothesis]]:
-        """Beam-search every id sequence (non-empty), in length-sorted batches, on a CPU
+        """Beam-search every id sequence (non-empty), in length-sorted batches,
         ``decoding.workers`` batches at once (nmt.decoding.workers); ``steering`` has one
         entry per sequence. ``progress`` hears of each batch as it is done."""
         out: list[list[Hypothesis]] = [[] for _ in src_ids]
@@ -221,10 +221,11 @@ class Translator:
 
         def decode(index: np.ndarray) -> list[list[Hypothesis]]:
             chunk = [src_ids[i] for i in index]
-            src = pad(chunk).to(self.device)
-            src_lengths = torch.tensor([len(s) for s in chunk], device=self.device)
             part = steering.subset(index.tolist()) if steering is not None else None
-            with autocast(self.device, self.precision):  # per thread, as autocast's state is
+            # per thread, as autocast's state is; on a GPU each worker on its own stream
+            with worker_stream(self.device, workers), autocast(self.device, self.precision):
+                src = pad(chunk).to(self.device)
+                src_lengths = torch.tensor([len(s) for s in chunk], device=self.device)
                 if shortlists is None:
                     return beam_search(
                         scorer, src, src_lengths, decoding, search.n_best, search.attention, part

@@ -8,18 +8,20 @@ enumeration of test_search is repeated through this loop."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 import torch
 from searchref import enumerate_outputs, sequence_log_probs, source
 
-from nmt.config import DecodingConfig, from_dict
+from nmt.config import Config, DecodingConfig, from_dict
 from nmt.decoding import captured, device_loop
 from nmt.decoding.ensemble import Ensemble, EnsembleState
 from nmt.decoding.finished import DoneFlag, Finished
 from nmt.decoding.search import beam_search, greedy_search, length_penalty, runs_on_device
 from nmt.decoding.steering import Steering
+from nmt.decoding.translator import Translator
 from nmt.model import Seq2Seq, build_model
 from nmt.model.decoder import DecoderState
 from nmt.vocab import EOS_ID
@@ -410,7 +412,7 @@ def kept(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(captured, "captures", lambda decoding, device: True)
     monkeypatch.setattr(captured, "capture", emulated)
-    monkeypatch.setattr(captured, "GRAPHS", type(captured.GRAPHS)())
+    monkeypatch.setattr(captured, "_THREAD", threading.local())
     return captures
 
 
@@ -440,7 +442,7 @@ def test_later_batches_replay_a_kept_step(variant: str, kept: list[int]) -> None
     for plain, found in zip(wanted, results, strict=True):
         _assert_close(plain, found, attention=True)
     assert len(kept) == 2  # the second batch replayed the first one's step
-    assert len(captured.GRAPHS) == 2
+    assert len(captured.kept_graphs()) == 2
 
 
 @pytest.mark.parametrize("variant", ["bahdanau", "luong-general", "coverage-neural"])
@@ -471,26 +473,37 @@ def test_a_step_is_kept_per_model_and_setting(kept: list[int]) -> None:
     restricted = Ensemble([first]).restricted(columns, allowed)
     for _ in range(2):
         beam_search(restricted, src, src_lengths, _options(True, batch_size=8), 2)
-    assert len(kept) == 5 and len(captured.GRAPHS) == 3  # captured each time, not kept
+    assert len(kept) == 5 and len(captured.kept_graphs()) == 3  # captured each time, not kept
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(captured, "GRAPH_CACHE", 1)
         beam_search(second, src, src_lengths, _options(True, batch_size=8), 2)  # kept: a hit
-        assert len(kept) == 5 and len(captured.GRAPHS) == 3
+        assert len(kept) == 5 and len(captured.kept_graphs()) == 3
         beam_search(first, src, src_lengths, _options(True, batch_size=16), 2)  # new: 32 rows
-        assert len(kept) == 6 and len(captured.GRAPHS) == 1
+        assert len(kept) == 6 and len(captured.kept_graphs()) == 1
 
 
-def test_a_search_on_another_thread_keeps_nothing(kept: list[int]) -> None:
-    """While one search uses the kept steps, another (nmt serve's threads) captures its own
-    and keeps none, so that no two write into one step's tensors."""
+def test_each_thread_keeps_its_own_steps(kept: list[int]) -> None:
+    """A search on another thread (a decoding worker on a GPU, nmt serve's decode thread)
+    keeps its steps apart from this thread's, so that no two write into one step's
+    tensors; each thread replays its own."""
     model = _model("bahdanau", seed=1)
     src, src_lengths = _batches()[0]
-    with captured.GRAPHS_LOCK:
+    found: list[Any] = []
+
+    def search() -> None:
         for _ in range(2):
-            found = beam_search(model, src, src_lengths, _options(True, batch_size=8), 2)
-    assert len(kept) == 2 and not captured.GRAPHS
+            found.append(beam_search(model, src, src_lengths, _options(True, batch_size=8), 2))
+        found.append(len(captured.kept_graphs()))
+
+    thread = threading.Thread(target=search)
+    thread.start()
+    thread.join()
+    assert len(kept) == 1 and found[-1] == 1 and not captured.kept_graphs()
+    beam_search(model, src, src_lengths, _options(True, batch_size=8), 2)  # this thread's own
+    assert len(kept) == 2 and len(captured.kept_graphs()) == 1
     plain = beam_search(model, src, src_lengths, _options(False, batch_size=8), 2)
-    _assert_close(plain, found, attention=False)
+    for hypotheses in found[:2]:
+        _assert_close(plain, hypotheses, attention=False)
 
 
 def test_a_static_batch() -> None:
@@ -513,7 +526,7 @@ def test_kept_cuda_graphs_serve_later_batches(
     """On a GPU, real captures: three batches, two of one static shape, beam search and
     greedy; each batch gets the plain loop's hypotheses, and two steps are kept for each
     search."""
-    monkeypatch.setattr(captured, "GRAPHS", type(captured.GRAPHS)())
+    monkeypatch.setattr(captured, "_THREAD", threading.local())
     model = _model(variant, seed=3).cuda()
     options = {"coverage_penalty": 0.2, "max_len_offset": 5, "batch_size": 8}
     for beam, n_best in ((4, 3), (1, 1)):
@@ -523,5 +536,38 @@ def test_kept_cuda_graphs_serve_later_batches(
             plain = beam_search(model, src, src_lengths, _options(False, **settings), n_best, True)
             found = beam_search(model, src, src_lengths, _options(True, **settings), n_best, True)
             _assert_close(plain, found, attention=True)
-    assert len(captured.GRAPHS) == 4
+    assert len(captured.kept_graphs()) == 4
+    assert "could not be captured" not in caplog.text
+
+
+def test_workers_side_by_side_keep_their_own_steps(kept: list[int]) -> None:
+    """``decoding.workers`` threads (on a GPU, each on its own stream) each keep and replay
+    their own steps: the translations of one worker, and of the plain loop."""
+    model = _model("luong-general", seed=2)
+    translator = Translator(model, None, Config(), torch.device("cpu"))  # type: ignore[arg-type]
+    generator = torch.Generator().manual_seed(3)
+    lengths = torch.randint(1, 12, (24,), generator=generator).tolist()
+    ids = [torch.randint(4, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+    options = {"beam_size": 3, "batch_size": 4, "max_len_offset": 4}
+    side_by_side = translator.decode_ids(ids, _options(True, workers=2, **options))
+    assert 1 <= len(kept) <= 2 and not captured.kept_graphs()  # the workers' own, gone
+    plain = translator.decode_ids(ids, _options(False, workers=1, **options))
+    _assert_close(plain, side_by_side, attention=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_workers_decode_side_by_side(caplog: pytest.LogCaptureFixture) -> None:
+    """Two workers on a GPU, each on its own CUDA stream with its own kept steps (captured
+    while the other replays): the translations of one worker."""
+    model = _model("bahdanau", seed=2).cuda()
+    translator = Translator(model, None, Config(), torch.device("cuda"))  # type: ignore[arg-type]
+    generator = torch.Generator().manual_seed(3)
+    lengths = torch.randint(1, 40, (48,), generator=generator).tolist()
+    ids = [torch.randint(4, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+    for beam in (4, 1):
+        options = {"beam_size": beam, "batch_size": 8, "max_len_offset": 4}
+        one = translator.decode_ids(ids, _options(True, workers=1, **options))
+        two = translator.decode_ids(ids, _options(True, workers=2, **options))
+        _assert_close(one, two, attention=False)
     assert "could not be captured" not in caplog.text

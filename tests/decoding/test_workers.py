@@ -147,7 +147,7 @@ def test_a_failing_item_is_raised_and_the_thread_count_given_back() -> None:
 
 def test_how_many_workers() -> None:
     """auto: 2 of 2 threads for batches of 16 sentences or more on average, else 1; a
-    number is taken as given, up to the batches; a GPU gets 1."""
+    number is taken as given, up to the batches; auto on a GPU is 1."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert worker_count("auto", cpu, [64] * 5) == 2
     assert worker_count("auto", cpu, [16, 16, 16]) == 2
@@ -157,7 +157,8 @@ def test_how_many_workers() -> None:
     assert worker_count(3, cpu, [64] * 5) == 3
     assert worker_count(8, cpu, [64] * 5) == 5  # no more than the batches
     assert worker_count("auto", cpu, [64]) == 1
-    assert worker_count(4, cuda, [64] * 5) == 1
+    assert worker_count(4, cuda, [64] * 5) == 4  # on a GPU as given: a stream each
+    assert worker_count("auto", cuda, [64] * 5) == 1
     torch.set_num_threads(1)  # the fixture sets the suite's count back
     assert worker_count("auto", cpu, [64] * 5) == 1
 
