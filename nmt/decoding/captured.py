@@ -52,6 +52,7 @@ class _Kept:
     inputs: Any
 
 
+_CAPTURE_LOCK = threading.Lock()  # one capture at a time in a process
 _THREAD = threading.local()  # each thread's kept steps: batches decoded side by side on a
 # GPU (decoding.workers) each replay their own, on their own stream
 
@@ -241,24 +242,31 @@ def write_back(into: Any, new: Any, strict: bool = False) -> Any:
 
 def capture(step: Callable[..., None]) -> Callable[[], None] | None:
     """``step`` as a CUDA graph: warmed up once on a side stream (a real step), then
-    captured (recorded, not run; ``step(strict=True)``) under autocast without its cache,
-    whose copies of the weights would otherwise live outside the graph; -> its replay, or
-    None where the capture fails: one log line, and this batch's steps and every later
-    batch's run as they are."""
+    captured there (recorded, not run; ``step(strict=True)``) under autocast without its
+    cache, whose copies of the weights would otherwise live outside the graph; -> its
+    replay, or None where the capture fails: one log line, and this batch's steps and every
+    later batch's run as they are.
+
+    Through ``CUDAGraph.capture_begin`` and ``capture_end`` rather than ``torch.cuda.graph``,
+    whose entry waits for the whole device and empties the memory caches (device and pinned
+    host) before every capture; one capture at a time in a process (``_CAPTURE_LOCK``, as
+    torch requires), in ``thread_local`` mode, so that another worker's search goes on."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         step()
-    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     no_cache: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if torch.is_autocast_enabled("cuda"):
         dtype = torch.get_autocast_dtype("cuda")
         no_cache = torch.autocast("cuda", dtype=dtype, cache_enabled=False)
     try:
-        # thread_local: another thread's search (decoding.workers on a GPU) goes on meanwhile
-        with no_cache, torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            step(strict=True)
+        with _CAPTURE_LOCK, no_cache, torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                step(strict=True)
+            finally:
+                graph.capture_end()
     except (RuntimeError, ValueError) as error:
         _FAILED.append(str(error))
         log.warning(
@@ -267,4 +275,6 @@ def capture(step: Callable[..., None]) -> Callable[[], None] | None:
             error,
         )
         return None
+    finally:
+        torch.cuda.current_stream().wait_stream(side)  # the warm-up step, before what follows
     return graph.replay
