@@ -145,7 +145,7 @@ class Finished:
 
 def _to_host(field: Tensor | None, fixed: bool) -> Tensor | None:
     """A field in host memory; a fixed store's always copied, since a CUDA graph kept for
-    later batches writes its tensors again (``nmt.decoding.device_loop``)."""
+    later batches writes its tensors again (``nmt.decoding.captured``)."""
     if field is None:
         return None
     return field.to("cpu", copy=True) if fixed else field.cpu()
