@@ -4,11 +4,11 @@ batches of the same static shape.
 
 A capture costs tens of milliseconds, as much as a batch's replays, so a captured step is
 kept (``kept_graphs``: each thread's own, its last ``GRAPH_CACHE``): with graphs
-(``captures``), a batch is padded to a static shape (``static_batch``: ``decoding.batch_size``
+(``captures``), a batch is padded to a static shape (``shaped_batch``: ``decoding.batch_size``
 sentences, the source and the output to a length class), and a later batch of that shape
 copies its own tensors into the kept step's and replays it (``run_steps``). A kept step is
 keyed by the shapes and types of everything it reads and writes, the search's settings, the
-precision and the addresses of the weights it reads (``kept_steps``); a shortlisted batch,
+precision and the addresses of the weights it reads (``kept_key``); a shortlisted batch,
 whose output layer is its own, is captured for itself alone.
 """
 
@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +83,22 @@ def static_batch(
     return padded, lengths, limits + [1] * (rows - batch), length_class(max(limits))
 
 
+def shaped_batch(
+    graphs: bool,
+    scorer: Stepper[Any],
+    src: Tensor,
+    src_lengths: Tensor,
+    limits: list[int],
+    decoding: DecodingConfig,
+) -> tuple[Tensor, Tensor, list[int], int]:
+    """The batch a search steps: padded to a static shape (``static_batch``) where its
+    steps are captured and may be kept (``static_shapes``), else as it is -> (src,
+    src_lengths, limits, the output length its tensors hold)."""
+    if static_shapes(graphs, scorer):
+        return static_batch(src, src_lengths, limits, decoding)
+    return src, src_lengths, limits, max(limits)
+
+
 def static_shapes(graphs: bool, scorer: Stepper[Any]) -> bool:
     """Whether a batch is padded to a static shape: where its steps are captured and may
     be kept (not over a shortlist, whose columns and rows are the batch's own)."""
@@ -102,25 +118,23 @@ def length_class(length: int) -> int:
     return -(-length // 256) * 256
 
 
-@contextlib.contextmanager
-def kept_steps(
+def kept_key(
     scorer: Stepper[Any], settings: tuple[Any, ...], graphs: bool
-) -> Iterator[tuple[Any, ...] | None]:
-    """While a search runs: the key under which its captured step is kept (``kept_graphs``),
-    the search's ``settings`` and what the step reads besides its inputs (the precision, the
+) -> tuple[Any, ...] | None:
+    """The key under which a search's captured step is kept (``kept_graphs``): the
+    search's ``settings`` and what the step reads besides its inputs (the precision, the
     weights' addresses), or None: nothing kept (no graphs, a shortlist's own output layer,
     a stepper without models)."""
     models = getattr(scorer, "models", None)
     if not graphs or not models or shortlisted(scorer) is not None:
-        yield None
-        return
+        return None
     tables = getattr(scorer, "tables", [])
     weights = [t for m in models for t in (*m.parameters(), *m.buffers())]
     weights += [t for table in tables for t in vars(table).values() if t is not None]
     autocast = torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda")
     native = getattr(scorer, "native_kernels", None)
     addresses = tuple(w.data_ptr() for w in weights)
-    yield (settings, autocast, native, getattr(scorer, "average", None), addresses)
+    return (settings, autocast, native, getattr(scorer, "average", None), addresses)
 
 
 def run_steps(
@@ -184,7 +198,7 @@ def _signature(value: Any) -> Any:
             value.fixed,
             len(value.sentences),
             len(value.archive),
-            tuple(_signature(t) for t in (*value._fields(), value.count)),
+            tuple(_signature(t) for t in value.tensors()),
         )
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = dataclasses.fields(value)
@@ -215,9 +229,7 @@ def write_back(into: Any, new: Any, strict: bool = False) -> Any:
             into.copy_(new)
         return into
     if isinstance(into, Finished) and isinstance(new, Finished) and into.fixed and new.fixed:
-        for mine, theirs in zip(
-            (*into._fields(), into.count), (*new._fields(), new.count), strict=True
-        ):
+        for mine, theirs in zip(into.tensors(), new.tensors(), strict=True):
             write_back(mine, theirs, strict)
         return into
     if isinstance(into, bool | int | float | str) and type(into) is type(new) and into == new:

@@ -112,14 +112,13 @@ def device_beam_search(
 ) -> list[tuple[list[float], list[float], list[list[int]], list[Tensor] | None]]:
     """The search of one batch, ``limits`` its sentences' longest outputs: per sentence the
     ``n_best`` best scores, log-probabilities, tokens and attention (``Finished``); where
-    steps are captured, over the batch padded to a static shape (``captured.static_batch``)."""
+    steps are captured, over the batch padded to a static shape (``captured.shaped_batch``)."""
     beam_size, device = decoding.beam_size, src.device
     graphs = captured.captures(decoding, device)
     batch, width, longest = src.size(0), src.size(1), max(limits)
-    if captured.static_shapes(graphs, scorer):
-        src, src_lengths, limits, length = captured.static_batch(src, src_lengths, limits, decoding)
-    else:
-        length = longest
+    src, src_lengths, limits, length = captured.shaped_batch(
+        graphs, scorer, src, src_lengths, limits, decoding
+    )
     rows = src.size(0) * beam_size
     fixed = _Fixed(
         beam_size,
@@ -162,9 +161,9 @@ def device_beam_search(
         _search_step(scorer, inputs.carry, inputs.fixed, strict)
 
     settings = ("beam", beam_size, n_best, return_attention, fixed.beta)
-    with captured.kept_steps(scorer, settings, graphs) as key:
-        done = captured.run_steps(step, _Search(carry, fixed), _search_done, longest, graphs, key)
-        found = done.carry.finished.hypotheses(n_best)[:batch]
+    key = captured.kept_key(scorer, settings, graphs)
+    done = captured.run_steps(step, _Search(carry, fixed), _search_done, longest, graphs, key)
+    found = done.carry.finished.hypotheses(n_best)[:batch]
     if src.size(1) == width:
         return found
     return [  # the attention over the batch's own source positions
@@ -206,10 +205,9 @@ def device_greedy_search(
     ``device_beam_search``'s batch."""
     device, batch, width, longest = src.device, src.size(0), src.size(1), max(limits)
     graphs = captured.captures(decoding, device)
-    if captured.static_shapes(graphs, scorer):
-        src, src_lengths, limits, length = captured.static_batch(src, src_lengths, limits, decoding)
-    else:
-        length = longest
+    src, src_lengths, limits, length = captured.shaped_batch(
+        graphs, scorer, src, src_lengths, limits, decoding
+    )
     inputs = _Greedy(
         limit=torch.tensor(limits, device=device),
         position=torch.ones((), dtype=torch.long, device=device),
@@ -239,14 +237,14 @@ def device_greedy_search(
         captured.write_back(inputs.state, new_state, strict)
         inputs.position.add_(1)
 
-    with captured.kept_steps(scorer, ("greedy", keep_alphas), graphs) as key:
-        done = captured.run_steps(step, inputs, _greedy_done, longest, graphs, key)
-        assert done.scores is not None and done.alphas is not None
-        # the batch's own rows, outputs and source positions (clones: the kept step's
-        # tensors are the next batch's)
-        tokens = done.tokens[:batch, :longest].clone()
-        scores = done.scores[:batch, :longest].clone()
-        alphas = done.alphas[:batch, :longest, :width].clone() if keep_alphas else None
+    key = captured.kept_key(scorer, ("greedy", keep_alphas), graphs)
+    done = captured.run_steps(step, inputs, _greedy_done, longest, graphs, key)
+    assert done.scores is not None and done.alphas is not None
+    # the batch's own rows, outputs and source positions (clones: the kept step's tensors
+    # are the next batch's)
+    tokens = done.tokens[:batch, :longest].clone()
+    scores = done.scores[:batch, :longest].clone()
+    alphas = done.alphas[:batch, :longest, :width].clone() if keep_alphas else None
     return tokens, scores, alphas
 
 

@@ -112,6 +112,10 @@ class Finished:
     def _fields(self) -> tuple[Tensor | None, ...]:
         return self.scores, self.log_probs, self.lengths, self.tokens, self.alphas
 
+    def tensors(self) -> tuple[Tensor | None, ...]:
+        """Every tensor the store holds, the count included (what a CUDA graph writes)."""
+        return (*self._fields(), self.count)
+
     def _row(self, row: int) -> tuple[Tensor | None, ...]:
         return tuple(field[row] if field is not None else None for field in self._fields())
 
