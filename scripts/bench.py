@@ -170,6 +170,7 @@ BACKENDS = (
     "onnxruntime",
     "onnxruntime-int8",
 )
+WORKER_BACKENDS = {"torch-1worker": 1, "torch-2workers": 2}  # --workers N (2: on a GPU)
 GIB = 2.0**30
 T = TypeVar("T")
 
@@ -1079,20 +1080,14 @@ def backend_translator(
         return None
     if backend == "torch-bf16":
         return Translator.from_checkpoint(model_path, device.type, "bf16")
-    if backend == "torch-1worker":
-        if default.config.decoding.workers == 1:
-            return None  # the default decodes one batch at a time already
-        serial = Translator.from_checkpoint(model_path, device.type, default.precision)
-        decoding = serial.config.decoding.model_copy(update={"workers": 1})
-        serial.config = serial.config.model_copy(update={"decoding": decoding})  # --workers 1
-        return serial
-    if backend == "torch-2workers":
-        if device.type == "cpu":
-            return None  # a CPU's auto decodes two batches at a time already
-        sided = Translator.from_checkpoint(model_path, device.type, default.precision)
-        decoding = sided.config.decoding.model_copy(update={"workers": 2})
-        sided.config = sided.config.model_copy(update={"decoding": decoding})  # --workers 2
-        return sided
+    if backend in WORKER_BACKENDS:
+        workers = WORKER_BACKENDS[backend]
+        if default.config.decoding.workers == workers or (workers == 2 and device.type == "cpu"):
+            return None  # the default's already (a CPU's auto: two at a time)
+        other = Translator.from_checkpoint(model_path, device.type, default.precision)
+        decoding = other.config.decoding.model_copy(update={"workers": workers})
+        other.config = other.config.model_copy(update={"decoding": decoding})  # --workers N
+        return other
     if backend in ("torch-plain-loop", "torch-loop-no-graphs"):
         if not runs_on_device(default.config.decoding, device, None):
             return None  # the default takes the plain loop already (a CPU)
@@ -1155,10 +1150,8 @@ def bench_translate_command(
         command += ["--precision", "bf16"]
     if backend == "torch-whole":
         command += ["--shortlist", "off"]
-    if backend == "torch-1worker":
-        command += ["--workers", "1"]
-    if backend == "torch-2workers":
-        command += ["--workers", "2"]
+    if backend in WORKER_BACKENDS:
+        command += ["--workers", str(WORKER_BACKENDS[backend])]
     start = time.perf_counter()
     proc = subprocess.Popen(
         command, env=child_environment(options), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
