@@ -130,7 +130,9 @@ def kept_key(
         return None
     tables = getattr(scorer, "tables", [])
     weights = [t for m in models for t in (*m.parameters(), *m.buffers())]
-    weights += [t for table in tables for t in vars(table).values() if t is not None]
+    for table in tables:
+        fields = [t for t in vars(table).values() if t is not None]
+        weights += [t if isinstance(t, Tensor) else t.weight for t in fields]
     autocast = torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda")
     native = getattr(scorer, "native_kernels", None)
     addresses = tuple(w.data_ptr() for w in weights)

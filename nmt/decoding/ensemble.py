@@ -31,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import Tensor
 
+from nmt.fast.packed import OutputProduct
 from nmt.model import Seq2Seq
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
@@ -77,12 +78,13 @@ def stepper(model: Seq2Seq | Stepper[Any]) -> Stepper[Any]:
 class StepTables:
     """What a Translator makes once for a member's search steps, its weights being fixed:
     ``gates``, its decoder's first-layer input gates of every target piece (V, G*H)
-    (``Decoder.gate_table``), and ``output``, W_o transposed (O, V) and contiguous, which a
-    CPU's matmul library multiplies faster than W_o itself (docs/benchmarks.md); each None
-    where the member multiplies as it is."""
+    (``Decoder.gate_table``), and ``output``, the product by W_o on a CPU
+    (``FastPaths.output_product``: from oneDNN's prepared layout, else by W_o transposed and
+    contiguous, which a CPU's matmul library multiplies faster than W_o itself;
+    docs/benchmarks.md); each None where the member multiplies as it is."""
 
     gates: Tensor | None = None
-    output: Tensor | None = None
+    output: OutputProduct | None = None
 
 
 @dataclass
@@ -114,7 +116,7 @@ class Ensemble:
         # fixed weights (Translator)
         self.tables = list(tables) if tables else [StepTables() for _ in self.models]
         self.columns: Tensor | None = None  # (V',) target ids: see ``restricted``
-        self.rows: list[Tensor] | None = None  # each member's W_o rows of them, transposed (O, V')
+        self.rows: list[OutputProduct] | None = None  # each member's product by its W_o rows
         self.allowed: Tensor | None = None  # (B, V') each sentence's own columns
 
     @property
@@ -129,9 +131,9 @@ class Ensemble:
         ensemble = Ensemble(self.models, self.average, self.tables)
         ensemble.columns = columns
         ensemble.rows = [
-            table.output.index_select(1, columns)  # the columns of W_o^T: one pass
+            table.output.columns(columns)
             if table.output is not None
-            else model.generator.weight.detach()[columns].t().contiguous()
+            else OutputProduct(model.generator.weight[columns], prepared=False)
             for model, table in zip(self.models, self.tables, strict=True)
         ]
         ensemble.allowed = allowed
@@ -165,13 +167,13 @@ class Ensemble:
         log_probs, alphas, states = [], [], []
         if self.columns is not None:
             prev = self.columns[prev]  # (N,) the pieces of the columns chosen
-        rows: list[Tensor | None] = [*self.rows] if self.rows else [None] * len(self.models)
+        rows: list[OutputProduct | None] = [*self.rows] if self.rows else [None] * len(self.models)
         members = zip(self.models, state.memories, state.states, rows, self.tables, strict=True)
-        for model, memory, member, weight, tables in members:
+        for model, memory, member, product, tables in members:
             gates = tables.gates[prev] if tables.gates is not None else None
             features, alphas_t, next_state = model.decoder.step(prev, memory, member, gates)
-            weight = weight if weight is not None else tables.output
-            log_probs.append(model.log_probs(features, weight, state.allowed))
+            product = product if product is not None else tables.output
+            log_probs.append(model.log_probs(features, product, state.allowed))
             alphas.append(alphas_t)
             states.append(next_state)
         return (

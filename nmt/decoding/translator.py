@@ -157,14 +157,14 @@ class Translator:
     def _step_tables(self) -> list[StepTables]:
         """Each model's StepTables, made on the first call: a Translator's models are fixed.
         In float32 alone (under autocast the module's matmuls run in the lower precision);
-        W_o transposed on a CPU."""
+        the output layer's product on a CPU (``FastPaths.output_product``)."""
         if self._tables is None:
             fp32 = self.precision == "fp32"
             cpu = self.device.type == "cpu"
             self._tables = [
                 StepTables(
                     m.decoder.gate_table() if fp32 else None,
-                    m.generator.weight.detach().t().contiguous() if fp32 and cpu else None,
+                    m.fast.output_product(m.generator.weight) if fp32 and cpu else None,
                 )
                 for m in self.models
             ]

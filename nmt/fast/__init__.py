@@ -21,6 +21,9 @@ keep it and call its seams, never a global switch. Its fields are the choices:
 - ``folded_context``: a beam search with a Luong decoder over a memory its beams share
   multiplies W_c's context half into the values once per batch
   (``LuongDecoder.for_search``), not into every hypothesis's context at every step.
+- ``prepared_output``: search's output layer on a CPU multiplies from W_o's layout prepared
+  once for oneDNN (``fast.packed.OutputProduct``), where torch has oneDNN; a Translator makes
+  it once for its models, a shortlist takes its rows.
 - ``graphs``: the teacher-forced unroll of a step-by-step decoder is graph-ready: its RNN steps
   through matmuls (``fast.cells``), and the model captures the unroll as CUDA graphs
   (``fast.graphs``) on a GPU. Set for CUDA training by ``training.cuda_graphs``.
@@ -35,6 +38,7 @@ keep it and call its seams, never a global switch. Its fields are the choices:
 | ``step_rnn`` | ``fast.cells.rnn_step`` (capturable) | the module's call | graphs, training |
 | ``input_gate_table`` | ``fast.cells.input_gate_table``, then ``step_rnn``'s ``rnn_step`` (each layer's gates as ``fast.compiled.rnn_cell``: native_kernels, evaluation without gradients, CPU, float32) | the module's call | input_gates, a Translator's search in float32 |
 | ``output_loss`` | ``fast.loss.OutputLayerLoss`` (compiled kernel: cpu_kernels, native_kernels, training, CPU) | ``F.cross_entropy`` | fused |
+| ``output_product`` | ``fast.packed.OutputProduct`` from oneDNN's prepared layout (two rows or more) | W_o transposed, contiguous | prepared_output, a Translator's search in float32 on a CPU |
 | ``log_softmax`` | ``fast.compiled.log_softmax_`` (in place, the mask inside) | ``masked_fill``, ``F.log_softmax`` | native_kernels, evaluation, CPU, float32 |
 
 Search's top-k (``fast.topk``) takes the compiled kernel too where the stepper's
@@ -53,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.fast import additive, cells, compiled, loss, recurrence, sinks
+from nmt.fast import additive, cells, compiled, loss, packed, recurrence, sinks
 from nmt.fast.dropout import FastDropout
 
 
@@ -67,6 +71,7 @@ class FastPaths:
     graphs: bool = False
     input_gates: bool = True
     folded_context: bool = True
+    prepared_output: bool = True
 
     @classmethod
     def plain(cls) -> FastPaths:
@@ -77,6 +82,7 @@ class FastPaths:
             native_kernels=False,
             input_gates=False,
             folded_context=False,
+            prepared_output=False,
         )
 
     def _cpu(self, tensor: Tensor, training: bool) -> bool:
@@ -124,6 +130,12 @@ class FastPaths:
         """A step-by-step decoder's first-layer input gates of every target piece's
         embedding (V, G*H), for search to look up (``cells.input_gate_table``), or None."""
         return cells.input_gate_table(embed, rnn) if self.input_gates else None
+
+    def output_product(self, weight: Tensor) -> packed.OutputProduct:
+        """Search's product by the fixed output weight W_o (V, O), float32 on a CPU
+        (``fast.packed``): from oneDNN's prepared layout where ``prepared_output`` and
+        oneDNN are there, else by W_o transposed."""
+        return packed.OutputProduct(weight, self.prepared_output and packed.available())
 
     def dropout(self, p: float) -> nn.Module:
         """A dropout module with probability p."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -94,13 +95,16 @@ class Seq2Seq(nn.Module):
         return self.graphs(self.decoder, self.decoder, trg_in, memory, state)  # type: ignore[no-any-return]
 
     def log_probs(
-        self, features: Tensor, weight_t: Tensor | None = None, allowed: Tensor | None = None
+        self,
+        features: Tensor,
+        product: Callable[[Tensor], Tensor] | None = None,
+        allowed: Tensor | None = None,
     ) -> Tensor:
-        """(..., O) -> (..., V) float32 log-probabilities; given ``weight_t`` (O, V') (W_o
-        transposed, or a shortlist's rows of it), the log-softmax over those V' outputs, and
-        given ``allowed`` (N, V') bool too, over each row's allowed ones, the others -inf:
-        features (N, O)."""
-        logits = self.generator(features) if weight_t is None else features @ weight_t
+        """(..., O) -> (..., V) float32 log-probabilities; given ``product`` (features (N, O)
+        -> logits (N, V'): W_o's, or a shortlist's rows of it, ``fast.packed.OutputProduct``),
+        the log-softmax over those V' outputs, and given ``allowed`` (N, V') bool too, over
+        each row's allowed ones, the others -inf."""
+        logits = self.generator(features) if product is None else product(features)
         return self.fast.log_softmax(logits, allowed, self.training)
 
     def loss(

@@ -214,14 +214,15 @@ def test_search_gives_the_same_translations_with_the_kernels_and_without(
     restricted: bool, rnn: str, tabled: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Beam search (3 best of beam 4) and greedy search of a float32 model, with a shortlist's
-    columns and without: the compiled log-softmax and top-k against torch's ops
-    (``FastPaths(native_kernels=False)``, the same weights) give the same tokens, and the
-    scores to float32's round-off."""
+    columns and without: the compiled log-softmax and top-k, and with a table the prepared
+    output product, against torch's ops (``FastPaths(native_kernels=False,
+    prepared_output=False)``, the same weights) give the same tokens, and the scores to
+    float32's round-off."""
     monkeypatch.setattr(topk, "NATIVE_MIN", 0)  # the kernel for this tiny model's rows too
     vocab = 30
     fast = model(vocab, seed=11, style="luong", feeding=False, rnn=rnn)
     slow = model(vocab, seed=11, style="luong", feeding=False, rnn=rnn)
-    slow.fast = replace(slow.fast, native_kernels=False)
+    slow.fast = replace(slow.fast, native_kernels=False, prepared_output=False)
     for module in slow.modules():
         if hasattr(module, "fast"):
             module.fast = slow.fast
@@ -235,7 +236,9 @@ def test_search_gives_the_same_translations_with_the_kernels_and_without(
         m.eval()
         # the decoder's table of input gates, as a Translator makes it: search's RNN steps
         # through fast.cells, the cell kernel where native
-        tables = [StepTables(m.decoder.gate_table(), None)] if tabled else None
+        # and the output layer's product, from oneDNN's layout for the fast model
+        output = m.fast.output_product(m.generator.weight)
+        tables = [StepTables(m.decoder.gate_table(), output)] if tabled else None
         whole = Ensemble([m], tables=tables)
         stepper = whole.restricted(columns, allowed) if restricted else whole
         assert stepper.native_kernels is (m is fast)
