@@ -191,6 +191,7 @@ class Lengths:
     windows: int
     steps: int
     decode_sentences: int
+    decode_repeats: int  # each decoding row's runs; its seconds are their median
 
 
 @dataclass(kw_only=True)
@@ -812,7 +813,8 @@ class DecodeRow:
     backend: str  # "torch fp32", "torch bf16", "onnxruntime fp32", "onnxruntime int8"
     constraints_per_sentence: int | None = omitted_when_none()
     sentences: int
-    seconds: float
+    seconds: float  # the median of seconds_each
+    seconds_each: list[float] | None = omitted_when_none()  # every run, in order
     sentences_per_s: float
     target_tokens_per_s: float
     mean_output_tokens: float
@@ -902,8 +904,10 @@ def decode_row(
     constrained: tuple[int, Steering] | None = None,
     backend: str | None = None,
     counter: Translator | None = None,
+    repeats: int = 1,
 ) -> DecodeRow:
-    """The test sentences decoded with one (beam size, batch size), timed; ``constrained``:
+    """The test sentences decoded with one (beam size, batch size), timed ``repeats`` times
+    (the median counts: one run on a shared machine is noisy); ``constrained``:
     (constraints per sentence, the constraints); ``backend``: the row's name of what decoded
     (default: torch in the translator's precision); ``counter``: the translator whose torch
     model counts the FLOPs (default: ``translator``, which has none under onnxruntime)."""
@@ -912,9 +916,13 @@ def decode_row(
         update={"beam_size": beam_size, "batch_size": batch_size}
     )
     count, steering = constrained or (None, None)
-    hypotheses, seconds = timed(
-        device, lambda: translator.decode_ids(src_ids, decoding, steering=steering)
-    )
+    each = []
+    for _ in range(repeats):
+        hypotheses, seconds = timed(
+            device, lambda: translator.decode_ids(src_ids, decoding, steering=steering)
+        )
+        each.append(seconds)
+    seconds = statistics.median(each)
     tokens = sum(len(nbest[0].tokens) + 1 for nbest in hypotheses if nbest)  # with EOS
     search = "greedy" if beam_size == 1 else f"beam {beam_size}"
     if count is not None:
@@ -957,6 +965,7 @@ def decode_row(
         constraints_per_sentence=count,
         sentences=len(src_ids),
         seconds=seconds,
+        seconds_each=each if repeats > 1 else None,
         sentences_per_s=len(src_ids) / seconds,
         target_tokens_per_s=tokens / seconds,
         mean_output_tokens=tokens / len(src_ids),
@@ -1029,10 +1038,17 @@ def bench_decoding(
     src_ids = translator.tokenizer.encode_src(sources)
     warm = translator.config.decoding.model_copy(update={"beam_size": 1, "batch_size": 4})
     translator.decode_ids(src_ids[:4], warm)
-    rows = [decode_row(translator, src_ids, device, setting) for setting in DECODE_SETTINGS]
+    repeats = options.lengths.decode_repeats
+    rows = [
+        decode_row(translator, src_ids, device, setting, repeats=repeats)
+        for setting in DECODE_SETTINGS
+    ]
     if device.type == "cuda":  # the same again: its search steps kept from the first pass
         again = backend_name("torch", translator) + ", second pass"
-        rows += [decode_row(translator, src_ids, device, s, None, again) for s in DECODE_SETTINGS]
+        rows += [
+            decode_row(translator, src_ids, device, s, None, again, repeats=repeats)
+            for s in DECODE_SETTINGS
+        ]
     for count in CONSTRAINT_COUNTS:
         phrases = reference_constraints(references, count)
         steering = Steering(
@@ -1041,7 +1057,9 @@ def bench_decoding(
                 for n, row in enumerate(phrases, start=1)
             ]
         )
-        rows.append(decode_row(translator, src_ids, device, (5, 64), (count, steering)))
+        rows.append(
+            decode_row(translator, src_ids, device, (5, 64), (count, steering), repeats=repeats)
+        )
     for backend in options.backends:
         other = backend_translator(backend, translator, model_path, device, options)
         if other is None:
@@ -1049,7 +1067,9 @@ def bench_decoding(
         other.decode_ids(src_ids[:4], warm)
         name = backend_name(backend, other)
         for setting in DECODE_SETTINGS:
-            rows.append(decode_row(other, src_ids, device, setting, None, name, translator))
+            rows.append(
+                decode_row(other, src_ids, device, setting, None, name, translator, repeats)
+            )
     precision = f"{translator.precision} ({translator.precision_reason}, as nmt translate)"
     return precision, rows
 
@@ -1626,6 +1646,11 @@ def parser() -> argparse.ArgumentParser:
     add("--steps", type=int, help="steps per timed window (5; quick 2)")
     add("--decode-sentences", type=int, help="test sentences decoded in-process (200; quick 16)")
     add(
+        "--decode-repeats",
+        type=int,
+        help="runs of each decoding row, the median reported (3; quick 1)",
+    )
+    add(
         "--translate-sentences",
         type=int,
         help="test sentences for the nmt translate command (all; quick 16)",
@@ -1677,6 +1702,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         windows=args.windows or (2 if quick else 5),
         steps=args.steps or (2 if quick else 5),
         decode_sentences=args.decode_sentences or (16 if quick else 200),
+        decode_repeats=args.decode_repeats or (1 if quick else 3),
     )
     if lengths.warmup < 1:
         command_line.error("--warmup: at least 1 (the FLOPs are counted on the warm-up steps)")

@@ -48,6 +48,8 @@ def test_quick_tiny_run_writes_every_figure(tmp_path: Path) -> None:
         str(ROOT / "scripts" / "bench.py"),
         "--tiny",
         "--quick",
+        "--decode-repeats",
+        "2",
         "--configs",
         "luong-nofeed",
         "--model",
@@ -143,6 +145,8 @@ def test_quick_tiny_run_writes_every_figure(tmp_path: Path) -> None:
     ]
     for row in decoding["results"]:
         assert row["sentences"] == 16 and positive(row["seconds"])
+        assert len(row["seconds_each"]) == 2  # --decode-repeats 2: the median of both
+        assert row["seconds"] == statistics.median(row["seconds_each"])
         assert row["sentences_per_s"] == 16 / row["seconds"]
         tokens = row["mean_output_tokens"] * 16
         assert math.isclose(row["target_tokens_per_s"], tokens / row["seconds"])
