@@ -170,7 +170,7 @@ class Ensemble:
         rows: list[OutputProduct | None] = [*self.rows] if self.rows else [None] * len(self.models)
         members = zip(self.models, state.memories, state.states, rows, self.tables, strict=True)
         for model, memory, member, product, tables in members:
-            gates = tables.gates[prev] if tables.gates is not None else None
+            gates = tables.gates.index_select(0, prev) if tables.gates is not None else None
             features, alphas_t, next_state = model.decoder.step(prev, memory, member, gates)
             product = product if product is not None else tables.output
             log_probs.append(model.log_probs(features, product, state.allowed))
