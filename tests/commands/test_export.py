@@ -404,7 +404,8 @@ def test_a_gru_exported_with_the_reset_gate_before_the_matmul_is_refused(exporte
 def test_an_int8_export_quantizes_the_weights_and_stays_near_the_fp32_graphs(
     random_run: Path, tmp_path: Path
 ) -> None:
-    """--quantize int8: the graphs' MatMuls become integer ones, export.json says so with
+    """--quantize int8: the graphs' MatMuls become integer ones with 7-bit weights and a
+    scale per output column, export.json says so with
     the largest log-probability change it found, a step is near the fp32 export's step but
     not equal to it, and translate decodes with the int8 graphs."""
     fp32_dir, int8_dir = tmp_path / "fp32", tmp_path / "int8"
@@ -415,10 +416,24 @@ def test_an_int8_export_quantizes_the_weights_and_stays_near_the_fp32_graphs(
     metadata = json.loads((int8_dir / "export.json").read_text())
     assert metadata["quantize"] == "int8" and metadata["int8_error"] > 0
     import onnx
+    from onnx import numpy_helper
 
+    weights = 0
     for graph in ("encoder.onnx", "decoder_step.onnx"):
-        ops = {node.op_type for node in onnx.load(str(int8_dir / graph)).graph.node}
+        loaded = onnx.load(str(int8_dir / graph)).graph
+        ops = {node.op_type for node in loaded.node}
         assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops, (graph, ops)
+        # a MatMul's weights in 7 bits (no 16-bit sum saturates without VNNI), a scale per
+        # output column
+        arrays = {i.name: numpy_helper.to_array(i) for i in loaded.initializer}
+        for name, weight in arrays.items():
+            if not name.endswith("_quantized") or weight.dtype.name != "int8":
+                continue  # (a Gather's table: uint8, a scale per tensor)
+            scale = arrays[name.removesuffix("_quantized") + "_scale"]
+            assert int(abs(weight.astype(int)).max()) <= 64, name
+            assert scale.shape == (weight.shape[1],), (name, scale.shape)
+            weights += 1
+    assert weights >= 2
     src, lengths = _source([5, 3, 7], seed=3)
     found = []
     for directory in (fp32_dir, int8_dir):
