@@ -7,11 +7,13 @@ after step, for a weight that does not change. oneDNN can do that rearrangement 
 (``torch.ops.mkldnn._reorder_linear_weight``, what torch's own CPU inference compiler uses for
 a frozen linear layer) and multiply from it (``_linear_pointwise``).
 
-Measured on a 2-core AMD EPYC with AVX2 (docs/benchmarks.md): in-process greedy and beam 5 at
-batch 64 over the demo model's shortlist ran 1.12x and 1.2x faster. One row at a time (greedy
-at batch 1) the prepared layout was slower than torch's matrix-vector product, so a single
-row keeps the plain product. The round-off differs from the plain product's (a few 1e-6 in
-the log-probabilities), as any other kernel's would.
+Measured on a 2-core AMD EPYC with AVX2 (docs/benchmarks.md), in-process at batch 64, by the
+medians of alternated runs: greedy and beam 5 ran 1.08x and 1.13x faster over the demo
+model's shortlist, 1.29x and 1.09x over the whole vocabulary. One row at a time (greedy at
+batch 1) the prepared layout was slower than torch's matrix-vector product, so a single row
+keeps the plain product. The round-off differs from the plain product's (a few 1e-6 in the
+log-probabilities), as any other kernel's would; on that EPYC each row's result had the same
+number of rows.
 
 ``OutputProduct`` is what a Translator's ``StepTables.output`` holds; a shortlist takes its
 rows (``columns``). Where oneDNN is missing, or for ``FastPaths.plain()``, it multiplies by
@@ -42,8 +44,9 @@ class OutputProduct:
 
     ``prepared``: multiply N >= MIN_ROWS rows from oneDNN's layout (made on first use),
     else by W^T made contiguous (on first use); only a float32 CPU weight is prepared (a
-    float64 model, as the tests' references, multiplies plainly). Both are made at most once per object; two
-    threads that make one at the same time each make a valid copy, and one is kept."""
+    float64 model, as the tests' references, multiplies plainly). Both are made at most once
+    per object; two threads that make one at the same time each make a valid copy, and one
+    is kept."""
 
     def __init__(self, weight: Tensor, prepared: bool):
         self.weight = weight.detach().contiguous()  # (V, O)
