@@ -13,7 +13,7 @@ model's shortlist, 1.29x and 1.09x over the whole vocabulary. One row at a time 
 batch 1) the prepared layout was slower than torch's matrix-vector product, so a single row
 keeps the plain product. The round-off differs from the plain product's (a few 1e-6 in the
 log-probabilities), as any other kernel's would; on that EPYC each row's result had the same
-number of rows.
+bits whatever the number of rows (1 to 63 checked).
 
 ``OutputProduct`` is what a Translator's ``StepTables.output`` holds; a shortlist takes its
 rows (``columns``). Where oneDNN is missing, or for ``FastPaths.plain()``, it multiplies by
