@@ -29,6 +29,7 @@ from torch import Tensor
 from nmt.config import DecodingConfig
 from nmt.decoding.ensemble import Stepper
 from nmt.decoding.finished import DoneFlag, Finished
+from nmt.fast.packed import StepProducts
 from nmt.vocab import EOS_ID, PAD_ID
 
 log = logging.getLogger("nmt")
@@ -131,8 +132,13 @@ def kept_key(
     tables = getattr(scorer, "tables", [])
     weights = [t for m in models for t in (*m.parameters(), *m.buffers())]
     for table in tables:
-        fields = [t for t in vars(table).values() if t is not None]
-        weights += [t if isinstance(t, Tensor) else t.weight for t in fields]
+        for field in vars(table).values():
+            if isinstance(field, Tensor):
+                weights.append(field)
+            elif isinstance(field, StepProducts):
+                weights += [product.weight for product in field.all()]
+            elif field is not None:  # a Product
+                weights.append(field.weight)
     autocast = torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda")
     native = getattr(scorer, "native_kernels", None)
     addresses = tuple(w.data_ptr() for w in weights)

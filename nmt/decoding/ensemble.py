@@ -31,7 +31,8 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import Tensor
 
-from nmt.fast.packed import OutputProduct
+from nmt.decoding.floor import MIN_ROWS, probed_floor
+from nmt.fast.packed import Product, StepProducts
 from nmt.model import Seq2Seq
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
@@ -68,6 +69,13 @@ class Stepper(Protocol[State]):
         (``FastPaths.native_kernels``; ``nmt.fast.topk``)."""
         ...
 
+    @property
+    def row_floor(self) -> int:
+        """The fewest rows a batch keeps while search drops its ended sentences: 1 where a
+        step gives each row the same bits whatever rows are with it (``nmt.decoding.floor``),
+        else more."""
+        ...
+
 
 def stepper(model: Seq2Seq | Stepper[Any]) -> Stepper[Any]:
     """What search steps: one model as an ensemble of one, any other stepper as it is."""
@@ -78,13 +86,15 @@ def stepper(model: Seq2Seq | Stepper[Any]) -> Stepper[Any]:
 class StepTables:
     """What a Translator makes once for a member's search steps, its weights being fixed:
     ``gates``, its decoder's first-layer input gates of every target piece (V, G*H)
-    (``Decoder.gate_table``), and ``output``, the product by W_o on a CPU
-    (``FastPaths.output_product``: from oneDNN's prepared layout, else by W_o transposed and
-    contiguous, which a CPU's matmul library multiplies faster than W_o itself;
-    docs/benchmarks.md); each None where the member multiplies as it is."""
+    (``Decoder.gate_table``), ``output``, the product by W_o on a CPU (``FastPaths.product``:
+    from oneDNN's prepared layout, else by W_o transposed and contiguous, which a CPU's
+    matmul library multiplies faster than W_o itself; docs/benchmarks.md), and ``products``,
+    the decoder step's own products on a CPU (``Decoder.search_products``); each None where
+    the member multiplies as it is."""
 
     gates: Tensor | None = None
-    output: OutputProduct | None = None
+    output: Product | None = None
+    products: StepProducts | None = None
 
 
 @dataclass
@@ -105,6 +115,7 @@ class Ensemble:
         models: Sequence[Seq2Seq],
         average: str = "linear",
         tables: Sequence[StepTables] | None = None,
+        floors: dict[int, int] | None = None,
     ):
         if not models:
             raise ValueError("an ensemble needs at least one model")
@@ -115,25 +126,43 @@ class Ensemble:
         # what each member's steps look up instead of multiplying (StepTables): made for
         # fixed weights (Translator)
         self.tables = list(tables) if tables else [StepTables() for _ in self.models]
+        # the floor probed for each thread count (``row_floor``), kept by the owner of the
+        # fixed models (Translator); None: MIN_ROWS, not probed
+        self.floors = floors
         self.columns: Tensor | None = None  # (V',) target ids: see ``restricted``
-        self.rows: list[OutputProduct] | None = None  # each member's product by its W_o rows
+        self.rows: list[Product] | None = None  # each member's product by its W_o rows
         self.allowed: Tensor | None = None  # (B, V') each sentence's own columns
 
     @property
     def native_kernels(self) -> bool:
         return all(model.fast.native_kernels for model in self.models)
 
+    @property
+    def row_floor(self) -> int:
+        """``floor.probed_floor`` for torch's thread count in the calling thread, probed on
+        the first call with that count; MIN_ROWS without ``floors``. Two threads that probe
+        at once each find the same floor."""
+        if self.floors is None:
+            return MIN_ROWS
+        threads = torch.get_num_threads()
+        floor = self.floors.get(threads)
+        if floor is None:
+            floor = self.floors[threads] = probed_floor(
+                Ensemble(self.models, self.average, self.tables)
+            )
+        return floor
+
     def restricted(self, columns: Tensor, allowed: Tensor) -> Ensemble:
         """The ensemble stepped over the target ids ``columns`` (V',) alone (a shortlist,
         ``nmt.decoding.shortlist``): ``step`` takes and gives column indices, and the
         log-probabilities (N, V') of a row of sentence b are normalised over the columns
         ``allowed`` (B, V') gives b, the others -inf."""
-        ensemble = Ensemble(self.models, self.average, self.tables)
+        ensemble = Ensemble(self.models, self.average, self.tables, self.floors)
         ensemble.columns = columns
         ensemble.rows = [
             table.output.columns(columns)
             if table.output is not None
-            else OutputProduct(model.generator.weight[columns], prepared=False)
+            else Product(model.generator.weight[columns], prepared=False)
             for model, table in zip(self.models, self.tables, strict=True)
         ]
         ensemble.allowed = allowed
@@ -154,6 +183,8 @@ class Ensemble:
                 shared = model.decoder.attention.shares_beams
                 memory = memory.shared(repeat) if shared else memory.index_select(index)
                 memory = model.decoder.for_search(memory)  # e.g. Luong's folded W_c
+            else:
+                memory = model.decoder.for_search(memory, greedy=True)
             memories.append(memory)
             states.append(state)
         allowed = None
@@ -167,11 +198,13 @@ class Ensemble:
         log_probs, alphas, states = [], [], []
         if self.columns is not None:
             prev = self.columns[prev]  # (N,) the pieces of the columns chosen
-        rows: list[OutputProduct | None] = [*self.rows] if self.rows else [None] * len(self.models)
+        rows: list[Product | None] = [*self.rows] if self.rows else [None] * len(self.models)
         members = zip(self.models, state.memories, state.states, rows, self.tables, strict=True)
         for model, memory, member, product, tables in members:
             gates = tables.gates.index_select(0, prev) if tables.gates is not None else None
-            features, alphas_t, next_state = model.decoder.step(prev, memory, member, gates)
+            features, alphas_t, next_state = model.decoder.step(
+                prev, memory, member, gates, tables.products
+            )
             product = product if product is not None else tables.output
             log_probs.append(model.log_probs(features, product, state.allowed))
             alphas.append(alphas_t)

@@ -34,6 +34,7 @@ from nmt.config import DecodingConfig
 from nmt.decoding.constraints import ConstraintState
 from nmt.decoding.ensemble import Stepper, stepper
 from nmt.decoding.finished import Finished
+from nmt.decoding.floor import MIN_ROWS
 from nmt.decoding.steering import (
     Steering,
     constrained_beams,
@@ -104,6 +105,7 @@ def greedy_search(
         found = device_greedy_search(scorer, src, src_lengths, decoding, limits, keep_alphas)
         return _collect_greedy(*found, src_lengths, decoding, return_attention)
     state = scorer.encode(src, src_lengths)
+    floor = min(MIN_ROWS, scorer.row_floor) if batch > 1 else MIN_ROWS  # (tests lower MIN_ROWS)
     prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=src.device)
     rows = torch.arange(batch, device=src.device)  # the batch rows still stepped
     live_limits = torch.tensor(limits, device=src.device)  # (N,) of those rows
@@ -130,7 +132,7 @@ def greedy_search(
         ended = ended | (prev == EOS_ID)
         if bool(ended.all()):
             break
-        chosen = kept_rows(ended.tolist()) if rows.numel() > MIN_ROWS else None
+        chosen = kept_rows(ended.tolist(), 1, floor) if rows.numel() > floor else None
         if chosen is not None:
             keep = torch.tensor(chosen, device=src.device)  # (N',)
             state = scorer.select(state, keep)
@@ -147,23 +149,22 @@ def greedy_search(
     )
 
 
-MIN_ROWS = 16  # rows a batch keeps while it drops ended sentences (see ``kept_rows``)
 DROP_SHARE = 8  # ended sentences are dropped once they are 1/DROP_SHARE of the batch
 
 
-def kept_rows(ended: Sequence[bool], width: int = 1) -> list[int] | None:
+def kept_rows(ended: Sequence[bool], width: int = 1, floor: int = MIN_ROWS) -> list[int] | None:
     """The sentences (each ``width`` rows: its beams) that a batch keeps when it drops those
     that have ended, or None to keep them all for now.
 
     Each drop copies the source memory of the rest, so it waits until an eighth of the
-    sentences have ended. A batch never falls below MIN_ROWS rows (ended sentences stay to
-    fill them): the matmul library takes other kernels for a few rows (up to 15 on the x86
-    CPUs measured), whose round-off differs, and a sentence's outcome would then depend on
-    when the others ended.
+    sentences have ended. A batch never falls below ``floor`` rows (ended sentences stay to
+    fill them): the stepper's ``row_floor``, MIN_ROWS where a matmul library may take other
+    kernels for a few rows, whose round-off differs, so that a sentence's outcome would
+    depend on when the others ended (``nmt.decoding.floor``).
     """
     alive = [i for i, done in enumerate(ended) if not done]
     filler = [i for i, done in enumerate(ended) if done]
-    wanted = max(len(alive), math.ceil(MIN_ROWS / width))
+    wanted = max(len(alive), math.ceil(floor / width))
     keep = sorted(alive + filler[: max(0, wanted - len(alive))])
     dropped = len(ended) - len(keep)
     return keep if dropped > 0 and dropped * DROP_SHARE >= len(ended) else None
@@ -386,7 +387,7 @@ def beam_search(
         done = live.done.tolist()
         if all(done):
             break
-        keep = kept_rows(done, beam_size)
+        keep = kept_rows(done, beam_size, MIN_ROWS)  # (not probed for a beam's shared memory)
         if keep is not None:
             index = torch.tensor(keep, device=device)
             rows = (index[:, None] * beam_size + torch.arange(beam_size, device=device)).view(-1)

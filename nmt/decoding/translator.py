@@ -78,6 +78,9 @@ class Translator:
         self.device = device
         self.precision = precision
         self._tables: list[StepTables] | None = None  # see _step_tables
+        self._floors: dict[
+            int, int
+        ] = {}  # search's row floor per thread count (Ensemble.row_floor)
         self.precision_reason = precision_reason or f"as given: {precision}"
         # each model's lexical shortlist of its training data; None: a model has none
         self.shortlists = list(shortlists) if shortlists is not None else None
@@ -152,19 +155,21 @@ class Translator:
                 "forced scoring and alignment heads need the model's checkpoint: the exported "
                 "graphs only translate; give the run directory and the torch backend"
             )
-        return Ensemble(self.models, decoding.ensemble_average, self._step_tables())
+        return Ensemble(self.models, decoding.ensemble_average, self._step_tables(), self._floors)
 
     def _step_tables(self) -> list[StepTables]:
         """Each model's StepTables, made on the first call: a Translator's models are fixed.
         In float32 alone (under autocast the module's matmuls run in the lower precision);
-        the output layer's product on a CPU (``FastPaths.output_product``)."""
+        the output layer's and the decoder step's products on a CPU (``FastPaths.product``,
+        ``Decoder.search_products``)."""
         if self._tables is None:
             fp32 = self.precision == "fp32"
             cpu = self.device.type == "cpu"
             self._tables = [
                 StepTables(
                     m.decoder.gate_table() if fp32 else None,
-                    m.fast.output_product(m.generator.weight) if fp32 and cpu else None,
+                    m.fast.product(m.generator.weight) if fp32 and cpu else None,
+                    m.decoder.search_products() if fp32 and cpu else None,
                 )
                 for m in self.models
             ]

@@ -21,9 +21,10 @@ keep it and call its seams, never a global switch. Its fields are the choices:
 - ``folded_context``: a beam search with a Luong decoder over a memory its beams share
   multiplies W_c's context half into the values once per batch
   (``LuongDecoder.for_search``), not into every hypothesis's context at every step.
-- ``prepared_output``: search's output layer on a CPU multiplies from W_o's layout prepared
-  once for oneDNN (``fast.packed.OutputProduct``), where torch has oneDNN; a Translator makes
-  it once for its models, a shortlist takes its rows.
+- ``prepared_products``: search's products by fixed weights on a CPU (the output layer's
+  W_o, the decoder's W_hh and Luong's W_c) multiply from layouts prepared once for oneDNN
+  (``fast.packed.Product``), where torch has oneDNN; a Translator makes them once for its
+  models, a shortlist takes its rows of W_o.
 - ``graphs``: the teacher-forced unroll of a step-by-step decoder is graph-ready: its RNN steps
   through matmuls (``fast.cells``), and the model captures the unroll as CUDA graphs
   (``fast.graphs``) on a GPU. Set for CUDA training by ``training.cuda_graphs``.
@@ -38,7 +39,7 @@ keep it and call its seams, never a global switch. Its fields are the choices:
 | ``step_rnn`` | ``fast.cells.rnn_step`` (capturable) | the module's call | graphs, training |
 | ``input_gate_table`` | ``fast.cells.input_gate_table``, then ``step_rnn``'s ``rnn_step`` (each layer's gates as ``fast.compiled.rnn_cell``: native_kernels, evaluation without gradients, CPU, float32) | the module's call | input_gates, a Translator's search in float32 |
 | ``output_loss`` | ``fast.loss.OutputLayerLoss`` (compiled kernel: cpu_kernels, native_kernels, training, CPU) | ``F.cross_entropy`` | fused |
-| ``output_product`` | ``fast.packed.OutputProduct`` from oneDNN's prepared layout (two rows or more) | W_o transposed, contiguous | prepared_output, a Translator's search in float32 on a CPU |
+| ``product`` | ``fast.packed.Product`` from oneDNN's prepared layout (two rows or more) | the weight transposed, contiguous | prepared_products, a Translator's search in float32 on a CPU |
 | ``log_softmax`` | ``fast.compiled.log_softmax_`` (in place, the mask inside) | ``masked_fill``, ``F.log_softmax`` | native_kernels, evaluation, CPU, float32 |
 
 Search's top-k (``fast.topk``) takes the compiled kernel too where the stepper's
@@ -71,7 +72,7 @@ class FastPaths:
     graphs: bool = False
     input_gates: bool = True
     folded_context: bool = True
-    prepared_output: bool = True
+    prepared_products: bool = True
 
     @classmethod
     def plain(cls) -> FastPaths:
@@ -82,7 +83,7 @@ class FastPaths:
             native_kernels=False,
             input_gates=False,
             folded_context=False,
-            prepared_output=False,
+            prepared_products=False,
         )
 
     def _cpu(self, tensor: Tensor, training: bool) -> bool:
@@ -114,13 +115,17 @@ class FastPaths:
         state: cells.RNNState,
         training: bool,
         first_gates: Tensor | None = None,
+        hidden: list[packed.Product] | None = None,
     ) -> tuple[Tensor, cells.RNNState]:
         """One step of a decoder's RNN: inputs (B, 1, I), state (L, B, H) -> output
         (B, 1, H), the next state. With ``first_gates`` (search: ``input_gate_table``), the
-        first layer's gates of the embedding, and inputs the rest (B, 1, I - E) or None."""
+        first layer's gates of the embedding, and inputs the rest (B, 1, I - E) or None;
+        then ``hidden``, each layer's h W_hh^T + b_hh (``StepProducts``), if given."""
         if first_gates is not None:
             native = self.native_kernels and not training and not torch.is_grad_enabled()
-            return cells.rnn_step(rnn, inputs, state, first_gates, native=native)
+            return cells.rnn_step(
+                rnn, inputs, state, first_gates, native=native, hidden_products=hidden
+            )
         assert inputs is not None
         if self.graphs and training:
             return cells.rnn_step(rnn, inputs, state)
@@ -131,11 +136,11 @@ class FastPaths:
         embedding (V, G*H), for search to look up (``cells.input_gate_table``), or None."""
         return cells.input_gate_table(embed, rnn) if self.input_gates else None
 
-    def output_product(self, weight: Tensor) -> packed.OutputProduct:
-        """Search's product by the fixed output weight W_o (V, O), float32 on a CPU
-        (``fast.packed``): from oneDNN's prepared layout where ``prepared_output`` and
-        oneDNN are there, else by W_o transposed."""
-        return packed.OutputProduct(weight, self.prepared_output and packed.available())
+    def product(self, weight: Tensor, bias: Tensor | None = None) -> packed.Product:
+        """Search's product x W^T + b by a fixed float32 weight W (O, I) on a CPU
+        (``fast.packed``): from oneDNN's prepared layout where ``prepared_products`` and
+        oneDNN are there, else by W transposed."""
+        return packed.Product(weight, self.prepared_products and packed.available(), bias)
 
     def dropout(self, p: float) -> nn.Module:
         """A dropout module with probability p."""

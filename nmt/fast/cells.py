@@ -28,6 +28,7 @@ without input feeding). It halves the matmuls of a 256-unit GRU step.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
@@ -46,6 +47,7 @@ def rnn_step(
     state: RNNState,
     first_gates: Tensor | None = None,
     native: bool = False,
+    hidden_products: Sequence[Callable[[Tensor], Tensor]] | None = None,
 ) -> tuple[Tensor, RNNState]:
     """One step of a unidirectional batch-first ``nn.GRU``/``nn.LSTM``: inputs (B, 1, I),
     state (L, B, H) (a tuple (h, c) for an LSTM) -> output (B, 1, H), the next state, as the
@@ -53,7 +55,9 @@ def rnn_step(
     layer's input gates of its first I - I' inputs with their bias (``input_gate_table``), inputs
     are the last I' (B, 1, I') alone, or None where I' = 0. With ``native`` (a pass without
     gradients), each layer's gates go through one compiled kernel (``compiled.rnn_cell``)
-    where it can take them, not about ten torch ops."""
+    where it can take them, not about ten torch ops. ``hidden_products``: each layer's h -> h W_hh^T +
+    b_hh where the caller has it prepared (``fast.packed.StepProducts``), else multiplied
+    here."""
     if rnn.bidirectional or getattr(rnn, "proj_size", False):
         raise ValueError("rnn_step: a unidirectional RNN without projections")
     lstm = isinstance(rnn, nn.LSTM)
@@ -76,7 +80,10 @@ def rnn_step(
             else:
                 assert x is not None
                 gates_x = _product(x, w_ih, b_ih, compute, weights)  # (B, G*H)
-            gates_h = _product(h, w_hh, b_hh, compute, weights)
+            if hidden_products is not None:
+                gates_h = hidden_products[layer](h)
+            else:
+                gates_h = _product(h, w_hh, b_hh, compute, weights)
             c = cell[layer].to(weights) if cell is not None else None
             done = compiled.rnn_cell(gates_x, gates_h, h, c) if native else None
             if done is not None:

@@ -1,26 +1,35 @@
-"""Search's output layer on a CPU: W_o multiplied from a layout prepared once.
+"""Search's products by fixed weights on a CPU: each weight multiplied from a layout prepared
+once.
 
-A search step multiplies tens to a few hundred rows of features by the output layer's W_o
-(V x O): a product whose weight is thousands of rows long and whose rows are few. The matmul
-library then spends much of each call rearranging W_o into the panels its kernel reads, step
-after step, for a weight that does not change. oneDNN can do that rearrangement once
+A search step multiplies tens to a few hundred rows by weights that do not change: the output
+layer's W_o (V x O), thousands of rows long, and the decoder's W_hh and Luong's W_c. The
+matmul library then spends much of each call rearranging the weight into the panels its
+kernel reads, step after step. oneDNN can do that rearrangement once
 (``torch.ops.mkldnn._reorder_linear_weight``, what torch's own CPU inference compiler uses for
 a frozen linear layer) and multiply from it (``_linear_pointwise``).
 
 Measured on a 2-core AMD EPYC with AVX2 (docs/benchmarks.md), in-process at batch 64, by the
-medians of alternated runs: greedy and beam 5 ran 1.08x and 1.13x faster over the demo
-model's shortlist, 1.29x and 1.09x over the whole vocabulary. One row at a time (greedy at
-batch 1) the prepared layout was slower than torch's matrix-vector product, so a single row
-keeps the plain product. The round-off differs from the plain product's (a few 1e-6 in the
-log-probabilities), as any other kernel's would; on that EPYC each row's result had the same
-bits whatever the number of rows (1 to 63 checked).
+medians of alternated runs: with W_o prepared, greedy and beam 5 ran 1.08x and 1.13x faster
+over the demo model's shortlist, 1.29x and 1.09x over the whole vocabulary. One row at a time
+(greedy at batch 1) the prepared layout was slower than torch's matrix-vector product, so a
+single row keeps the plain product. The round-off differs from the plain product's (a few
+1e-6 in the log-probabilities), as any other kernel's would.
 
-``OutputProduct`` is what a Translator's ``StepTables.output`` holds; a shortlist takes its
-rows (``columns``). Where oneDNN is missing, or for ``FastPaths.plain()``, it multiplies by
-W_o transposed and contiguous, which the CPU's matmul library multiplies faster than W_o.
+The prepared products matter for one more reason: on that EPYC each row's result had the same
+bits whatever the number of rows (1 to 63 checked), where the matmul library takes other
+kernels for a few rows. With every product of a step prepared, a batch's step gives each row
+the same bits whichever rows are still in the batch, so search may drop ended sentences down
+to the last row (``nmt.decoding.floor``, which checks this on the machine at hand).
+
+``Product`` is what a Translator's ``StepTables`` hold: ``output`` (a shortlist takes its rows,
+``columns``) and ``StepProducts`` for the decoder's step. Where oneDNN is missing, or for
+``FastPaths.plain()``, a product multiplies by the weight transposed and contiguous, which the
+CPU's matmul library multiplies faster than the weight itself.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -39,8 +48,9 @@ def available() -> bool:
     )
 
 
-class OutputProduct:
-    """features (N, O) -> features W^T (N, V) for a fixed float32 CPU weight W (V, O).
+class Product:
+    """x (..., I) -> x W^T + b (..., O) for a fixed float32 CPU weight W (O, I) and bias b
+    (O,) or None.
 
     ``prepared``: multiply N >= MIN_ROWS rows from oneDNN's layout (made on first use),
     else by W^T made contiguous (on first use); only a float32 CPU weight is prepared (a
@@ -48,26 +58,49 @@ class OutputProduct:
     per object; two threads that make one at the same time each make a valid copy, and one
     is kept."""
 
-    def __init__(self, weight: Tensor, prepared: bool):
-        self.weight = weight.detach().contiguous()  # (V, O)
+    def __init__(self, weight: Tensor, prepared: bool, bias: Tensor | None = None):
+        self.weight = weight.detach().contiguous()  # (O, I)
+        self.bias = bias.detach().contiguous() if bias is not None else None
         self.prepared = prepared and self.weight.dtype == torch.float32 and not weight.is_cuda
         self._layout: Tensor | None = None  # oneDNN's
-        self._transposed: Tensor | None = None  # (O, V)
+        self._transposed: Tensor | None = None  # (I, O)
 
-    def __call__(self, features: Tensor) -> Tensor:
-        if self.prepared and features.dim() == 2 and features.size(0) >= MIN_ROWS:
+    def __call__(self, x: Tensor) -> Tensor:
+        if x.dim() != 2:
+            return self(x.reshape(-1, x.size(-1))).view(*x.shape[:-1], -1)
+        if self.prepared and x.size(0) >= MIN_ROWS and x.dtype == torch.float32:
             layout = self._layout
             if layout is None:
                 layout = torch.ops.mkldnn._reorder_linear_weight(self.weight, ROWS_HINT)
                 self._layout = layout
             return torch.ops.mkldnn._linear_pointwise(
-                features.contiguous(), layout, None, "none", [], ""
+                x.contiguous(), layout, self.bias, "none", [], ""
             )
         transposed = self._transposed
         if transposed is None:
             transposed = self._transposed = self.weight.t().contiguous()
-        return features @ transposed
+        if self.bias is not None:
+            return torch.addmm(self.bias, x, transposed)
+        return x @ transposed
 
-    def columns(self, index: Tensor) -> OutputProduct:
-        """The product over the outputs ``index`` (V',) alone: a shortlist's."""
-        return OutputProduct(self.weight.index_select(0, index), self.prepared)
+    def columns(self, index: Tensor) -> Product:
+        """The product over the outputs ``index`` (O',) alone: a shortlist's."""
+        bias = self.bias.index_select(0, index) if self.bias is not None else None
+        return Product(self.weight.index_select(0, index), self.prepared, bias)
+
+
+@dataclass
+class StepProducts:
+    """A decoder's products by its fixed weights at a search step: ``hidden``, each RNN
+    layer's h W_hh^T + b_hh; ``combine``, Luong's W_c [c_t; h_t], and ``combine_hidden``, its
+    W_ch h_t alone (over a folded memory, ``LuongDecoder.for_search``); None where the decoder
+    has no such product."""
+
+    hidden: list[Product]
+    combine: Product | None = None
+    combine_hidden: Product | None = None
+
+    def all(self) -> list[Product]:
+        """Every product held, ``hidden`` first."""
+        extra = [p for p in (self.combine, self.combine_hidden) if p is not None]
+        return [*self.hidden, *extra]

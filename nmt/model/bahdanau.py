@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths
+from nmt.fast.packed import Product, StepProducts
 from nmt.model.attention import Attention, Memory
 from nmt.model.decoder import Decoder, DecoderState, split_rnn_state
 from nmt.model.encoder import stacked_rnn
@@ -39,17 +40,23 @@ class BahdanauDecoder(Decoder):
         self.dropout = fast.dropout(dec.dropout)
 
     def _recur(
-        self, embedded: Tensor, memory: Memory, state: DecoderState, gates: Tensor | None = None
+        self,
+        embedded: Tensor,
+        memory: Memory,
+        state: DecoderState,
+        gates: Tensor | None = None,
+        hidden_products: list[Product] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, DecoderState]:
         """embedded: (B, 1, E) -> s_i (B, 1, H), c_i (B, 1, Hk), alphas (B, 1, S), state;
-        ``gates`` (search): the embedding's first-layer gates (B, G*H), looked up."""
+        ``gates`` (search): the embedding's first-layer gates (B, G*H), looked up; then
+        ``hidden_products``: the RNN's W_hh products, if given."""
         query = state.hidden[-1].unsqueeze(1)  # (B, 1, H): s_{i-1}, top layer
         context, alphas, coverage = self.attention.attend(
             query, memory, state.position(query), state.coverage
         )  # c_i, alpha_i, C_i
         rnn_input = context if gates is not None else torch.cat([embedded, context], dim=-1)
         output, rnn_state = self.fast.step_rnn(
-            self.rnn, rnn_input, state.rnn_state(), self.training, gates
+            self.rnn, rnn_input, state.rnn_state(), self.training, gates, hidden_products
         )  # (B, 1, H)
         hidden, cell = split_rnn_state(rnn_state)
         return output, context, alphas, DecoderState(hidden, cell, state.step + 1, coverage)
@@ -79,11 +86,18 @@ class BahdanauDecoder(Decoder):
         return features, torch.cat(alphas, dim=1)
 
     def step(
-        self, prev: Tensor, memory: Memory, state: DecoderState, gates: Tensor | None = None
+        self,
+        prev: Tensor,
+        memory: Memory,
+        state: DecoderState,
+        gates: Tensor | None = None,
+        products: StepProducts | None = None,
     ) -> tuple[Tensor, Tensor, DecoderState]:
         """prev: (B,) -> features (B, O), alphas (B, S), state; ``gates``: prev's first-layer
-        gates of the embedding (``Decoder.gate_table``), or None to multiply."""
+        gates of the embedding (``Decoder.gate_table``), or None to multiply; ``products``:
+        the RNN's W_hh products (``Decoder.search_products``), or None."""
         embedded = self.embedding_dropout(self.embed(prev.unsqueeze(1)))  # (B, 1, E)
-        output, context, alphas, state = self._recur(embedded, memory, state, gates)
+        hidden = products.hidden if products is not None else None
+        output, context, alphas, state = self._recur(embedded, memory, state, gates, hidden)
         features = self._readout(output, context, embedded)  # (B, 1, O)
         return features.squeeze(1), alphas.squeeze(1), state

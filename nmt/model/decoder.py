@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from nmt.fast.packed import StepProducts
 from nmt.model.attention import Attention, Memory
 from nmt.model.encoder import embedding
 
@@ -94,10 +95,32 @@ class Decoder(nn.Module, ABC):
 
     @abstractmethod
     def step(
-        self, prev: Tensor, memory: Memory, state: DecoderState, gates: Tensor | None = None
+        self,
+        prev: Tensor,
+        memory: Memory,
+        state: DecoderState,
+        gates: Tensor | None = None,
+        products: StepProducts | None = None,
     ) -> tuple[Tensor, Tensor, DecoderState]:
         """One search step: prev (B,) -> features (B, O), alphas (B, S), the next state;
-        ``gates``: prev's rows of ``gate_table()`` (B, G*H), looked up by the caller."""
+        ``gates``: prev's rows of ``gate_table()`` (B, G*H), looked up by the caller;
+        ``products``: ``search_products()``, or None to multiply by the modules' weights."""
+
+    def search_products(self) -> StepProducts | None:
+        """The step's products by its fixed weights, each made once for search
+        (``FastPaths.product``: prepared for oneDNN on a CPU), valid until the weights
+        change: each RNN layer's W_hh with b_hh (a decoder's ``rnn``), and a subclass's own
+        (``LuongDecoder``); None without an RNN module."""
+        rnn = getattr(self, "rnn", None)
+        if not isinstance(rnn, nn.RNNBase):
+            return None
+        hidden = [
+            self.fast.product(
+                getattr(rnn, f"weight_hh_l{layer}"), getattr(rnn, f"bias_hh_l{layer}", None)
+            )
+            for layer in range(rnn.num_layers)
+        ]
+        return StepProducts(hidden)
 
     def gate_table(self) -> Tensor | None:
         """The first RNN layer's input gates of every target piece's embedding (V, G*H)
@@ -108,9 +131,9 @@ class Decoder(nn.Module, ABC):
             return None
         return self.fast.input_gate_table(self.embed, rnn)
 
-    def for_search(self, memory: Memory) -> Memory:
-        """The memory a search steps over, once per batch; a decoder may prepare more of it
-        (``LuongDecoder.for_search``)."""
+    def for_search(self, memory: Memory, greedy: bool = False) -> Memory:
+        """The memory a search steps over, once per batch (``greedy``: a greedy search's,
+        one row per sentence); a decoder may prepare more of it (``LuongDecoder.for_search``)."""
         return memory
 
     def reorder(self, state: DecoderState, index: Tensor) -> DecoderState:

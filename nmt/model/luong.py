@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths
+from nmt.fast.packed import Product, StepProducts
 from nmt.model.attention import Attention, Memory
 from nmt.model.decoder import Decoder, DecoderState, split_rnn_state
 from nmt.model.encoder import stacked_rnn
@@ -61,13 +62,17 @@ class LuongDecoder(Decoder):
         feed = hidden.new_zeros(hidden.size(1), self.hidden_size) if self.input_feeding else None
         return LuongState(hidden, cell, 0, feed=feed)
 
-    def for_search(self, memory: Memory) -> Memory:
-        """Beam search over a memory its beams share (``Memory.shared``): with W_c = [W_cc
-        W_ch] split at the context's width, W_c [c_t; h_t] = sum_s a_t(s) (W_cc h_s) +
-        W_ch h_t, so W_cc multiplies each sentence's values once here (``Memory.folded``),
-        not each hypothesis's context at every step (``FastPaths.folded_context``). Greedy
-        search's rows are not shared, and there the product would cost as much as it saves."""
-        if not self.fast.folded_context or memory.beams == 1 or memory.projected_values is not None:
+    def for_search(self, memory: Memory, greedy: bool = False) -> Memory:
+        """With W_c = [W_cc W_ch] split at the context's width, W_c [c_t; h_t] = sum_s a_t(s)
+        (W_cc h_s) + W_ch h_t, so W_cc multiplies each sentence's values once here
+        (``Memory.folded``), not each row's context at every step
+        (``FastPaths.folded_context``): over a memory a beam search's beams share, and for a
+        greedy search (``greedy``) on a CPU, where it measured 1.08x faster (one row per
+        sentence, the fold costs about what the steps save in FLOPs, and the steps read a
+        memory a third smaller; docs/benchmarks.md). Not over a memory copied per beam."""
+        if not self.fast.folded_context or memory.projected_values is not None:
+            return memory
+        if memory.beams == 1 and not (greedy and memory.values.device.type == "cpu"):
             return memory
         width = memory.values.size(-1)
         w_cc = self.combine.weight[:, :width]  # (H, Hk)
@@ -80,15 +85,20 @@ class LuongDecoder(Decoder):
         positions: Tensor,
         combine: Callable[[Tensor], Tensor],
         coverage: Tensor | None,
+        combine_hidden: Callable[[Tensor], Tensor] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """h_t: (B, T, H), positions t: (T,), coverage -> h~_t (B, T, H), alphas (B, T, S),
-        coverage. Over a folded memory (``for_search``) the context is W_cc c_t already."""
+        coverage. Over a folded memory (``for_search``) the context is W_cc c_t already, and
+        ``combine_hidden`` multiplies h_t by W_ch where given."""
         if memory.folded is not None:
             width = memory.values.size(-1)
             folded = replace(memory, values=memory.folded, folded=None)
             context, alphas, coverage = self.attention.attend(outputs, folded, positions, coverage)
-            w_ch = self.combine.weight[:, width:]  # (H, H)
-            attentional = torch.tanh(context + outputs @ w_ch.t())  # (B, T, H)
+            if combine_hidden is not None:
+                hidden = combine_hidden(outputs)
+            else:
+                hidden = outputs @ self.combine.weight[:, width:].t()  # W_ch: (H, H)
+            attentional = torch.tanh(context + hidden)  # (B, T, H)
             return self.dropout(attentional), alphas, coverage
         context, alphas, coverage = self.attention.attend(outputs, memory, positions, coverage)
         attentional = torch.tanh(combine(torch.cat([context, outputs], dim=-1)))  # (B, T, H)
@@ -101,19 +111,22 @@ class LuongDecoder(Decoder):
         state: LuongState,
         combine: Callable[[Tensor], Tensor],
         gates: Tensor | None = None,
+        hidden_products: list[Product] | None = None,
+        combine_hidden: Callable[[Tensor], Tensor] | None = None,
     ) -> tuple[Tensor, Tensor, LuongState]:
         """embedded: (B, 1, E) -> h~_t (B, 1, H), alphas (B, 1, S), state; or, with
-        ``gates`` (search), embedded None and the embedding's first-layer gates (B, G*H)."""
+        ``gates`` (search), embedded None and the embedding's first-layer gates (B, G*H);
+        ``hidden_products`` and ``combine_hidden``: search's products (``search_products``)."""
         rnn_input = embedded
         if self.input_feeding:
             assert state.feed is not None
             feed = state.feed.to(self.embed.weight.dtype).unsqueeze(1)  # (B, 1, H)
             rnn_input = feed if embedded is None else torch.cat([embedded, feed], dim=-1)
         output, rnn_state = self.fast.step_rnn(
-            self.rnn, rnn_input, state.rnn_state(), self.training, gates
+            self.rnn, rnn_input, state.rnn_state(), self.training, gates, hidden_products
         )  # (B, 1, H)
         attentional, alphas, coverage = self._attend(
-            output, memory, state.position(output), combine, state.coverage
+            output, memory, state.position(output), combine, state.coverage, combine_hidden
         )
         hidden, cell = split_rnn_state(rnn_state)
         next_feed = attentional.squeeze(1) if self.input_feeding else None
@@ -143,13 +156,42 @@ class LuongDecoder(Decoder):
         return torch.cat(features, dim=1), torch.cat(weights, dim=1)
 
     def step(
-        self, prev: Tensor, memory: Memory, state: DecoderState, gates: Tensor | None = None
+        self,
+        prev: Tensor,
+        memory: Memory,
+        state: DecoderState,
+        gates: Tensor | None = None,
+        products: StepProducts | None = None,
     ) -> tuple[Tensor, Tensor, DecoderState]:
         """prev: (B,) -> features (B, H), alphas (B, S), state; ``gates``: prev's first-layer
-        gates of the embedding (``Decoder.gate_table``), or None to multiply."""
+        gates of the embedding (``Decoder.gate_table``), or None to multiply; ``products``:
+        the step's products (``search_products``), or None for the modules' own."""
         assert isinstance(state, LuongState)
         embedded = None
         if gates is None:
             embedded = self.embedding_dropout(self.embed(prev.unsqueeze(1)))  # (B, 1, E)
-        attentional, alphas, state = self._recur(embedded, memory, state, self.combine, gates)
+        if products is None:
+            attentional, alphas, state = self._recur(embedded, memory, state, self.combine, gates)
+        else:
+            assert products.combine is not None and products.combine_hidden is not None
+            attentional, alphas, state = self._recur(
+                embedded,
+                memory,
+                state,
+                products.combine,
+                gates,
+                products.hidden,
+                products.combine_hidden,
+            )
         return attentional.squeeze(1), alphas.squeeze(1), state
+
+    def search_products(self) -> StepProducts | None:
+        """The RNN's W_hh products (``Decoder.search_products``), W_c's, and W_ch's alone
+        (the hidden half, for a folded memory)."""
+        products = super().search_products()
+        if products is None:
+            return None
+        weight = self.combine.weight  # (H, Hk + H)
+        products.combine = self.fast.product(weight)
+        products.combine_hidden = self.fast.product(weight[:, weight.size(1) - self.hidden_size :])
+        return products

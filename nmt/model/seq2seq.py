@@ -101,7 +101,7 @@ class Seq2Seq(nn.Module):
         allowed: Tensor | None = None,
     ) -> Tensor:
         """(..., O) -> (..., V) float32 log-probabilities; given ``product`` (features (N, O)
-        -> logits (N, V'): W_o's, or a shortlist's rows of it, ``fast.packed.OutputProduct``),
+        -> logits (N, V'): W_o's, or a shortlist's rows of it, ``fast.packed.Product``),
         the log-softmax over those V' outputs, and given ``allowed`` (N, V') bool too, over
         each row's allowed ones, the others -inf."""
         logits = self.generator(features) if product is None else product(features)

@@ -215,14 +215,14 @@ def test_search_gives_the_same_translations_with_the_kernels_and_without(
 ) -> None:
     """Beam search (3 best of beam 4) and greedy search of a float32 model, with a shortlist's
     columns and without: the compiled log-softmax and top-k, and with a table the prepared
-    output product, against torch's ops (``FastPaths(native_kernels=False,
-    prepared_output=False)``, the same weights) give the same tokens, and the scores to
+    products (W_o, W_hh, W_c) and the probed row floor, against torch's ops (``FastPaths(native_kernels=False,
+    prepared_products=False)``, the same weights) give the same tokens, and the scores to
     float32's round-off."""
     monkeypatch.setattr(topk, "NATIVE_MIN", 0)  # the kernel for this tiny model's rows too
     vocab = 30
     fast = model(vocab, seed=11, style="luong", feeding=False, rnn=rnn)
     slow = model(vocab, seed=11, style="luong", feeding=False, rnn=rnn)
-    slow.fast = replace(slow.fast, native_kernels=False, prepared_output=False)
+    slow.fast = replace(slow.fast, native_kernels=False, prepared_products=False)
     for module in slow.modules():
         if hasattr(module, "fast"):
             module.fast = slow.fast
@@ -236,10 +236,11 @@ def test_search_gives_the_same_translations_with_the_kernels_and_without(
         m.eval()
         # the decoder's table of input gates, as a Translator makes it: search's RNN steps
         # through fast.cells, the cell kernel where native
-        # and the output layer's product, from oneDNN's layout for the fast model
-        output = m.fast.output_product(m.generator.weight)
-        tables = [StepTables(m.decoder.gate_table(), output)] if tabled else None
-        whole = Ensemble([m], tables=tables)
+        # and the step's products, from oneDNN's layouts for the fast model
+        output = m.fast.product(m.generator.weight)
+        products = m.decoder.search_products()
+        tables = [StepTables(m.decoder.gate_table(), output, products)] if tabled else None
+        whole = Ensemble([m], tables=tables, floors={} if tabled else None)
         stepper = whole.restricted(columns, allowed) if restricted else whole
         assert stepper.native_kernels is (m is fast)
         results.append(

@@ -1,9 +1,9 @@
-"""A beam search's folded W_c (``LuongDecoder.for_search``, ``FastPaths.folded_context``):
-over a memory its beams share, Luong's step with W_c's context half multiplied into the
-values once equals the step that multiplies every context, in float64, for every score that
-shares the beams' memory, with and without input feeding, padding in the source and
-sentences dropped; the memories it leaves alone; and beam search's hypotheses with it and
-without."""
+"""A search's folded W_c (``LuongDecoder.for_search``, ``FastPaths.folded_context``): over a
+memory its beams share, and over a greedy search's memory on a CPU, Luong's step with W_c's
+context half multiplied into the values once equals the step that multiplies every context,
+in float64, for every score that shares the beams' memory, with and without input feeding,
+padding in the source and sentences dropped; the memories it leaves alone; and beam and
+greedy search's hypotheses with it and without."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from nmt.config import DecodingConfig, from_dict
 from nmt.data.batching import pad
 from nmt.decoding.ensemble import Ensemble
-from nmt.decoding.search import beam_search
+from nmt.decoding.search import beam_search, greedy_search
 from nmt.model import Seq2Seq, build_model
 
 VOCAB, BEAMS = 17, 3
@@ -44,22 +44,23 @@ def _source() -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("score", ["dot", "scaled_dot", "general", "cosine"])
 @pytest.mark.parametrize("feeding", [False, True])
-def test_the_folded_step_is_the_step(score: str, feeding: bool) -> None:
+@pytest.mark.parametrize("beams", [BEAMS, 1], ids=["beams", "greedy"])
+def test_the_folded_step_is_the_step(score: str, feeding: bool, beams: int) -> None:
     model = _model(score, feeding)
     src, lengths = _source()
-    index = torch.arange(3).repeat_interleave(BEAMS)
+    index = torch.arange(3).repeat_interleave(beams)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         memory, state = model.encode(src, lengths)
-        shared = memory.shared(BEAMS)
-        folded = model.decoder.for_search(shared)
+        shared = memory.shared(beams) if beams > 1 else memory
+        folded = model.decoder.for_search(shared, greedy=beams == 1)
         assert folded.folded is not None and shared.folded is None
         state = model.decoder.reorder(state, index)
         states = {"plain": state, "folded": state}
         memories = {"plain": shared, "folded": folded}
         for step in range(4):
             if step == 2:  # sentence 1 is done: rows of sentences 0 and 2 stay
-                kept = torch.tensor([0, 1, 2, 6, 7, 8])
+                kept = torch.tensor([0, 1, 2, 6, 7, 8] if beams > 1 else [0, 2])
                 memories = {k: m.index_select(kept) for k, m in memories.items()}
                 states = {k: s.index_select(kept) for k, s in states.items()}
                 assert memories["folded"].folded is not None
@@ -76,16 +77,20 @@ def test_the_folded_step_is_the_step(score: str, feeding: bool) -> None:
 
 
 def test_what_it_leaves_alone() -> None:
-    """Greedy search's memory (one row per sentence), a memory copied per beam (a score
-    that does not share it: additive), and the plain path's."""
+    """A memory of one row per sentence that is not a greedy search's, a greedy search's
+    off a CPU, a memory copied per beam (a score that does not share it: additive), and the
+    plain path's."""
     src, lengths = _source()
     with torch.no_grad():
         model = _model("general", False)
         memory, _ = model.encode(src, lengths)
         assert model.decoder.for_search(memory) is memory
+        meta = replace(memory, values=memory.values.to("meta"))
+        assert model.decoder.for_search(meta, greedy=True) is meta
         plain = _model("general", False, folded=False)
         shared = plain.encode(src, lengths)[0].shared(BEAMS)
         assert plain.decoder.for_search(shared) is shared
+        assert plain.decoder.for_search(memory, greedy=True) is memory
         additive = _model("additive", False)
         copied = additive.encode(src, lengths)[0].index_select(torch.arange(3).repeat(2))
         assert additive.decoder.for_search(copied) is copied
@@ -106,3 +111,22 @@ def test_beam_search_finds_the_same_hypotheses(feeding: bool) -> None:
         for g, w in zip(got, want, strict=True):
             assert g.score == pytest.approx(w.score, rel=1e-10, abs=1e-12)
     assert len({len(h.tokens) for hyps in results[0] for h in hyps}) > 1
+
+
+@pytest.mark.parametrize("feeding", [False, True])
+def test_greedy_search_finds_the_same_outputs(feeding: bool) -> None:
+    """Greedy search steps a folded memory on a CPU (``Ensemble.encode``): the same tokens
+    and scores to round-off as without the fold, in float64."""
+    src, lengths = _source()
+    decoding = DecodingConfig(beam_size=1, max_len_ratio=2.0)
+    results = []
+    for folded in (True, False):
+        model = _model("general", feeding, folded=folded)
+        ensemble = Ensemble([model])
+        memory = ensemble.encode(src, lengths).memories[0]
+        assert (memory.folded is not None) == folded
+        results.append(greedy_search(ensemble, src, lengths, decoding))
+    for got, want in zip(*results, strict=True):
+        assert got.tokens == want.tokens
+        assert got.score == pytest.approx(want.score, rel=1e-10, abs=1e-12)
+    assert len({len(h.tokens) for h in results[0]}) > 1
