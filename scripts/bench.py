@@ -417,6 +417,15 @@ def matmul_rate(
     return MatmulRate(seconds, flop / seconds / 1e9, flop / min(times) / 1e9)
 
 
+BESIDE_REPEATS = 3  # timed products of each decoding run's matmul rate (beside_rate)
+
+
+def beside_rate(device: torch.device, dtype: torch.dtype, size: int) -> float:
+    """The matmul rate (GFLOP/s) measured just before a decoding run: ``matmul_rate`` with
+    BESIDE_REPEATS timed products (about 0.75 s at 2048^3 on a 2-core CPU)."""
+    return matmul_rate(device, dtype, BESIDE_REPEATS, size).gflops
+
+
 def matmul_rates(
     device: torch.device, precision: str, quick: bool, size: int = MATMUL_SIZE
 ) -> dict[str, MatmulRate]:
@@ -825,6 +834,12 @@ class DecodeRow:
     achieved_gflops: float | None = omitted_when_none()
     matmul_gflops: float | None = omitted_when_none()  # the matmul rate it decoded in
     fraction_of_flop_bound: float | None = omitted_when_none()
+    # the same against the matmul rate measured just before each run (``beside_rate``): on
+    # a shared machine the rate moves by tens of percent within minutes, the bench's opening
+    # measurement with it; the median over the runs of each run's fraction
+    matmul_gflops_beside: float | None = omitted_when_none()  # the median of those rates
+    matmul_gflops_each: list[float] | None = omitted_when_none()  # each run's, in order
+    fraction_of_flop_bound_beside: float | None = omitted_when_none()
     # with a shortlist: the output layer's columns per batch, on average (the FLOPs above
     # count the whole vocabulary, the work of a search without one)
     mean_columns: float | None = omitted_when_none()
@@ -905,19 +920,24 @@ def decode_row(
     backend: str | None = None,
     counter: Translator | None = None,
     repeats: int = 1,
+    matmul_size: int = MATMUL_SIZE,
 ) -> DecodeRow:
     """The test sentences decoded with one (beam size, batch size), timed ``repeats`` times
     (the median counts: one run on a shared machine is noisy); ``constrained``:
     (constraints per sentence, the constraints); ``backend``: the row's name of what decoded
     (default: torch in the translator's precision); ``counter``: the translator whose torch
-    model counts the FLOPs (default: ``translator``, which has none under onnxruntime)."""
+    model counts the FLOPs (default: ``translator``, which has none under onnxruntime).
+    Before each run the matmul rate in the decoding precision is measured again
+    (``beside_rate``, ``matmul_size``^3), for the row's fraction of the FLOP bound beside it."""
     beam_size, batch_size = setting
     decoding = translator.config.decoding.model_copy(
         update={"beam_size": beam_size, "batch_size": batch_size}
     )
     count, steering = constrained or (None, None)
-    each = []
+    each, rates = [], []
+    dtype = torch.bfloat16 if translator.precision == "bf16" else torch.float32
     for _ in range(repeats):
+        rates.append(beside_rate(device, dtype, matmul_size))
         hypotheses, seconds = timed(
             device, lambda: translator.decode_ids(src_ids, decoding, steering=steering)
         )
@@ -972,6 +992,11 @@ def decode_row(
         hypothesis_steps=beam_size * tokens,
         mflop_per_hypothesis_step=None if flops is None else flops / (beam_size * tokens) / 1e6,
         achieved_gflops=None if flops is None else flops / seconds / 1e9,
+        matmul_gflops_beside=statistics.median(rates),
+        matmul_gflops_each=rates if repeats > 1 else None,
+        fraction_of_flop_bound_beside=None
+        if flops is None
+        else statistics.median(flops / t / 1e9 / r for t, r in zip(each, rates, strict=True)),
         mean_columns=columns,
         workers=workers,
     )
@@ -1039,14 +1064,17 @@ def bench_decoding(
     warm = translator.config.decoding.model_copy(update={"beam_size": 1, "batch_size": 4})
     translator.decode_ids(src_ids[:4], warm)
     repeats = options.lengths.decode_repeats
+    size = TINY_MATMUL_SIZE if options.tiny else MATMUL_SIZE
     rows = [
-        decode_row(translator, src_ids, device, setting, repeats=repeats)
+        decode_row(translator, src_ids, device, setting, repeats=repeats, matmul_size=size)
         for setting in DECODE_SETTINGS
     ]
     if device.type == "cuda":  # the same again: its search steps kept from the first pass
         again = backend_name("torch", translator) + ", second pass"
         rows += [
-            decode_row(translator, src_ids, device, s, None, again, repeats=repeats)
+            decode_row(
+                translator, src_ids, device, s, None, again, repeats=repeats, matmul_size=size
+            )
             for s in DECODE_SETTINGS
         ]
     for count in CONSTRAINT_COUNTS:
@@ -1058,7 +1086,15 @@ def bench_decoding(
             ]
         )
         rows.append(
-            decode_row(translator, src_ids, device, (5, 64), (count, steering), repeats=repeats)
+            decode_row(
+                translator,
+                src_ids,
+                device,
+                (5, 64),
+                (count, steering),
+                repeats=repeats,
+                matmul_size=size,
+            )
         )
     for backend in options.backends:
         other = backend_translator(backend, translator, model_path, device, options)
@@ -1068,7 +1104,7 @@ def bench_decoding(
         name = backend_name(backend, other)
         for setting in DECODE_SETTINGS:
             rows.append(
-                decode_row(other, src_ids, device, setting, None, name, translator, repeats)
+                decode_row(other, src_ids, device, setting, None, name, translator, repeats, size)
             )
     precision = f"{translator.precision} ({translator.precision_reason}, as nmt translate)"
     return precision, rows
@@ -1467,6 +1503,7 @@ DECODING_HEADER = [
     "MFLOP/hyp step",
     "GFLOP/s",
     "of FLOP bound",
+    "beside",
     "columns",
     "workers",
 ]
@@ -1484,6 +1521,7 @@ def decoding_rows(result: dict[str, Any]) -> list[list[str]]:
             _fmt(entry.get("mflop_per_hypothesis_step"), 2),
             _fmt(entry.get("achieved_gflops"), 1),
             _percent(entry.get("fraction_of_flop_bound")),
+            _percent(entry.get("fraction_of_flop_bound_beside")),
             _fmt(entry.get("mean_columns")),
             str(entry.get("workers", 1)),
         ]
@@ -1501,6 +1539,7 @@ def decoding_rows(result: dict[str, Any]) -> list[list[str]]:
                 _fmt(command["sentences_per_s"], 1),
                 "-",
                 _fmt(command["seconds"], 1),
+                "-",
                 "-",
                 "-",
                 "-",

@@ -158,6 +158,12 @@ def test_quick_tiny_run_writes_every_figure(tmp_path: Path) -> None:
         assert math.isclose(row["achieved_gflops"], flops / row["seconds"] / 1e9)
         assert row["matmul_gflops"] == rate["gflops"]
         assert row["fraction_of_flop_bound"] == row["achieved_gflops"] / rate["gflops"]
+        # and against the rate measured just before each run, run by run
+        rates = row["matmul_gflops_each"]
+        assert len(rates) == 2 and all(positive(r) for r in rates)
+        assert row["matmul_gflops_beside"] == statistics.median(rates)
+        beside = [flops / t / 1e9 / r for t, r in zip(row["seconds_each"], rates, strict=True)]
+        assert math.isclose(row["fraction_of_flop_bound_beside"], statistics.median(beside))
     command_result = result["translate_command"]
     assert "error" not in command_result, command_result
     assert command_result["output_lines"] == command_result["sentences"] == 16
@@ -251,6 +257,7 @@ def test_decoding_backends_add_their_rows_and_commands(tmp_path: Path) -> None:
     for row in rows:
         assert positive(row["sentences_per_s"]) and positive(row["achieved_gflops"]), row
         assert positive(row["fraction_of_flop_bound"]), row
+        assert positive(row["fraction_of_flop_bound_beside"]), row
         shortlisted = "shortlist" in row["backend"]
         assert positive(row["mean_columns"]) if shortlisted else "mean_columns" not in row, row
     commands = [result["translate_command"], *result["translate_backends"]]
