@@ -9,13 +9,14 @@ whatever rows are with it.
 
 ``probed_floor`` finds that out on the machine, for the thread count that will step: it
 steps a synthetic batch of ``PROBE_ROWS`` sentences once over a shortlist's columns (search's
-default; the whole vocabulary multiplies through the same products), then each count of its
-last rows from 1 to MIN_ROWS - 1 alone (``Ensemble.select``, as search drops rows), and
-compares the log-probabilities, attention and next hidden states bit for bit. The floor is one more than the largest count that differed
-(1 when none did). A Translator's float32 CPU search multiplies every weight of the demo's
-step from oneDNN's prepared layouts (``fast.packed``), whose rows came out the same at every
-count on the EPYC, and there the floor is 1; a step with products of the matmul library's
-keeps a higher floor where the library's kernels differ.
+default; the whole vocabulary multiplies through the same products), then its last rows
+alone (``Ensemble.select``, as search drops rows), each count from 1 to MIN_ROWS - 1 and a
+few larger ones (``LARGE_COUNTS``), and compares the log-probabilities, attention and next
+hidden states bit for bit. The floor is one more than the largest count under MIN_ROWS that
+differed (1 when none did); MIN_ROWS where a larger count differed too. A Translator's float32
+CPU search multiplies every weight of the demo's step from oneDNN's prepared layouts
+(``fast.packed``): on the EPYC only a single row differed there (its product is the plain
+matrix-vector one), and the floor is 2; with W_hh and W_c from MKL it was 4.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
     from nmt.decoding.ensemble import Ensemble, EnsembleState
 
 MIN_ROWS = 16  # the floor where a step's rows are not known to be independent of the count
-PROBE_ROWS = MIN_ROWS  # the synthetic batch's sentences
+PROBE_ROWS = 72  # the synthetic batch's sentences: past the 64 rows oneDNN's layouts are for
+LARGE_COUNTS = (16, 32, 64, 65)  # counts at or over MIN_ROWS the probe checks too
 PROBE_LENGTH = 10  # its longest source
 FIRST_ID = 4  # ids under it are the special pieces
 
@@ -58,12 +60,12 @@ def probed_floor(ensemble: Ensemble) -> int:
     state = shortlist.encode(src, lengths)
     whole = _step(shortlist, prev, state)
     floor = 1
-    for count in range(1, MIN_ROWS):
+    for count in (*range(1, MIN_ROWS), *LARGE_COUNTS):
         index = torch.arange(PROBE_ROWS - count, PROBE_ROWS)
         part = _step(shortlist, prev[index], shortlist.select(state, index))
         if any(not torch.equal(a[index], b) for a, b in zip(whole, part, strict=True)):
-            floor = count + 1
-    return floor
+            floor = count + 1 if count < MIN_ROWS else MIN_ROWS
+    return min(floor, MIN_ROWS)
 
 
 def _step(stepper: Ensemble, prev: Tensor, state: EnsembleState) -> list[Tensor]:

@@ -31,12 +31,13 @@ def test_the_probed_floor_is_a_row_count() -> None:
     assert 1 <= floor.probed_floor(_tabled(1)) <= floor.MIN_ROWS
 
 
-@pytest.mark.parametrize("below", [3, 9])
+@pytest.mark.parametrize(("below", "found"), [(3, 3), (9, 9), (66, floor.MIN_ROWS)])
 def test_a_step_whose_round_off_depends_on_the_rows_raises_the_floor(
-    below: int, monkeypatch: pytest.MonkeyPatch
+    below: int, found: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A step that rounds differently under ``below`` rows (as a matmul library's other
-    kernels would): the floor is ``below``."""
+    kernels would): the floor is ``below``; MIN_ROWS where even a batch of 65 rows
+    differs from a larger one."""
     step = Ensemble.step
 
     def rounding(self, prev, state):
@@ -46,7 +47,7 @@ def test_a_step_whose_round_off_depends_on_the_rows_raises_the_floor(
         return log_probs, alphas, following
 
     monkeypatch.setattr(Ensemble, "step", rounding)
-    assert floor.probed_floor(_tabled(2)) == below
+    assert floor.probed_floor(_tabled(2)) == found
 
 
 def test_the_floor_is_probed_once_per_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
