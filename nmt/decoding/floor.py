@@ -51,12 +51,13 @@ def probed_floor(ensemble: Ensemble) -> int:
     trg_vocab = model.trg_vocab_size
     lengths = torch.randint(3, PROBE_LENGTH + 1, (PROBE_ROWS,), generator=generator)
     lengths[0] = PROBE_LENGTH
-    src = torch.randint(FIRST_ID, src_vocab, (PROBE_ROWS, PROBE_LENGTH), generator=generator)
+    words = (min(FIRST_ID, src_vocab - 1), src_vocab)  # not the specials, where there are others
+    src = torch.randint(*words, (PROBE_ROWS, PROBE_LENGTH), generator=generator)
     src = src.masked_fill(torch.arange(PROBE_LENGTH)[None, :] >= lengths[:, None], PAD_ID)
     columns = torch.arange(1, trg_vocab, 2)  # a shortlist's columns: every other piece
     allowed = torch.ones(PROBE_ROWS, columns.numel(), dtype=torch.bool)
     shortlist = ensemble.restricted(columns, allowed)
-    prev = torch.randint(FIRST_ID // 2, columns.numel(), (PROBE_ROWS,), generator=generator)
+    prev = torch.randint(0, columns.numel(), (PROBE_ROWS,), generator=generator)
     state = shortlist.encode(src, lengths)
     whole = _step(shortlist, prev, state)
     floor = 1
