@@ -387,7 +387,7 @@ def beam_search(
         done = live.done.tolist()
         if all(done):
             break
-        keep = kept_rows(done, beam_size, MIN_ROWS)  # (not probed for a beam's shared memory)
+        keep = kept_rows(done, beam_size, MIN_ROWS)  # (the probed floor: no faster, benchmarks.md)
         if keep is not None:
             index = torch.tensor(keep, device=device)
             rows = (index[:, None] * beam_size + torch.arange(beam_size, device=device)).view(-1)
