@@ -55,9 +55,9 @@ def rnn_step(
     layer's input gates of its first I - I' inputs with their bias (``input_gate_table``), inputs
     are the last I' (B, 1, I') alone, or None where I' = 0. With ``native`` (a pass without
     gradients), each layer's gates go through one compiled kernel (``compiled.rnn_cell``)
-    where it can take them, not about ten torch ops. ``hidden_products``: each layer's h -> h W_hh^T +
-    b_hh where the caller has it prepared (``fast.packed.StepProducts``), else multiplied
-    here."""
+    where it can take them, not about ten torch ops. ``hidden_products``: each layer's
+    h -> h W_hh^T + b_hh where the caller has it prepared (``fast.packed.StepProducts``),
+    else multiplied here."""
     if rnn.bidirectional or getattr(rnn, "proj_size", False):
         raise ValueError("rnn_step: a unidirectional RNN without projections")
     lstm = isinstance(rnn, nn.LSTM)

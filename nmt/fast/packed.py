@@ -18,8 +18,9 @@ single row keeps the plain product. The round-off differs from the plain product
 The prepared products matter for one more reason: on that EPYC each row's result had the same
 bits whatever the number of rows (1 to 63 checked), where the matmul library takes other
 kernels for a few rows. With every product of a step prepared, a batch's step gives each row
-the same bits whichever rows are still in the batch, so search may drop ended sentences down
-to the last row (``nmt.decoding.floor``, which checks this on the machine at hand).
+the same bits whichever rows are still in the batch, so greedy search may drop ended
+sentences down to its last rows (``nmt.decoding.floor``, which checks this on the machine at
+hand: two rows on that EPYC, where a single row takes the plain product).
 
 ``Product`` is what a Translator's ``StepTables`` hold: ``output`` (a shortlist takes its rows,
 ``columns``) and ``StepProducts`` for the decoder's step. Where oneDNN is missing, or for
