@@ -29,7 +29,6 @@ from torch import Tensor
 from nmt.config import DecodingConfig
 from nmt.decoding.ensemble import Stepper
 from nmt.decoding.finished import DoneFlag, Finished
-from nmt.fast.packed import StepProducts
 from nmt.vocab import EOS_ID, PAD_ID
 
 log = logging.getLogger("nmt")
@@ -131,14 +130,7 @@ def kept_key(
         return None
     tables = getattr(scorer, "tables", [])
     weights = [t for m in models for t in (*m.parameters(), *m.buffers())]
-    for table in tables:
-        for field in vars(table).values():
-            if isinstance(field, Tensor):
-                weights.append(field)
-            elif isinstance(field, StepProducts):
-                weights += [product.weight for product in field.all()]
-            elif field is not None:  # a Product
-                weights.append(field.weight)
+    weights += [t for table in tables for t in table.weights()]
     autocast = torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda")
     native = getattr(scorer, "native_kernels", None)
     addresses = tuple(w.data_ptr() for w in weights)

@@ -96,6 +96,15 @@ class StepTables:
     output: Product | None = None
     products: StepProducts | None = None
 
+    def weights(self) -> list[Tensor]:
+        """Every tensor the tables hold (what a kept captured step reads besides the
+        model's parameters: ``decoding.captured.kept_key``)."""
+        held = [self.gates] if self.gates is not None else []
+        products = [self.output] if self.output is not None else []
+        if self.products is not None:
+            products += self.products.all()
+        return held + [product.weight for product in products]
+
 
 @dataclass
 class EnsembleState:

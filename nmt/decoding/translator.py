@@ -78,9 +78,8 @@ class Translator:
         self.device = device
         self.precision = precision
         self._tables: list[StepTables] | None = None  # see _step_tables
-        self._floors: dict[
-            int, int
-        ] = {}  # search's row floor per thread count (Ensemble.row_floor)
+        # search's row floor per thread count (Ensemble.row_floor)
+        self._floors: dict[int, int] = {}
         self.precision_reason = precision_reason or f"as given: {precision}"
         # each model's lexical shortlist of its training data; None: a model has none
         self.shortlists = list(shortlists) if shortlists is not None else None

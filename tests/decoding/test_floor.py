@@ -92,3 +92,18 @@ def test_greedy_search_dropping_to_the_probed_floor_changes_nothing(
     assert [h.tokens for h in dropped] == [h.tokens for h in kept]
     assert [h.score for h in dropped] == [h.score for h in kept]
     assert len({len(h.tokens) for h in kept}) > 3
+
+
+def test_step_tables_list_every_weight_they_hold() -> None:
+    """What a kept captured step is keyed on besides the model (``captured.kept_key``): the
+    gate table and every product's weight, W_hh's, W_c's and W_ch's included."""
+    table = _tabled(6).tables[0]
+    assert table.gates is not None and table.output is not None and table.products is not None
+    weights = table.weights()
+    products = [table.output, *table.products.all()]
+    assert len(products) == 4  # W_o, W_hh (one layer), W_c, W_ch
+    assert [w.data_ptr() for w in weights] == [
+        table.gates.data_ptr(),
+        *(p.weight.data_ptr() for p in products),
+    ]
+    assert StepTables().weights() == []
