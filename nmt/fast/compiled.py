@@ -2,7 +2,7 @@
 ctypes.
 
 The file is compiled once per machine with the C compiler (``$CC``, else ``cc``) for this
-CPU (``-O3 -march=native -fopenmp``) into nmt's cache directory (``$NMT_CACHE_DIR``, else
+CPU (``-O3 -march=native -fopenmp -fno-trapping-math``) into nmt's cache directory (``$NMT_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/nmt``, else ``~/.cache/nmt``); the library's name holds a hash of the
 source, the compiler, its flags and the CPU's model and flags, so a change to any of them
 builds a new one. OpenMP is the one torch's CPU build already loaded (same library name), so
@@ -33,7 +33,22 @@ from nmt.runtime import cpu_description
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-lm")
+# -fno-trapping-math: GCC keeps a select on a computed float (the exponential's clamps,
+# kernels.c) as a branch while a comparison may trap, and then leaves the loops over a row's
+# units scalar; no trap is ever enabled. Nothing is reordered or contracted by it: the RNN
+# steps keep their results' bits and run vectorised (docs/benchmarks.md); the reductions the
+# kernels mark ``omp simd`` (the softmax sums) vectorise as marked, so they round in another
+# order than the scalar loops did.
+FLAGS = (
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-fno-trapping-math",
+    "-shared",
+    "-fPIC",
+    "-std=c11",
+    "-lm",
+)
 SWITCH = "NMT_NATIVE_KERNELS"
 
 _I64 = ctypes.c_int64

@@ -347,6 +347,13 @@ static NOINLINE float masked_max(const float *restrict z, const uint8_t *restric
     return top;
 }
 
+/* The exponentials' sum: a chunk of SUM_CHUNK columns at a time, its exponentials first
+ * (zero where not allowed), then column v added into lane v mod SUM_LANES; the lanes are added
+ * pairwise at the end. The masked and unmasked rows (every column allowed) so sum in the same
+ * order, whatever vector width the compiler picks for each loop. */
+#define SUM_LANES 8
+#define SUM_CHUNK 256
+
 /* The one kernel compiled with fused multiply-adds (GCC's ISO C mode keeps a * b + c as two
  * roundings elsewhere, which the training kernels' results are held to): the exponentials'
  * polynomial is the row's largest cost, and a sum of them needs no bit-for-bit history. */
@@ -355,15 +362,26 @@ static NOINLINE float masked_max(const float *restrict z, const uint8_t *restric
 static NOINLINE CONTRACTED float masked_exp_sum(const float *restrict z,
                                                 const uint8_t *restrict ok, int64_t V,
                                                 float top) {
-    float total = 0.0f;
-    if (ok == NULL) {
-        _Pragma("omp simd reduction(+ : total)")
-        for (int64_t v = 0; v < V; v++) total += exp_approx(z[v] - top);
-    } else {
-        _Pragma("omp simd reduction(+ : total)")
-        for (int64_t v = 0; v < V; v++) total += ok[v] ? exp_approx(z[v] - top) : 0.0f;
+    float lane[SUM_LANES] = {0.0f};
+    float e[SUM_CHUNK];
+    for (int64_t start = 0; start < V; start += SUM_CHUNK) {
+        int64_t n = V - start < SUM_CHUNK ? V - start : SUM_CHUNK, v = 0;
+        const float *restrict zc = z + start;
+        if (ok == NULL) {
+            for (v = 0; v < n; v++) e[v] = exp_approx(zc[v] - top);
+        } else {
+            const uint8_t *restrict oc = ok + start;
+            for (v = 0; v < n; v++) {  /* e where allowed, else +0 */
+                uint32_t keep = 0u - (uint32_t)(oc[v] != 0);
+                e[v] = as_float(as_bits(exp_approx(zc[v] - top)) & keep);
+            }
+        }
+        int64_t whole = n - n % SUM_LANES;
+        for (v = 0; v < whole; v += SUM_LANES)
+            for (int l = 0; l < SUM_LANES; l++) lane[l] += e[v + l];
+        for (; v < n; v++) lane[v - whole] += e[v];
     }
-    return total;
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
 static NOINLINE void masked_shift(float *restrict z, const uint8_t *restrict ok, int64_t V,
