@@ -59,6 +59,22 @@ def test_log_softmax_kernel_matches_float64(width: int, masked: bool) -> None:
 
 
 @needs_kernels
+@pytest.mark.parametrize("width", [*WIDTHS, 8, 255, 256, 257, 519])
+def test_log_softmax_kernel_with_every_column_allowed_is_the_unmasked_one_to_the_bit(
+    width: int,
+) -> None:
+    """The masked and unmasked rows sum their exponentials in one order (kernels.c's lanes),
+    whatever the compiler vectorises each loop with: a shortlist that allows every column
+    scores as the whole vocabulary does. Widths across the lanes (8) and chunks (256)."""
+    logits, _ = _rows(width, 3 * width)
+    logits[5, : width // 3] = -60.0  # a spread of exponentials, some near zero
+    plain, masked = logits.clone(), logits.clone()
+    assert native.log_softmax_(plain, None)
+    assert native.log_softmax_(masked, torch.ones(9, width, dtype=torch.bool))
+    assert torch.equal(plain.view(torch.int32), masked.view(torch.int32))
+
+
+@needs_kernels
 def test_log_softmax_kernel_declines_what_it_cannot_take() -> None:
     logits = torch.randn(4, 10)
     assert not native.log_softmax_(logits.double(), None)
