@@ -2,12 +2,12 @@
 ctypes.
 
 The file is compiled once per machine with the C compiler (``$CC``, else ``cc``) for this
-CPU (``-O3 -march=native -fopenmp -fno-trapping-math``) into nmt's cache directory (``$NMT_CACHE_DIR``, else
-``$XDG_CACHE_HOME/nmt``, else ``~/.cache/nmt``); the library's name holds a hash of the
-source, the compiler, its flags and the CPU's model and flags, so a change to any of them
-builds a new one. OpenMP is the one torch's CPU build already loaded (same library name), so
-the kernels share torch's threads. Where no compiler works, ``library()`` returns None, says
-why once in the log, and nmt runs torch ops instead.
+CPU (``-O3 -march=native -fopenmp -fno-trapping-math``, ``FLAGS``) into nmt's cache
+directory (``$NMT_CACHE_DIR``, else ``$XDG_CACHE_HOME/nmt``, else ``~/.cache/nmt``); the
+library's name holds a hash of the source, the compiler, its flags and the CPU's model and
+flags, so a change to any of them builds a new one. OpenMP is the one torch's CPU build
+already loaded (same library name), so the kernels share torch's threads. Where no compiler
+works, ``library()`` returns None, says why once in the log, and nmt runs torch ops instead.
 
 Whether a model uses the kernels is decided once, when it is built: ``FastPaths.native_kernels``
 (nmt.fast), passed down to the recurrence and the loss. ``NMT_NATIVE_KERNELS=0`` in the

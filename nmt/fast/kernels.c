@@ -381,7 +381,9 @@ static NOINLINE CONTRACTED float masked_exp_sum(const float *restrict z,
             for (int l = 0; l < SUM_LANES; l++) lane[l] += e[v + l];
         for (; v < n; v++) lane[v - whole] += e[v];
     }
-    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    float low = (lane[0] + lane[1]) + (lane[2] + lane[3]);
+    float high = (lane[4] + lane[5]) + (lane[6] + lane[7]);
+    return low + high;
 }
 
 static NOINLINE void masked_shift(float *restrict z, const uint8_t *restrict ok, int64_t V,
