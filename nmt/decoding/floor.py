@@ -66,7 +66,7 @@ def probed_floor(ensemble: Ensemble) -> int:
         part = _step(shortlist, prev[index], shortlist.select(state, index))
         if any(not torch.equal(a[index], b) for a, b in zip(whole, part, strict=True)):
             floor = count + 1 if count < MIN_ROWS else MIN_ROWS
-    return min(floor, MIN_ROWS)
+    return floor
 
 
 def _step(stepper: Ensemble, prev: Tensor, state: EnsembleState) -> list[Tensor]:
