@@ -7,7 +7,8 @@ keep it and call its seams, never a global switch. Its fields are the choices:
   for CPU tensors in a module's training mode, where their gain is (the backward pass);
   evaluation and search take the plain path, but for ``native_kernels``' search kernels.
 - ``native_kernels``: whether those CPU paths run the RNN's time steps and the loss's softmax,
-  and search its log-softmax, top-k and decoder RNN's gates, as nmt's compiled C kernels
+  and search its log-softmax, top-k, decoder RNN's gates and dot-product attention, as nmt's
+  compiled C kernels
   (``fast.compiled``; torch ops where no C compiler works). Its
   default is on unless the environment says ``NMT_NATIVE_KERNELS=0``, read when the
   ``FastPaths`` is made, i.e. when the model is built; no other code decides by that
@@ -35,6 +36,7 @@ keep it and call its seams, never a global switch. Its fields are the choices:
 | ``dropout`` | ``fast.dropout.FastDropout`` (16-bit masks) | ``nn.Dropout`` | cpu_kernels, training, CPU |
 | ``additive_energies`` | ``fast.additive.RecomputedEnergies`` | broadcast v^T tanh(q + k) | cpu_kernels, training, CPU |
 | ``step_products`` | ``fast.sinks.SinkProducts`` | ``fast.sinks.Products`` | fused, training |
+| ``search_products`` | ``fast.attend.KernelProducts``: a dot-product score's energies, mask, softmax and context as ``fast.compiled.attend`` | ``fast.sinks.Products`` | native_kernels, search without gradients, CPU, float32 |
 | ``step_linear`` | ``fast.sinks.WeightSink`` | the ``nn.Linear`` | fused, training |
 | ``step_rnn`` | ``fast.cells.rnn_step`` (capturable) | the module's call | graphs, training |
 | ``input_gate_table`` | ``fast.cells.input_gate_table``, then ``step_rnn``'s ``rnn_step`` (each layer's gates as ``fast.compiled.rnn_cell``: native_kernels, evaluation without gradients, CPU, float32) | the module's call | input_gates, a Translator's search in float32 |
@@ -58,7 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.fast import additive, cells, compiled, loss, packed, recurrence, sinks
+from nmt.fast import additive, attend, cells, compiled, loss, packed, recurrence, sinks
 from nmt.fast.dropout import FastDropout
 
 
@@ -154,6 +156,12 @@ class FastPaths:
         """How the attention memory is multiplied at every step of a teacher-forced
         step-by-step decoder."""
         return sinks.SinkProducts() if self.fused and training else sinks.PLAIN_PRODUCTS
+
+    def search_products(self) -> sinks.Products:
+        """How a search's steps multiply the attention memory: a dot-product score's whole
+        step in one compiled kernel where ``native_kernels`` (``fast.attend``; on a CPU, in
+        float32, without gradients), else the plain products."""
+        return attend.KERNEL_PRODUCTS if self.native_kernels else sinks.PLAIN_PRODUCTS
 
     def step_linear(self, linear: nn.Linear, training: bool) -> Callable[[Tensor], Tensor]:
         """x -> x W^T for a bias-free layer applied at every step of a teacher-forced

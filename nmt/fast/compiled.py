@@ -93,6 +93,8 @@ _DECODING: dict[str, list[type]] = {
     "top_k": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I32],
     "gru_cell": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I32],  # gx, gh, h, h_out, B, H
     "lstm_cell": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I32],  # gx, gh, c, h_out, c_out
+    # q, keys, values, mask, B, R, S, A, F, scale, alphas, context
+    "attend": [_PTR] * 4 + [_I64] * 5 + [ctypes.c_float, _PTR, _PTR, _I32],
 }
 TOP_K_MAX = 128  # a larger k: torch's top-k (each value that enters shifts up to k others)
 
@@ -310,6 +312,56 @@ def top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor] | None:
     threads = torch.get_num_threads()
     lib.nmt_top_k_f32(values.data_ptr(), rows, vocab, k, best.data_ptr(), at.data_ptr(), threads)
     return best, at
+
+
+def attend(
+    query: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float
+) -> tuple[Tensor, Tensor] | None:
+    """A search step's attention by a dot-product score (kernels.c's ``nmt_attend_f32``):
+    query (B*R, A), R rows per sentence, keys (B, S, A), values (B, S, F), mask (B, S) bool,
+    True at the real positions -> context (B*R, F) and alphas (B*R, S), the softmax over the
+    real positions of scale * q^T k_s, exactly 0 at padding; None where the kernel cannot
+    run them (not all contiguous float32 CPU tensors of those shapes, or no library)."""
+    if query.dim() != 2 or keys.dim() != 3 or values.dim() != 3 or mask.dim() != 2:
+        return None
+    sentences, length, width = keys.shape
+    if (
+        values.shape[:2] != keys.shape[:2]
+        or tuple(mask.shape) != (sentences, length)
+        or mask.dtype != torch.bool
+        or not mask.is_contiguous()
+        or query.size(1) != width
+        or query.size(0) % sentences
+        or not (keys.is_contiguous() and values.is_contiguous())
+        or keys.dtype != torch.float32
+        or values.dtype != torch.float32
+        or keys.device.type != "cpu"
+        or values.device.type != "cpu"
+        or mask.device.type != "cpu"
+    ):
+        return None
+    lib = _decoding_library(query)
+    if lib is None:
+        return None
+    rows, features = query.size(0), values.size(2)
+    alphas = torch.empty(rows, length)
+    context = torch.empty(rows, features)
+    lib.nmt_attend_f32(
+        query.data_ptr(),
+        keys.data_ptr(),
+        values.data_ptr(),
+        mask.view(torch.uint8).data_ptr(),
+        sentences,
+        rows // sentences,
+        length,
+        width,
+        features,
+        scale,
+        alphas.data_ptr(),
+        context.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return context, alphas
 
 
 def rnn_cell(

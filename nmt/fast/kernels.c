@@ -1,7 +1,7 @@
 /* nmt's fused CPU kernels: the elementwise work of one RNN time step (GRU and LSTM, forward
  * and backward, all directions at once; and a search step's, without gradients) in one pass
- * over its tensors, where torch runs a small op for each operation; and search's log-softmax
- * and top-k. nmt.fast.compiled compiles this file with the machine's C compiler on
+ * over its tensors, where torch runs a small op for each operation; and search's log-softmax,
+ * top-k and dot-product attention. nmt.fast.compiled compiles this file with the machine's C compiler on
  * first use and calls it through ctypes; nmt.fast.gru and nmt.fast.lstm run torch ops instead
  * where no compiler is found or their model's FastPaths says so.
  *
@@ -461,6 +461,65 @@ void nmt_top_k_f32(const float *x, int64_t rows, int64_t V, int64_t k, float *va
                    int64_t *indices, int32_t threads) {
     _Pragma("omp parallel for schedule(static) num_threads(threads) if (rows * V >= MIN_PARALLEL)")
     for (int64_t n = 0; n < rows; n++) row_top_k(x + n * V, V, k, values + n * k, indices + n * k);
+}
+
+/* A search step's attention by a dot-product score (Luong's dot and general, the scaled dot):
+ *   e_s = g q^T k_s at the real positions s, a = softmax_s(e), context = sum_s a_s v_s
+ * for R query rows per sentence (a greedy search's one, a beam search's K, which share their
+ * sentence's memory): q (B*R, A); keys (B, S, A); values (B, S, F); mask (B, S), 1 at the
+ * real positions (at least one a row); g the score's scale -> alphas (B*R, S), exactly 0 at
+ * padding, and context (B*R, F). One pass over a sentence's memory per row, where torch's
+ * batched products, mask and softmax each go through it or through the energies; each row
+ * sums in one fixed order (the dot products in DOT_LANES lanes, the context over s in turn),
+ * whatever the rows or threads. */
+#define DOT_LANES 8
+
+static inline float dot_lanes(const float *restrict x, const float *restrict y, int64_t n) {
+    float lane[DOT_LANES] = {0.0f};
+    int64_t whole = n - n % DOT_LANES, i = 0;
+    for (i = 0; i < whole; i += DOT_LANES)
+        for (int l = 0; l < DOT_LANES; l++) lane[l] += x[i + l] * y[i + l];
+    for (; i < n; i++) lane[i - whole] += x[i] * y[i];
+    float low = (lane[0] + lane[1]) + (lane[2] + lane[3]);
+    float high = (lane[4] + lane[5]) + (lane[6] + lane[7]);
+    return low + high;
+}
+
+static NOINLINE void attend_row(const float *restrict q, const float *restrict keys,
+                                const float *restrict values, const uint8_t *restrict mask,
+                                int64_t S, int64_t A, int64_t F, float scale,
+                                float *restrict alpha, float *restrict context) {
+    float top = -INFINITY;
+    for (int64_t s = 0; s < S; s++) {
+        float e = mask[s] ? dot_lanes(q, keys + s * A, A) * scale : 0.0f;
+        alpha[s] = e;
+        top = (mask[s] && e > top) ? e : top;
+    }
+    float total = 0.0f;
+    for (int64_t s = 0; s < S; s++) {
+        float e = mask[s] ? expf(alpha[s] - top) : 0.0f;
+        alpha[s] = e;
+        total += e;
+    }
+    for (int64_t f = 0; f < F; f++) context[f] = 0.0f;
+    for (int64_t s = 0; s < S; s++) {
+        if (!mask[s]) continue;
+        float a = alpha[s] / total;
+        alpha[s] = a;
+        const float *restrict v = values + s * F;
+        for (int64_t f = 0; f < F; f++) context[f] += a * v[f];
+    }
+}
+
+void nmt_attend_f32(const float *q, const float *keys, const float *values, const uint8_t *mask,
+                    int64_t B, int64_t R, int64_t S, int64_t A, int64_t F, float scale,
+                    float *alphas, float *context, int32_t threads) {
+    _Pragma("omp parallel for schedule(static) num_threads(threads) if (B * R * S * (A + F) >= MIN_PARALLEL)")
+    for (int64_t n = 0; n < B * R; n++) {
+        int64_t b = n / R;
+        attend_row(q + n * A, keys + b * S * A, values + b * S * F, mask + b * S, S, A, F, scale,
+                   alphas + n * S, context + n * F);
+    }
 }
 
 /* ------------------------------------------------------------------------------ inference */

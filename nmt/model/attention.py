@@ -102,6 +102,7 @@ class Memory:
             self.mask[index],
             projected[index] if projected is not None else None,
             terms[index] if terms is not None else None,
+            products=self.products,
             beams=self.beams,
             folded=folded[index] if folded is not None else None,
         )

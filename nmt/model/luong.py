@@ -70,6 +70,7 @@ class LuongDecoder(Decoder):
         greedy search (``greedy``) on a CPU, where it measured 1.08x faster (one row per
         sentence, the fold costs about what the steps save in FLOPs, and the steps read a
         memory a third smaller; docs/benchmarks.md). Not over a memory copied per beam."""
+        memory = super().for_search(memory, greedy)
         if not self.fast.folded_context or memory.projected_values is not None:
             return memory
         if memory.beams == 1 and not (greedy and memory.values.device.type == "cpu"):

@@ -115,6 +115,14 @@ class DotAttention(Attention):
         energies = memory.with_keys(query)  # (B, T, S)
         return energies * self.scale if self.scale is not None else energies
 
+    def forward(
+        self, query: Tensor, memory: Memory, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """As ``Attention.forward``; in one compiled step where the memory's products have
+        one (a search on a CPU: ``nmt.fast.attend``)."""
+        fused = memory.products.attend(query, memory.keys, memory.values, memory.mask, self.scale)
+        return fused if fused is not None else super().forward(query, memory, positions)
+
 
 class ScaledDotAttention(DotAttention):
     """Vaswani et al. (2017), eq. 1: e = q^T k / sqrt(d), d the query size."""

@@ -79,21 +79,21 @@ def test_the_folded_step_is_the_step(score: str, feeding: bool, beams: int) -> N
 def test_what_it_leaves_alone() -> None:
     """A memory of one row per sentence that is not a greedy search's, a greedy search's
     off a CPU, a memory copied per beam (a score that does not share it: additive), and the
-    plain path's."""
+    plain path's: none is folded."""
     src, lengths = _source()
     with torch.no_grad():
         model = _model("general", False)
         memory, _ = model.encode(src, lengths)
-        assert model.decoder.for_search(memory) is memory
+        assert model.decoder.for_search(memory).folded is None
         meta = replace(memory, values=memory.values.to("meta"))
-        assert model.decoder.for_search(meta, greedy=True) is meta
+        assert model.decoder.for_search(meta, greedy=True).folded is None
         plain = _model("general", False, folded=False)
         shared = plain.encode(src, lengths)[0].shared(BEAMS)
-        assert plain.decoder.for_search(shared) is shared
-        assert plain.decoder.for_search(memory, greedy=True) is memory
+        assert plain.decoder.for_search(shared).folded is None
+        assert plain.decoder.for_search(memory, greedy=True).folded is None
         additive = _model("additive", False)
         copied = additive.encode(src, lengths)[0].index_select(torch.arange(3).repeat(2))
-        assert additive.decoder.for_search(copied) is copied
+        assert additive.decoder.for_search(copied).folded is None
 
 
 @pytest.mark.parametrize("feeding", [False, True])

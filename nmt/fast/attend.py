@@ -1,0 +1,42 @@
+"""Search's attention by a dot-product score (Luong's dot and general, the scaled dot) in one
+compiled kernel: the energies, the mask, the softmax and the context in one pass over each
+sentence's memory (kernels.c's ``nmt_attend_f32``), where torch's two batched products, the
+mask and the softmax each go through the memory or the energies again. A step of a search
+attends with one query row per hypothesis, a product of tens of rows by a few dozen
+positions, which a batched matmul library runs at a small part of its rate.
+
+``KernelProducts`` is the memory's ``Products`` in a search on a CPU with the compiled
+kernels (``FastPaths.search_products``); its plain products stay for what the kernel does
+not take (gradients, tracing for export, other dtypes).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from nmt.fast import compiled
+from nmt.fast.sinks import Products
+
+
+class KernelProducts(Products):
+    """The plain products, and ``attend`` through the compiled kernel where it can run: no
+    gradient wanted, not under a tracer, float32 contiguous CPU tensors."""
+
+    def attend(
+        self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: Tensor | None
+    ) -> tuple[Tensor, Tensor] | None:
+        factors = [query, keys, values] + ([scale] if scale is not None else [])
+        wanted = torch.is_grad_enabled() and any(factor.requires_grad for factor in factors)
+        if wanted or torch.jit.is_tracing() or query.dim() != 3:
+            return None
+        rows, steps = query.shape[:2]
+        flat = query.reshape(rows * steps, query.size(2))
+        found = compiled.attend(flat, keys, values, mask, 1.0 if scale is None else float(scale))
+        if found is None:
+            return None
+        context, alphas = found
+        return context.view(rows, steps, -1), alphas.view(rows, steps, -1)
+
+
+KERNEL_PRODUCTS = KernelProducts()
