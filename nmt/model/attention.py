@@ -41,8 +41,9 @@ class Memory:
     multihead); mask: (B, S) True at real positions; projected_values: multihead's per-head
     values (B, h, S, Hk/h), else None; coverage_terms: the coverage update's terms of h_j
     alone (``nmt.model.coverage``), else None; folded: the values times a Luong decoder's
-    W_c context half (B, S, H), made once for a beam search's shared memory
-    (``LuongDecoder.for_search``), else None; products: how ``with_keys`` and
+    W_c context half (B, S, H), made once for a search (``LuongDecoder.for_search``), which
+    then reads no other values: ``values`` is then the same tensor; else None; products: how
+    ``with_keys`` and
     ``with_values`` multiply (``FastPaths.step_products``).
 
     beams: the query rows per sentence (``shared``, beam search), whose memory is held once
@@ -96,15 +97,18 @@ class Memory:
         projected, terms, folded = self.projected_values, self.coverage_terms, self.folded
         if self.beams > 1:
             index = index[:: self.beams] // self.beams  # (B'/beams,) their sentences
+        values = self.values[index]
+        if folded is not None:  # one copy where the folded values stand in for the values
+            folded = values if folded is self.values else folded[index]
         return Memory(
-            self.values[index],
+            values,
             self.keys[index],
             self.mask[index],
             projected[index] if projected is not None else None,
             terms[index] if terms is not None else None,
             products=self.products,
             beams=self.beams,
-            folded=folded[index] if folded is not None else None,
+            folded=folded,
         )
 
 

@@ -69,7 +69,11 @@ class LuongDecoder(Decoder):
         (``FastPaths.folded_context``): over a memory a beam search's beams share, and for a
         greedy search (``greedy``) on a CPU, where it measured 1.08x faster (one row per
         sentence, the fold costs about what the steps save in FLOPs, and the steps read a
-        memory a third smaller; docs/benchmarks.md). Not over a memory copied per beam."""
+        memory a third smaller; docs/benchmarks.md). Not over a memory copied per beam.
+
+        Past the fold a search reads no other values, so the folded ones stand in for them
+        (``values`` is ``folded``): dropping finished sentences then copies a memory half
+        as wide (``Memory.index_select``)."""
         memory = super().for_search(memory, greedy)
         if not self.fast.folded_context or memory.projected_values is not None:
             return memory
@@ -77,7 +81,8 @@ class LuongDecoder(Decoder):
             return memory
         width = memory.values.size(-1)
         w_cc = self.combine.weight[:, :width]  # (H, Hk)
-        return replace(memory, folded=memory.values @ w_cc.t())  # (B, S, H)
+        folded = memory.values @ w_cc.t()  # (B, S, H)
+        return replace(memory, values=folded, folded=folded)
 
     def _attend(
         self,
@@ -92,13 +97,13 @@ class LuongDecoder(Decoder):
         coverage. Over a folded memory (``for_search``) the context is W_cc c_t already, and
         ``combine_hidden`` multiplies h_t by W_ch where given."""
         if memory.folded is not None:
-            width = memory.values.size(-1)
             folded = replace(memory, values=memory.folded, folded=None)
             context, alphas, coverage = self.attention.attend(outputs, folded, positions, coverage)
             if combine_hidden is not None:
                 hidden = combine_hidden(outputs)
             else:
-                hidden = outputs @ self.combine.weight[:, width:].t()  # W_ch: (H, H)
+                w_ch = self.combine.weight[:, -self.hidden_size :]  # (H, H)
+                hidden = outputs @ w_ch.t()
             attentional = torch.tanh(context + hidden)  # (B, T, H)
             return self.dropout(attentional), alphas, coverage
         context, alphas, coverage = self.attention.attend(outputs, memory, positions, coverage)

@@ -2,7 +2,8 @@
 memory its beams share, and over a greedy search's memory on a CPU, Luong's step with W_c's
 context half multiplied into the values once equals the step that multiplies every context,
 in float64, for every score that shares the beams' memory, with and without input feeding,
-padding in the source and sentences dropped; the memories it leaves alone; and beam and
+padding in the source and sentences dropped (the folded values standing in for the values,
+copied once); the memories it leaves alone; and beam and
 greedy search's hypotheses with it and without."""
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def test_the_folded_step_is_the_step(score: str, feeding: bool, beams: int) -> N
         shared = memory.shared(beams) if beams > 1 else memory
         folded = model.decoder.for_search(shared, greedy=beams == 1)
         assert folded.folded is not None and shared.folded is None
+        assert folded.values is folded.folded  # they stand in for the values
         state = model.decoder.reorder(state, index)
         states = {"plain": state, "folded": state}
         memories = {"plain": shared, "folded": folded}
@@ -64,6 +66,7 @@ def test_the_folded_step_is_the_step(score: str, feeding: bool, beams: int) -> N
                 memories = {k: m.index_select(kept) for k, m in memories.items()}
                 states = {k: s.index_select(kept) for k, s in states.items()}
                 assert memories["folded"].folded is not None
+                assert memories["folded"].values is memories["folded"].folded  # one copy
             rows = memories["plain"].row_mask.size(0)
             prev = torch.randint(4, VOCAB, (rows,), generator=generator)
             out = {}
