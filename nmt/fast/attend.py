@@ -28,8 +28,8 @@ class KernelProducts(Products):
     ) -> tuple[Tensor, Tensor] | None:
         factors = [query, keys, values] + ([scale] if scale is not None else [])
         wanted = torch.is_grad_enabled() and any(factor.requires_grad for factor in factors)
-        if wanted or torch.jit.is_tracing() or query.dim() != 3:
-            return None
+        if wanted or torch.jit.is_tracing() or query.dim() != 3 or query.device.type != "cpu":
+            return None  # (before the scale is read: on a GPU that would wait on the device)
         rows, steps = query.shape[:2]
         flat = query.reshape(rows * steps, query.size(2))
         found = compiled.attend(flat, keys, values, mask, 1.0 if scale is None else float(scale))

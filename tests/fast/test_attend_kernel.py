@@ -142,3 +142,14 @@ def test_a_memory_keeps_its_products_when_search_drops_rows() -> None:
     values, _, mask = _memory(3, 4, 5, 1, seed=4)
     memory = Memory(values, values, mask, products=KERNEL_PRODUCTS)
     assert memory.index_select(torch.tensor([0, 2])).products is KERNEL_PRODUCTS
+
+
+def test_off_a_cpu_the_kernel_products_decline_before_reading_the_scale() -> None:
+    """On another device (meta here) the plain products run, and the learned scale is not
+    read on the host (on a GPU a wait; inside a CUDA graph's capture an error)."""
+    meta = torch.device("meta")
+    keys = torch.empty(2, 5, 4, device=meta)
+    mask = torch.ones(2, 5, dtype=torch.bool, device=meta)
+    scale = torch.nn.Parameter(torch.ones((), device=meta), requires_grad=False)
+    query = torch.empty(2, 1, 4, device=meta)
+    assert KERNEL_PRODUCTS.attend(query, keys, keys, mask, scale) is None
