@@ -1,9 +1,9 @@
 /* nmt's fused CPU kernels: the elementwise work of one RNN time step (GRU and LSTM, forward
  * and backward, all directions at once; and a search step's, without gradients) in one pass
  * over its tensors, where torch runs a small op for each operation; and search's log-softmax,
- * top-k and dot-product attention. nmt.fast.compiled compiles this file with the machine's C compiler on
- * first use and calls it through ctypes; nmt.fast.gru and nmt.fast.lstm run torch ops instead
- * where no compiler is found or their model's FastPaths says so.
+ * top-k and dot-product attention. nmt.fast.compiled compiles this file with the machine's C
+ * compiler on first use and calls it through ctypes; nmt.fast.gru and nmt.fast.lstm run torch
+ * ops instead where no compiler is found or their model's FastPaths says so.
  *
  * Layout: every (D, B, F) argument is D blocks of B contiguous rows of F floats, block d
  * starting at ptr + d * <name>_ds elements (the loop's buffers hold all steps, so one step's

@@ -43,8 +43,9 @@ class Memory:
     alone (``nmt.model.coverage``), else None; folded: the values times a Luong decoder's
     W_c context half (B, S, H), made once for a search (``LuongDecoder.for_search``), which
     then reads no other values: ``values`` is then the same tensor; else None; products: how
-    ``with_keys`` and
-    ``with_values`` multiply (``FastPaths.step_products``).
+    ``with_keys`` and ``with_values`` multiply, and whether a dot score attends in one step
+    (``Products.attend``): ``FastPaths.step_products`` in training, ``search_products`` in
+    search (``Decoder.for_search``).
 
     beams: the query rows per sentence (``shared``, beam search), whose memory is held once
     per sentence: the tensors above are then (B, ...) for queries of B * beams rows, sentence
