@@ -352,6 +352,13 @@ static NOINLINE float masked_max(const float *restrict z, const uint8_t *restric
  * pairwise at the end. The masked and unmasked rows (every column allowed) so sum in the same
  * order, whatever vector width the compiler picks for each loop. */
 #define SUM_LANES 8
+
+/* The SUM_LANES partial sums added pairwise: (0+1)+(2+3), (4+5)+(6+7), then the two. */
+static inline float lanes_total(const float *lane) {
+    float low = (lane[0] + lane[1]) + (lane[2] + lane[3]);
+    float high = (lane[4] + lane[5]) + (lane[6] + lane[7]);
+    return low + high;
+}
 #define SUM_CHUNK 256
 
 /* The one kernel compiled with fused multiply-adds (GCC's ISO C mode keeps a * b + c as two
@@ -381,9 +388,7 @@ static NOINLINE CONTRACTED float masked_exp_sum(const float *restrict z,
             for (int l = 0; l < SUM_LANES; l++) lane[l] += e[v + l];
         for (; v < n; v++) lane[v - whole] += e[v];
     }
-    float low = (lane[0] + lane[1]) + (lane[2] + lane[3]);
-    float high = (lane[4] + lane[5]) + (lane[6] + lane[7]);
-    return low + high;
+    return lanes_total(lane);
 }
 
 static NOINLINE void masked_shift(float *restrict z, const uint8_t *restrict ok, int64_t V,
@@ -470,19 +475,15 @@ void nmt_top_k_f32(const float *x, int64_t rows, int64_t V, int64_t k, float *va
  * real positions (at least one a row); g the score's scale -> alphas (B*R, S), exactly 0 at
  * padding, and context (B*R, F). One pass over a sentence's memory per row, where torch's
  * batched products, mask and softmax each go through it or through the energies; each row
- * sums in one fixed order (the dot products in DOT_LANES lanes, the context over s in turn),
+ * sums in one fixed order (the dot products in SUM_LANES lanes, the context over s in turn),
  * whatever the rows or threads. */
-#define DOT_LANES 8
-
 static inline float dot_lanes(const float *restrict x, const float *restrict y, int64_t n) {
-    float lane[DOT_LANES] = {0.0f};
-    int64_t whole = n - n % DOT_LANES, i = 0;
-    for (i = 0; i < whole; i += DOT_LANES)
-        for (int l = 0; l < DOT_LANES; l++) lane[l] += x[i + l] * y[i + l];
+    float lane[SUM_LANES] = {0.0f};
+    int64_t whole = n - n % SUM_LANES, i = 0;
+    for (i = 0; i < whole; i += SUM_LANES)
+        for (int l = 0; l < SUM_LANES; l++) lane[l] += x[i + l] * y[i + l];
     for (; i < n; i++) lane[i - whole] += x[i] * y[i];
-    float low = (lane[0] + lane[1]) + (lane[2] + lane[3]);
-    float high = (lane[4] + lane[5]) + (lane[6] + lane[7]);
-    return low + high;
+    return lanes_total(lane);
 }
 
 static NOINLINE void attend_row(const float *restrict q, const float *restrict keys,
