@@ -33,6 +33,7 @@ from torch import Tensor
 
 from nmt.decoding.floor import MIN_ROWS, probed_floor
 from nmt.fast.packed import Product, StepProducts
+from nmt.fast.source_tables import SourceTables
 from nmt.model import Seq2Seq
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState
@@ -89,12 +90,14 @@ class StepTables:
     (``Decoder.gate_table``), ``output``, the product by W_o on a CPU (``FastPaths.product``:
     from oneDNN's prepared layout, else by W_o transposed and contiguous, which a CPU's
     matmul library multiplies faster than W_o itself; docs/benchmarks.md), and ``products``,
-    the decoder step's own products on a CPU (``Decoder.search_products``); each None where
-    the member multiplies as it is."""
+    the decoder step's own products on a CPU (``Decoder.search_products``), and ``source``,
+    the encoder's tables on a CPU (``Encoder.source_tables``); each None where the member
+    multiplies as it is."""
 
     gates: Tensor | None = None
     output: Product | None = None
     products: StepProducts | None = None
+    source: SourceTables | None = None
 
     def weights(self) -> list[Tensor]:
         """Every tensor the tables hold (what a kept captured step reads besides the
@@ -103,6 +106,8 @@ class StepTables:
         products = [self.output] if self.output is not None else []
         if self.products is not None:
             products += self.products.all()
+        if self.source is not None:
+            held += self.source.weights()
         return held + [product.weight for product in products]
 
 
@@ -184,8 +189,8 @@ class Ensemble:
         index = None
         if repeat > 1:
             index = torch.arange(src.size(0), device=src.device).repeat_interleave(repeat)
-        for model in self.models:
-            memory, state = model.encode(src, src_lengths)
+        for model, tables in zip(self.models, self.tables, strict=True):
+            memory, state = model.encode(src, src_lengths, tables.source)
             if index is not None:  # the beams' states; their memory once per sentence where
                 # the score allows (Memory.shared), else a copy per beam
                 state = model.decoder.reorder(state, index)

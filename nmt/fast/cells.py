@@ -89,9 +89,9 @@ def rnn_step(
             if done is not None:
                 h, c = done
             elif c is not None:
-                h, c = _lstm_gates(gates_x + gates_h, c)
+                h, c = lstm_gates(gates_x + gates_h, c)
             else:
-                h = _gru_gates(gates_x, gates_h, h)
+                h = gru_gates(gates_x, gates_h, h)
             if c is not None:
                 cells.append(c)
             hiddens.append(h)
@@ -114,7 +114,7 @@ def _product(
     return product + bias if bias is not None else product
 
 
-def _gru_gates(gates_x: Tensor, gates_h: Tensor, h: Tensor) -> Tensor:
+def gru_gates(gates_x: Tensor, gates_h: Tensor, h: Tensor) -> Tensor:
     x_r, x_z, x_n = gates_x.chunk(3, dim=-1)
     h_r, h_z, h_n = gates_h.chunk(3, dim=-1)
     r = torch.sigmoid(x_r + h_r)
@@ -123,7 +123,7 @@ def _gru_gates(gates_x: Tensor, gates_h: Tensor, h: Tensor) -> Tensor:
     return n + z * (h - n)  # (1 - z) n + z h
 
 
-def _lstm_gates(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+def lstm_gates(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
     i, f, g, o = gates.chunk(4, dim=-1)
     c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
     return torch.sigmoid(o) * torch.tanh(c), c

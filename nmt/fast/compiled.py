@@ -365,21 +365,29 @@ def attend(
 
 
 def rnn_cell(
-    gates_x: Tensor, gates_h: Tensor, h: Tensor, c: Tensor | None
+    gates_x: Tensor,
+    gates_h: Tensor,
+    h: Tensor,
+    c: Tensor | None,
+    h_out: Tensor | None = None,
+    c_out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None] | None:
     """One step of a GRU (c None) or LSTM layer without gradients (kernels.c's
     ``nmt_gru_cell_f32`` / ``nmt_lstm_cell_f32``): the input gates W_i x + b_i and the
     recurrent gates W_h h + b_h (B, G*H), the state h and (LSTM) c (B, H) -> h' and c' (None
-    for a GRU), new tensors; None where the kernel cannot run them (not all float32
-    contiguous 2-D CPU tensors, or no library: ``_decoding_library``)."""
+    for a GRU), into ``h_out`` and ``c_out`` where given (contiguous (B, H), apart from the
+    inputs), else new tensors; None, touching nothing, where the kernel cannot run them (not
+    all float32 contiguous 2-D CPU tensors, or no library: ``_decoding_library``)."""
     tensors = [gates_x, gates_h, h] if c is None else [gates_x, gates_h, h, c]
-    if any(_decoding_library(tensor) is None for tensor in tensors):
+    given = [t for t in (h_out, c_out) if t is not None]
+    if any(_decoding_library(tensor) is None for tensor in [*tensors, *given]):
         return None
     lib = library()
     assert lib is not None
     batch, hidden = h.shape
     threads = torch.get_num_threads()
-    h_out = torch.empty_like(h)
+    h_out = torch.empty_like(h) if h_out is None else h_out
+    assert h_out.shape == h.shape
     if c is None:
         lib.nmt_gru_cell_f32(
             gates_x.data_ptr(),
@@ -391,7 +399,8 @@ def rnn_cell(
             threads,
         )
         return h_out, None
-    c_out = torch.empty_like(c)
+    c_out = torch.empty_like(c) if c_out is None else c_out
+    assert c_out.shape == c.shape
     lib.nmt_lstm_cell_f32(
         gates_x.data_ptr(),
         gates_h.data_ptr(),

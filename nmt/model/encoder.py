@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths
+from nmt.fast.source_tables import SourceTables
 from nmt.vocab import PAD_ID
 
 if TYPE_CHECKING:
@@ -66,12 +67,21 @@ class Encoder(nn.Module):
         self.output_size = enc.hidden_size * self.directions
         self.fast = fast
 
-    def forward(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
-        """src: (B, S) ids; src_lengths: (B,) -> EncoderOutput."""
-        embedded = self.embedding_dropout(self.embed(src))  # (B, S, E)
+    def forward(
+        self, src: Tensor, src_lengths: Tensor, tables: SourceTables | None = None
+    ) -> EncoderOutput:
+        """src: (B, S) ids; src_lengths: (B,) -> EncoderOutput. ``tables``: this encoder's
+        ``source_tables``, for a search's fixed weights (evaluation mode)."""
         mask = src != PAD_ID  # (B, S)
         # annotations (B, S, D*H), padding never entering the recurrence
-        outputs, final = self.fast.recurrence(self.rnn, embedded, src_lengths, None, self.training)
+        if tables is not None:
+            assert not self.training, "the source tables are for search"
+            outputs, final = tables.run(src, src_lengths)
+        else:
+            embedded = self.embedding_dropout(self.embed(src))  # (B, S, E)
+            outputs, final = self.fast.recurrence(
+                self.rnn, embedded, src_lengths, None, self.training
+            )
         hidden, cell = final if isinstance(final, tuple) else (final, None)
         batch = src.size(0)
         shape = (self.layers, self.directions, batch, self.hidden_size)
@@ -81,6 +91,12 @@ class Encoder(nn.Module):
             hidden=hidden.view(shape),
             cell=cell.view(shape) if cell is not None else None,
         )
+
+    def source_tables(self) -> SourceTables | None:
+        """The first RNN layer's input gates of every source piece and the RNN's products,
+        made once for search (``FastPaths.source_tables``: a CPU, float32), or None: what
+        ``forward`` takes as ``tables``, valid until the weights change."""
+        return self.fast.source_tables(self.embed, self.rnn)
 
 
 class Bridge(nn.Module):

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from nmt.fast import FastPaths
 from nmt.fast.graphs import StepGraphs
+from nmt.fast.source_tables import SourceTables
 from nmt.model.aligner import AlignmentHead
 from nmt.model.attention import Memory
 from nmt.model.decoder import Decoder, DecoderState
@@ -52,9 +53,12 @@ class Seq2Seq(nn.Module):
         # a step-by-step decoder's unroll as CUDA graphs in training (FastPaths.graphs)
         self.graphs = StepGraphs() if fast.graphs and self.decoder.stepwise else None
 
-    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Memory, DecoderState]:
-        """src: (B, S) -> attention memory and the decoder's initial state."""
-        enc = self.encoder(src, src_lengths)
+    def encode(
+        self, src: Tensor, src_lengths: Tensor, tables: SourceTables | None = None
+    ) -> tuple[Memory, DecoderState]:
+        """src: (B, S) -> attention memory and the decoder's initial state; ``tables``: the
+        encoder's for search (``Encoder.source_tables``)."""
+        enc = self.encoder(src, src_lengths, tables)
         memory = self.decoder.attention.prepare(enc.outputs, enc.mask)
         hidden, cell = self.bridge(enc)
         return memory, self.decoder.initial_state(hidden, cell)

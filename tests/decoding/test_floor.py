@@ -21,7 +21,10 @@ def _tabled(seed: int) -> Ensemble:
     m = model(VOCAB, seed=seed, style="luong", feeding=False)
     tables = [
         StepTables(
-            m.decoder.gate_table(), m.fast.product(m.generator.weight), m.decoder.search_products()
+            m.decoder.gate_table(),
+            m.fast.product(m.generator.weight),
+            m.decoder.search_products(),
+            m.encoder.source_tables(),
         )
     ]
     return Ensemble([m], tables=tables, floors={})
@@ -96,14 +99,21 @@ def test_greedy_search_dropping_to_the_probed_floor_changes_nothing(
 
 def test_step_tables_list_every_weight_they_hold() -> None:
     """What a kept captured step is keyed on besides the model (``captured.kept_key``): the
-    gate table and every product's weight, W_hh's, W_c's and W_ch's included."""
+    gate table and every product's weight, W_hh's, W_c's and W_ch's included, and the
+    encoder's table and products."""
     table = _tabled(6).tables[0]
     assert table.gates is not None and table.output is not None and table.products is not None
+    source = table.source
+    assert source is not None
     weights = table.weights()
     products = [table.output, *table.products.all()]
     assert len(products) == 4  # W_o, W_hh (one layer), W_c, W_ch
+    encoder = [p for layer in source.hidden for p in layer]
+    assert len(encoder) == 2 and not source.inputs  # one bidirectional layer's W_hh
     assert [w.data_ptr() for w in weights] == [
         table.gates.data_ptr(),
+        source.gates.data_ptr(),
+        *(p.weight.data_ptr() for p in encoder),
         *(p.weight.data_ptr() for p in products),
     ]
     assert StepTables().weights() == []

@@ -1,0 +1,207 @@
+"""The encoder's RNN in search on a CPU: the first layer's input gates looked up, the
+recurrence stepped through prepared products and the compiled cells.
+
+The encoder reads each source piece x_j through its first RNN layer's input gates
+W_i E_x + b_i, one product per position and direction. With the weights fixed (a Translator's
+models) that is one of V vectors per direction,
+
+    T^d_x = W^d_i E_x + b^d_i        (T^d: (V, G*H), made once from the weights)
+
+so search looks the gates up and multiplies only the recurrence, W^d_h h + b^d_h, at each step:
+half the matmuls of a one-layer encoder (``fast.cells`` does the same for the decoder's first
+layer). A later layer's inputs are the layer below's outputs, multiplied as before, all steps
+at once.
+
+The recurrence runs as the packed module runs it: the sentences sorted longest first, step t
+of a direction steps only the sentences that have a t-th token (a prefix of the rows), and the
+backward direction reads each sentence from its own last token. So padding never enters it,
+outputs past each sentence's end are zero and the final state is the state at its last token,
+as ``nn.GRU``/``nn.LSTM`` over a packed sequence give them (``tests/fast/test_source_tables.py``
+checks it in float64). Each step multiplies from oneDNN's prepared layout (``fast.packed``) and
+takes the gates through one compiled kernel (``compiled.rnn_cell``; torch ops where no C
+compiler works).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+
+from nmt.fast import cells, compiled
+from nmt.fast.packed import Product
+
+TABLE_LIMIT = cells.TABLE_LIMIT  # the largest table per direction, in values
+
+
+@dataclass
+class SourceTables:
+    """What search reads a source with, made once for fixed weights (``source_tables``):
+    ``gates`` (D, V, G*H), the first layer's input gates of every source piece per
+    direction; ``inputs``, each later layer's input product per direction (x -> W_i x + b_i);
+    ``hidden``, each layer's recurrent product per direction (h -> W_h h + b_h)."""
+
+    gates: Tensor
+    inputs: list[list[Product]]  # (L - 1) x D
+    hidden: list[list[Product]]  # L x D
+    lstm: bool
+
+    def weights(self) -> list[Tensor]:
+        """Every tensor the tables hold."""
+        products = [p for layer in (*self.inputs, *self.hidden) for p in layer]
+        return [self.gates, *(p.weight for p in products)]
+
+    def run(self, src: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor]]:
+        """src (B, S) ids, lengths (B,) -> outputs (B, S, D*H), zero past each end, and the
+        final state (L*D, B, H) (a tuple (h, c) for an LSTM) at each sentence's last token,
+        as the packed module returns them."""
+        order = torch.argsort(lengths, descending=True, stable=True)  # (B,) longest first
+        unsorted = not bool(torch.equal(order, torch.arange(order.numel())))
+        if unsorted:
+            src, lengths = src.index_select(0, order), lengths.index_select(0, order)
+        steps = src.size(1)
+        positions = torch.arange(steps)
+        real = positions[None, :] < lengths[:, None]  # (B, S)
+        back = (lengths[:, None] - 1 - positions[None, :]).clamp(min=0)  # (B, S) backward read
+        counts = real.sum(0).tolist()  # rows stepped at each step (a prefix: longest first)
+        ids = [src.t()]  # (S, B) each direction's in its loop order
+        if self.gates.size(0) == 2:
+            ids.append(src.gather(1, back).t())
+        gates = [
+            t.index_select(0, i.reshape(-1)).view(*i.shape, -1)
+            for t, i in zip(self.gates, ids, strict=True)
+        ]
+        finals: list[Tensor] = []
+        cells_out: list[Tensor] = []
+        outputs = torch.empty(0)
+        for layer, products in enumerate(self.hidden):
+            if layer > 0:
+                gates = _loop_order(
+                    [p(outputs) for p in self.inputs[layer - 1]], back
+                )  # each (S, B, G*H)
+            states = [self._direction(g, p, counts) for g, p in zip(gates, products, strict=True)]
+            outputs = _time_order([h for h, _ in states], back, real)  # (B, S, D*H)
+            last = (lengths - 1)[None, :, None]  # each sentence's last step
+            for h, c in states:
+                finals.append(h.gather(0, last.expand(1, *h.shape[1:]))[0])
+                if c is not None:
+                    cells_out.append(c.gather(0, last.expand(1, *c.shape[1:]))[0])
+        hidden = torch.stack(finals)  # (L*D, B, H)
+        cell = torch.stack(cells_out) if self.lstm else None
+        if unsorted:
+            restore = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel()))
+            outputs = outputs.index_select(0, restore)
+            hidden = hidden.index_select(1, restore)
+            cell = cell.index_select(1, restore) if cell is not None else None
+        return outputs, ((hidden, cell) if cell is not None else hidden)
+
+    def _direction(
+        self, gates: Tensor, product: Product, counts: list[int]
+    ) -> tuple[Tensor, Tensor | None]:
+        """One direction through time: gates (S, B, G*H) in loop order -> the states after
+        each step (S, B, H), zero where a sentence has no step (and the LSTM's cells)."""
+        steps, batch, width = gates.shape
+        hidden_size = width // (4 if self.lstm else 3)
+        h_all = gates.new_zeros(steps, batch, hidden_size)
+        c_all = torch.zeros_like(h_all) if self.lstm else None
+        h = gates.new_zeros(batch, hidden_size)
+        c = torch.zeros_like(h) if self.lstm else None
+        for t, rows in enumerate(counts):
+            if rows == 0:  # no sentence is this long (nor longer: longest first)
+                break
+            h = h[:rows]
+            c = c[:rows] if c is not None else None
+            h_next, c_next = h_all[t, :rows], c_all[t, :rows] if c_all is not None else None
+            _cell(gates[t, :rows], product(h), h, c, h_next, c_next)
+            h, c = h_next, c_next
+        return h_all, c_all
+
+
+def _cell(
+    gates_x: Tensor,
+    gates_h: Tensor,
+    h: Tensor,
+    c: Tensor | None,
+    h_out: Tensor,
+    c_out: Tensor | None,
+) -> None:
+    """One step's gates into h_out (and c_out): the compiled kernel, else torch ops."""
+    if compiled.rnn_cell(gates_x, gates_h, h, c, h_out, c_out) is not None:
+        return
+    if c is None:
+        h_out.copy_(cells.gru_gates(gates_x, gates_h, h))
+        return
+    assert c_out is not None
+    h_new, c_new = cells.lstm_gates(gates_x + gates_h, c)
+    h_out.copy_(h_new)
+    c_out.copy_(c_new)
+
+
+def _loop_order(gates: list[Tensor], back: Tensor) -> list[Tensor]:
+    """Each direction's (B, S, F) in time order -> (S, B, F) in its loop order (the backward
+    direction from each sentence's last token, ``back`` (B, S))."""
+    forward = gates[0].transpose(0, 1).contiguous()
+    if len(gates) == 1:
+        return [forward]
+    index = back[..., None].expand(*back.shape, gates[1].size(-1))
+    return [forward, gates[1].gather(1, index).transpose(0, 1).contiguous()]
+
+
+def _time_order(states: list[Tensor], back: Tensor, real: Tensor) -> Tensor:
+    """Each direction's states (S, B, H) in loop order -> the layer's outputs (B, S, D*H) in
+    time order, zero past each end (the forward direction's already are)."""
+    parts = [states[0].transpose(0, 1)]
+    if len(states) == 2:
+        backward = states[1].transpose(0, 1)  # (B, S, H), step t at position len - 1 - t
+        index = back[..., None].expand(*back.shape, backward.size(-1))
+        parts.append(backward.gather(1, index) * real[..., None])
+    return torch.cat(parts, dim=-1)
+
+
+ProductMaker = Callable[[Tensor, Tensor | None], Product]
+
+
+def source_tables(
+    embed: nn.Embedding, rnn: nn.RNNBase, product: ProductMaker
+) -> SourceTables | None:
+    """The tables of an encoder's embedding and RNN on a CPU, without gradient (a
+    Translator's search makes them in float32; the tests' references in float64);
+    ``product``: (W, b) -> the product x W^T + b (``FastPaths.product``). None where the RNN
+    is not a batch-first GRU/LSTM without projections on a CPU in the embedding's dtype, or
+    a table would hold more than TABLE_LIMIT values. Whoever holds them makes them again when the weights
+    change (a Translator's models are fixed)."""
+    weight: Tensor = embed.weight
+    if (
+        weight.device.type != "cpu"
+        or not isinstance(rnn, (nn.GRU, nn.LSTM))
+        or not rnn.batch_first
+        or rnn.proj_size > 0
+        or next(rnn.parameters()).dtype != weight.dtype
+    ):
+        return None
+    first = cast(Tensor, rnn.weight_ih_l0)
+    if weight.size(0) * first.size(0) > TABLE_LIMIT:
+        return None
+    names = ["", "_reverse"][: 2 if rnn.bidirectional else 1]
+
+    def params(layer: int, kind: str) -> list[tuple[Tensor, Tensor | None]]:
+        return [
+            (
+                getattr(rnn, f"weight_{kind}_l{layer}{name}"),
+                getattr(rnn, f"bias_{kind}_l{layer}{name}", None),
+            )
+            for name in names
+        ]
+
+    with torch.no_grad():
+        tables = []
+        for w_ih, b_ih in params(0, "ih"):
+            table = weight @ w_ih.t()  # (V, G*H)
+            tables.append(table + b_ih if b_ih is not None else table)
+        layers = range(rnn.num_layers)
+        inputs = [[product(w, b) for w, b in params(layer, "ih")] for layer in layers[1:]]
+        hidden = [[product(w, b) for w, b in params(layer, "hh")] for layer in layers]
+        return SourceTables(torch.stack(tables), inputs, hidden, isinstance(rnn, nn.LSTM))
