@@ -18,9 +18,9 @@ keep it and call its seams, never a global switch. Its fields are the choices:
   On every device; ``FastPaths.plain()`` turns it off for the reference.
 - ``input_gates``: search looks the embedding's part of a step-by-step decoder's first RNN
   gates up in a table (``fast.cells.input_gate_table``) instead of multiplying it, on every
-  device; so does the encoder's first RNN layer on a CPU in float32, which search then steps
-  through prepared products (``fast.source_tables``). A Translator makes the tables once for
-  its models.
+  device; so does the encoder's first RNN layer on a CPU, whose steps search then takes
+  through the compiled cells (``fast.source_tables``). A Translator makes the tables once
+  for its models, in float32.
 - ``folded_context``: a beam search with a Luong decoder over a memory its beams share
   multiplies W_c's context half into the values once per batch
   (``LuongDecoder.for_search``), not into every hypothesis's context at every step.
@@ -42,7 +42,7 @@ keep it and call its seams, never a global switch. Its fields are the choices:
 | ``step_linear`` | ``fast.sinks.WeightSink`` | the ``nn.Linear`` | fused, training |
 | ``step_rnn`` | ``fast.cells.rnn_step`` (capturable) | the module's call | graphs, training |
 | ``input_gate_table`` | ``fast.cells.input_gate_table``, then ``step_rnn``'s ``rnn_step`` (each layer's gates as ``fast.compiled.rnn_cell``: native_kernels, evaluation without gradients, CPU, float32) | the module's call | input_gates, a Translator's search in float32 |
-| ``source_tables`` | ``fast.source_tables.SourceTables.run``: the encoder's first-layer input gates looked up, each step from prepared products and ``fast.compiled.rnn_cell`` | the module, packed | input_gates, a Translator's search in float32 on a CPU |
+| ``source_tables`` | ``fast.source_tables.SourceTables.run``: the encoder's first-layer input gates looked up, each step's gates as ``fast.compiled.cell_steps`` (native_kernels) | the module, packed | input_gates, a Translator's search in float32 on a CPU |
 | ``output_loss`` | ``fast.loss.OutputLayerLoss`` (compiled kernel: cpu_kernels, native_kernels, training, CPU) | ``F.cross_entropy`` | fused |
 | ``product`` | ``fast.packed.Product`` from oneDNN's prepared layout (two rows or more) | the weight transposed, contiguous | prepared_products, a Translator's search in float32 on a CPU |
 | ``log_softmax`` | ``fast.compiled.log_softmax_`` (in place, the mask inside) | ``masked_fill``, ``F.log_softmax`` | native_kernels, evaluation, CPU, float32 |
@@ -154,11 +154,11 @@ class FastPaths:
     def source_tables(
         self, embed: nn.Embedding, rnn: nn.RNNBase
     ) -> source_tables.SourceTables | None:
-        """An encoder's tables for search on a CPU in float32: its first layer's input gates
-        of every source piece, and its products prepared (``fast.source_tables``), or None."""
+        """An encoder's tables for search on a CPU: its first layer's input gates of every
+        source piece, and its products (``fast.source_tables``), or None."""
         if not self.input_gates:
             return None
-        return source_tables.source_tables(embed, rnn, self.product)
+        return source_tables.source_tables(embed, rnn, self.native_kernels)
 
     def product(self, weight: Tensor, bias: Tensor | None = None) -> packed.Product:
         """Search's product x W^T + b by a fixed float32 weight W (O, I) on a CPU

@@ -365,29 +365,21 @@ def attend(
 
 
 def rnn_cell(
-    gates_x: Tensor,
-    gates_h: Tensor,
-    h: Tensor,
-    c: Tensor | None,
-    h_out: Tensor | None = None,
-    c_out: Tensor | None = None,
+    gates_x: Tensor, gates_h: Tensor, h: Tensor, c: Tensor | None
 ) -> tuple[Tensor, Tensor | None] | None:
     """One step of a GRU (c None) or LSTM layer without gradients (kernels.c's
     ``nmt_gru_cell_f32`` / ``nmt_lstm_cell_f32``): the input gates W_i x + b_i and the
     recurrent gates W_h h + b_h (B, G*H), the state h and (LSTM) c (B, H) -> h' and c' (None
-    for a GRU), into ``h_out`` and ``c_out`` where given (contiguous (B, H), apart from the
-    inputs), else new tensors; None, touching nothing, where the kernel cannot run them (not
-    all float32 contiguous 2-D CPU tensors, or no library: ``_decoding_library``)."""
+    for a GRU), new tensors; None where the kernel cannot run them (not all float32
+    contiguous 2-D CPU tensors, or no library: ``_decoding_library``)."""
     tensors = [gates_x, gates_h, h] if c is None else [gates_x, gates_h, h, c]
-    given = [t for t in (h_out, c_out) if t is not None]
-    if any(_decoding_library(tensor) is None for tensor in [*tensors, *given]):
+    if any(_decoding_library(tensor) is None for tensor in tensors):
         return None
     lib = library()
     assert lib is not None
     batch, hidden = h.shape
     threads = torch.get_num_threads()
-    h_out = torch.empty_like(h) if h_out is None else h_out
-    assert h_out.shape == h.shape
+    h_out = torch.empty_like(h)
     if c is None:
         lib.nmt_gru_cell_f32(
             gates_x.data_ptr(),
@@ -399,8 +391,7 @@ def rnn_cell(
             threads,
         )
         return h_out, None
-    c_out = torch.empty_like(c) if c_out is None else c_out
-    assert c_out.shape == c.shape
+    c_out = torch.empty_like(c)
     lib.nmt_lstm_cell_f32(
         gates_x.data_ptr(),
         gates_h.data_ptr(),
@@ -412,3 +403,56 @@ def rnn_cell(
         threads,
     )
     return h_out, c_out
+
+
+class CellSteps:
+    """A GRU's or LSTM's steps through time without gradients, one direction, as kernels.c's
+    cell kernels, over buffers checked once (``cell_steps``): the input gates of every step
+    (S, B, G*H) and the states after each (S, B, H) (the LSTM's cells beside them). Step t
+    runs its first ``rows`` rows from the states after step t - 1 (zeros before the first)."""
+
+    def __init__(self, lib: ctypes.CDLL, gates_x: Tensor, h_all: Tensor, c_all: Tensor | None):
+        self.lib, self.gates_x, self.h_all, self.c_all = lib, gates_x, h_all, c_all
+        steps, batch, width = gates_x.shape
+        self.hidden = h_all.size(-1)
+        self.zeros = torch.zeros(batch, self.hidden)  # the state before the first step
+        self.x_stride = batch * width * 4  # bytes from one step's gates to the next
+        self.h_stride = batch * self.hidden * 4
+        self.threads = torch.get_num_threads()
+
+    def step(self, t: int, rows: int, gates_h: Tensor) -> None:
+        """Step t over the first ``rows`` rows, gates_h (rows, G*H) float32 contiguous, the
+        recurrent product W_h h + b_h of those rows' states before it."""
+        assert gates_h.is_contiguous() and gates_h.dtype == torch.float32 and not gates_h.is_cuda
+        x = self.gates_x.data_ptr() + t * self.x_stride
+        h_out = self.h_all.data_ptr() + t * self.h_stride
+        h = self.zeros.data_ptr() if t == 0 else h_out - self.h_stride
+        if self.c_all is None:
+            self.lib.nmt_gru_cell_f32(
+                x, gates_h.data_ptr(), h, h_out, rows, self.hidden, self.threads
+            )
+            return
+        c_out = self.c_all.data_ptr() + t * self.h_stride
+        c = self.zeros.data_ptr() if t == 0 else c_out - self.h_stride
+        self.lib.nmt_lstm_cell_f32(
+            x, gates_h.data_ptr(), c, h_out, c_out, rows, self.hidden, self.threads
+        )
+
+
+def cell_steps(gates_x: Tensor, h_all: Tensor, c_all: Tensor | None) -> CellSteps | None:
+    """``CellSteps`` over gates_x (S, B, G*H) and h_all (and c_all) (S, B, H), all float32
+    contiguous CPU tensors, G = 3 (GRU, c_all None) or 4 (LSTM); None where the kernels
+    cannot run them (another dtype, layout or device, or no library)."""
+    tensors = [gates_x, h_all] if c_all is None else [gates_x, h_all, c_all]
+    if any(
+        t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() or t.dim() != 3
+        for t in tensors
+    ):
+        return None
+    gates = 3 if c_all is None else 4
+    if gates_x.shape[:2] != h_all.shape[:2] or gates_x.size(2) != gates * h_all.size(2):
+        return None
+    if c_all is not None and c_all.shape != h_all.shape:
+        return None
+    lib = library()
+    return CellSteps(lib, gates_x, h_all, c_all) if lib is not None else None

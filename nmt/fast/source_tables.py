@@ -1,5 +1,5 @@
 """The encoder's RNN in search on a CPU: the first layer's input gates looked up, the
-recurrence stepped through prepared products and the compiled cells.
+recurrence stepped through the compiled cells.
 
 The encoder reads each source piece x_j through its first RNN layer's input gates
 W_i E_x + b_i, one product per position and direction. With the weights fixed (a Translator's
@@ -17,14 +17,12 @@ of a direction steps only the sentences that have a t-th token (a prefix of the 
 backward direction reads each sentence from its own last token. So padding never enters it,
 outputs past each sentence's end are zero and the final state is the state at its last token,
 as ``nn.GRU``/``nn.LSTM`` over a packed sequence give them (``tests/fast/test_source_tables.py``
-checks it in float64). Each step multiplies from oneDNN's prepared layout (``fast.packed``) and
-takes the gates through one compiled kernel (``compiled.rnn_cell``; torch ops where no C
-compiler works).
+checks it in float64). Each step multiplies by W_h transposed (``_product``) and takes the gates
+through one compiled kernel (``compiled.cell_steps``, where ``native``; else torch ops).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -42,12 +40,14 @@ class SourceTables:
     """What search reads a source with, made once for fixed weights (``source_tables``):
     ``gates`` (D, V, G*H), the first layer's input gates of every source piece per
     direction; ``inputs``, each later layer's input product per direction (x -> W_i x + b_i);
-    ``hidden``, each layer's recurrent product per direction (h -> W_h h + b_h)."""
+    ``hidden``, each layer's recurrent product per direction (h -> W_h h + b_h); ``native``:
+    whether the gates go through the compiled kernels (``FastPaths.native_kernels``)."""
 
     gates: Tensor
     inputs: list[list[Product]]  # (L - 1) x D
     hidden: list[list[Product]]  # L x D
     lstm: bool
+    native: bool = True
 
     def weights(self) -> list[Tensor]:
         """Every tensor the tables hold."""
@@ -107,12 +107,17 @@ class SourceTables:
         hidden_size = width // (4 if self.lstm else 3)
         h_all = gates.new_zeros(steps, batch, hidden_size)
         c_all = torch.zeros_like(h_all) if self.lstm else None
+        kernels = compiled.cell_steps(gates, h_all, c_all) if self.native else None
         h = gates.new_zeros(batch, hidden_size)
         c = torch.zeros_like(h) if self.lstm else None
         for t, rows in enumerate(counts):
             if rows == 0:  # no sentence is this long (nor longer: longest first)
                 break
             h = h[:rows]
+            if kernels is not None:
+                kernels.step(t, rows, product(h))
+                h = h_all[t, :rows]
+                continue
             c = c[:rows] if c is not None else None
             h_next, c_next = h_all[t, :rows], c_all[t, :rows] if c_all is not None else None
             _cell(gates[t, :rows], product(h), h, c, h_next, c_next)
@@ -128,9 +133,7 @@ def _cell(
     h_out: Tensor,
     c_out: Tensor | None,
 ) -> None:
-    """One step's gates into h_out (and c_out): the compiled kernel, else torch ops."""
-    if compiled.rnn_cell(gates_x, gates_h, h, c, h_out, c_out) is not None:
-        return
+    """One step's gates into h_out (and c_out) as torch ops (where no compiled kernel runs)."""
     if c is None:
         h_out.copy_(cells.gru_gates(gates_x, gates_h, h))
         return
@@ -161,18 +164,22 @@ def _time_order(states: list[Tensor], back: Tensor, real: Tensor) -> Tensor:
     return torch.cat(parts, dim=-1)
 
 
-ProductMaker = Callable[[Tensor, Tensor | None], Product]
+def _product(weight: Tensor, bias: Tensor | None) -> Product:
+    """x -> x W^T + b by W transposed and contiguous: the matmul library's own kernels, which
+    ran the encoder's steps faster than oneDNN's prepared layout at every batch size measured
+    (docs/benchmarks.md). The decoder's steps keep the prepared layout for the bits it gives
+    each row whatever rows are with it (``fast.packed``); the encoder runs once per batch,
+    before any row is dropped."""
+    return Product(weight, prepared=False, bias=bias)
 
 
-def source_tables(
-    embed: nn.Embedding, rnn: nn.RNNBase, product: ProductMaker
-) -> SourceTables | None:
+def source_tables(embed: nn.Embedding, rnn: nn.RNNBase, native: bool = True) -> SourceTables | None:
     """The tables of an encoder's embedding and RNN on a CPU, without gradient (a
-    Translator's search makes them in float32; the tests' references in float64);
-    ``product``: (W, b) -> the product x W^T + b (``FastPaths.product``). None where the RNN
-    is not a batch-first GRU/LSTM without projections on a CPU in the embedding's dtype, or
-    a table would hold more than TABLE_LIMIT values. Whoever holds them makes them again when the weights
-    change (a Translator's models are fixed)."""
+    Translator's search makes them in float32; the tests' references in float64); ``native``:
+    ``SourceTables.native``. None where the RNN is not a batch-first GRU/LSTM without
+    projections on a CPU in the embedding's dtype, or a table would hold more than
+    TABLE_LIMIT values. Whoever holds them makes them again when the weights change (a
+    Translator's models are fixed)."""
     weight: Tensor = embed.weight
     if (
         weight.device.type != "cpu"
@@ -202,6 +209,6 @@ def source_tables(
             table = weight @ w_ih.t()  # (V, G*H)
             tables.append(table + b_ih if b_ih is not None else table)
         layers = range(rnn.num_layers)
-        inputs = [[product(w, b) for w, b in params(layer, "ih")] for layer in layers[1:]]
-        hidden = [[product(w, b) for w, b in params(layer, "hh")] for layer in layers]
-        return SourceTables(torch.stack(tables), inputs, hidden, isinstance(rnn, nn.LSTM))
+        inputs = [[_product(w, b) for w, b in params(layer, "ih")] for layer in layers[1:]]
+        hidden = [[_product(w, b) for w, b in params(layer, "hh")] for layer in layers]
+        return SourceTables(torch.stack(tables), inputs, hidden, isinstance(rnn, nn.LSTM), native)

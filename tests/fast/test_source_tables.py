@@ -11,14 +11,9 @@ import torch
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths, compiled, source_tables
-from nmt.fast.packed import Product
 from nmt.fast.recurrence import plain_rnn
 from nmt.model import build_model
 from nmt.vocab import PAD_ID
-
-
-def _plain_product(weight: Tensor, bias: Tensor | None) -> Product:
-    return Product(weight, prepared=False, bias=bias)
 
 
 def _setup(kind: type[nn.RNNBase], layers: int, bidirectional: bool, dtype: torch.dtype):
@@ -54,7 +49,7 @@ def _gru_alone(rnn: nn.GRU, x: Tensor, suffix: str) -> tuple[Tensor, Tensor]:
 
 def test_each_sentence_reads_as_the_gru_equations_alone_give_it() -> None:
     embed, rnn, src, lengths = _setup(nn.GRU, 1, True, torch.float64)
-    tables = source_tables.source_tables(embed, rnn, _plain_product)
+    tables = source_tables.source_tables(embed, rnn)
     assert tables is not None
     with torch.no_grad():
         outputs, hidden = tables.run(src, lengths)
@@ -77,7 +72,7 @@ def test_the_tables_read_a_batch_as_the_packed_module(
     kind: type[nn.RNNBase], layers: int, bidirectional: bool
 ) -> None:
     embed, rnn, src, lengths = _setup(kind, layers, bidirectional, torch.float64)
-    tables = source_tables.source_tables(embed, rnn, _plain_product)
+    tables = source_tables.source_tables(embed, rnn)
     assert tables is not None
     with torch.no_grad():
         want_out, want_state = plain_rnn(rnn, embed(src), lengths, None)
@@ -96,7 +91,7 @@ def test_float32_through_prepared_products_and_compiled_cells(kind: type[nn.RNNB
     with torch.no_grad():
         want_out, want_state = plain_rnn(rnn, embed(src), lengths, None)
     embed32, rnn32 = embed.float(), rnn.float()
-    tables = source_tables.source_tables(embed32, rnn32, FastPaths().product)
+    tables = source_tables.source_tables(embed32, rnn32)
     assert tables is not None
     with torch.no_grad():
         got_out, got_state = tables.run(src, lengths)
@@ -108,30 +103,50 @@ def test_float32_through_prepared_products_and_compiled_cells(kind: type[nn.RNNB
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
-def test_the_compiled_cell_writes_where_it_is_told() -> None:
-    torch.manual_seed(0)
+@pytest.mark.parametrize("kind", [nn.GRU, nn.LSTM])
+def test_the_compiled_steps_and_the_torch_ops_agree(
+    kind: type[nn.RNNBase], monkeypatch: pytest.MonkeyPatch
+) -> None:
     if compiled.library() is None:
-        pytest.skip("no C compiler: the cells run as torch ops")
-    gates_x, gates_h = torch.randn(4, 9), torch.randn(4, 9)
-    h = torch.randn(4, 3)
-    out = torch.full((6, 3), 7.0)
-    done = compiled.rnn_cell(gates_x, gates_h, h, None, out[1:5])
-    assert done is not None and done[0].data_ptr() == out[1].data_ptr()
-    want, _ = compiled.rnn_cell(gates_x, gates_h, h, None)  # type: ignore[misc]
-    assert torch.equal(out[1:5], want)
-    assert bool((out[0] == 7).all()) and bool((out[5] == 7).all())  # nothing else written
-    assert compiled.rnn_cell(gates_x, gates_h, h, None, out[1:5].t().contiguous().t()) is None
+        pytest.skip("no C compiler: the cells run as torch ops alone")
+    embed, rnn, src, lengths = _setup(kind, 1, True, torch.float32)
+    kernels = source_tables.source_tables(embed, rnn, native=True)
+    torch_ops = source_tables.source_tables(embed, rnn, native=False)
+    assert kernels is not None and torch_ops is not None
+    made = []
+    real = compiled.cell_steps
+    monkeypatch.setattr(compiled, "cell_steps", lambda *args: made.append(1) or real(*args))
+    with torch.no_grad():
+        got_out, got_state = kernels.run(src, lengths)
+        assert len(made) == 2  # the compiled steps ran, one per direction
+        want_out, want_state = torch_ops.run(src, lengths)
+        assert len(made) == 2  # and not for the torch ops
+    torch.testing.assert_close(got_out, want_out, rtol=1e-5, atol=1e-6)
+    gots = got_state if isinstance(got_state, tuple) else (got_state,)
+    wants = want_state if isinstance(want_state, tuple) else (want_state,)
+    for got, want in zip(gots, wants, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_cell_steps_decline_what_the_kernels_cannot_run() -> None:
+    gates, states = torch.zeros(4, 3, 9), torch.zeros(4, 3, 3)
+    assert compiled.cell_steps(gates.double(), states.double(), None) is None
+    assert compiled.cell_steps(gates.transpose(0, 1), states, None) is None  # not contiguous
+    assert compiled.cell_steps(gates, states, states) is None  # 3H gates with an LSTM's cells
+    assert compiled.cell_steps(torch.zeros(4, 3, 12), states[:, :2], None) is None  # rows
+    if compiled.library() is not None:
+        assert compiled.cell_steps(gates, states, None) is not None
 
 
 def test_tables_are_made_only_where_they_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     embed, rnn, _, _ = _setup(nn.GRU, 1, True, torch.float32)
-    assert source_tables.source_tables(embed, rnn, _plain_product) is not None
+    assert source_tables.source_tables(embed, rnn) is not None
     monkeypatch.setattr(source_tables, "TABLE_LIMIT", 11 * 21 - 1)  # V x 3H, one value short
-    assert source_tables.source_tables(embed, rnn, _plain_product) is None
+    assert source_tables.source_tables(embed, rnn) is None
     monkeypatch.undo()
-    assert source_tables.source_tables(embed.double(), rnn, _plain_product) is None  # dtypes
+    assert source_tables.source_tables(embed.double(), rnn) is None  # dtypes
     time_first = nn.GRU(5, 7)
-    assert source_tables.source_tables(embed, time_first, _plain_product) is None
+    assert source_tables.source_tables(embed, time_first) is None
     assert FastPaths.plain().source_tables(embed, rnn) is None
 
 
