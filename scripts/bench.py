@@ -1061,8 +1061,14 @@ def bench_decoding(
     and the rows. Each other backend of ``--backends`` adds the four unconstrained rows."""
     translator = Translator.from_checkpoint(model_path, device.type, "auto")
     src_ids = translator.tokenizer.encode_src(sources)
-    warm = translator.config.decoding.model_copy(update={"beam_size": 1, "batch_size": 4})
-    translator.decode_ids(src_ids[:4], warm)
+    # one greedy pass at each batch size of the rows before any run is timed: the
+    # Translator's tables, and the row floor probed for each thread count the rows decode
+    # with (two batches of 64 take two workers, each with a share of the threads)
+    for batch_size in sorted({batch for _, batch in DECODE_SETTINGS}):
+        warm = translator.config.decoding.model_copy(
+            update={"beam_size": 1, "batch_size": batch_size}
+        )
+        translator.decode_ids(src_ids[: 2 * batch_size], warm)
     repeats = options.lengths.decode_repeats
     size = TINY_MATMUL_SIZE if options.tiny else MATMUL_SIZE
     rows = [
