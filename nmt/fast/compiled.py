@@ -423,7 +423,10 @@ class CellSteps:
     def step(self, t: int, rows: int, gates_h: Tensor) -> None:
         """Step t over the first ``rows`` rows, gates_h (rows, G*H) float32 contiguous, the
         recurrent product W_h h + b_h of those rows' states before it."""
-        assert gates_h.is_contiguous() and gates_h.dtype == torch.float32 and not gates_h.is_cuda
+        width = self.gates_x.size(2)
+        assert tuple(gates_h.shape) == (rows, width) and gates_h.is_contiguous()
+        assert gates_h.dtype == torch.float32 and gates_h.device.type == "cpu"
+        assert 0 < rows <= self.gates_x.size(1) and 0 <= t < self.gates_x.size(0)
         x = self.gates_x.data_ptr() + t * self.x_stride
         h_out = self.h_all.data_ptr() + t * self.h_stride
         h = self.zeros.data_ptr() if t == 0 else h_out - self.h_stride

@@ -84,11 +84,10 @@ class SourceTables:
                 )  # each (S, B, G*H)
             states = [self._direction(g, p, counts) for g, p in zip(gates, products, strict=True)]
             outputs = _time_order([h for h, _ in states], back, real)  # (B, S, D*H)
-            last = (lengths - 1)[None, :, None]  # each sentence's last step
-            for h, c in states:
-                finals.append(h.gather(0, last.expand(1, *h.shape[1:]))[0])
+            for h, c in states:  # each sentence's state after its last step
+                finals.append(_at_last(h, lengths))
                 if c is not None:
-                    cells_out.append(c.gather(0, last.expand(1, *c.shape[1:]))[0])
+                    cells_out.append(_at_last(c, lengths))
         hidden = torch.stack(finals)  # (L*D, B, H)
         cell = torch.stack(cells_out) if self.lstm else None
         if unsorted:
@@ -141,6 +140,12 @@ def _cell(
     h_new, c_new = cells.lstm_gates(gates_x + gates_h, c)
     h_out.copy_(h_new)
     c_out.copy_(c_new)
+
+
+def _at_last(states: Tensor, lengths: Tensor) -> Tensor:
+    """(S, B, H) states after each step, lengths (B,) -> (B, H) each row's after its last."""
+    last = (lengths - 1)[None, :, None].expand(1, *states.shape[1:])  # (1, B, H)
+    return states.gather(0, last)[0]
 
 
 def _loop_order(gates: list[Tensor], back: Tensor) -> list[Tensor]:
