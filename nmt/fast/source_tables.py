@@ -32,8 +32,6 @@ from torch import Tensor, nn
 from nmt.fast import cells, compiled
 from nmt.fast.packed import Product
 
-TABLE_LIMIT = cells.TABLE_LIMIT  # the largest table per direction, in values
-
 
 @dataclass
 class SourceTables:
@@ -183,8 +181,9 @@ def source_tables(embed: nn.Embedding, rnn: nn.RNNBase, native: bool = True) -> 
     Translator's search makes them in float32; the tests' references in float64); ``native``:
     ``SourceTables.native``. None where the RNN is not a batch-first GRU/LSTM without
     projections on a CPU in the embedding's dtype, or a table would hold more than
-    TABLE_LIMIT values. Whoever holds them makes them again when the weights change (a
-    Translator's models are fixed)."""
+    ``cells.TABLE_LIMIT`` values (``cells.input_gate_table`` makes each direction's).
+    Whoever holds them makes them again when the weights change (a Translator's models are
+    fixed)."""
     weight: Tensor = embed.weight
     if (
         weight.device.type != "cpu"
@@ -194,10 +193,10 @@ def source_tables(embed: nn.Embedding, rnn: nn.RNNBase, native: bool = True) -> 
         or next(rnn.parameters()).dtype != weight.dtype
     ):
         return None
-    first = cast(Tensor, rnn.weight_ih_l0)
-    if weight.size(0) * first.size(0) > TABLE_LIMIT:
-        return None
     names = ["", "_reverse"][: 2 if rnn.bidirectional else 1]
+    tables = [cells.input_gate_table(embed, rnn, name) for name in names]  # each (V, G*H)
+    if any(table is None for table in tables):  # over cells.TABLE_LIMIT
+        return None
 
     def params(layer: int, kind: str) -> list[tuple[Tensor, Tensor | None]]:
         return [
@@ -208,12 +207,8 @@ def source_tables(embed: nn.Embedding, rnn: nn.RNNBase, native: bool = True) -> 
             for name in names
         ]
 
-    with torch.no_grad():
-        tables = []
-        for w_ih, b_ih in params(0, "ih"):
-            table = weight @ w_ih.t()  # (V, G*H)
-            tables.append(table + b_ih if b_ih is not None else table)
-        layers = range(rnn.num_layers)
-        inputs = [[_product(w, b) for w, b in params(layer, "ih")] for layer in layers[1:]]
-        hidden = [[_product(w, b) for w, b in params(layer, "hh")] for layer in layers]
-        return SourceTables(torch.stack(tables), inputs, hidden, isinstance(rnn, nn.LSTM), native)
+    layers = range(rnn.num_layers)
+    inputs = [[_product(w, b) for w, b in params(layer, "ih")] for layer in layers[1:]]
+    hidden = [[_product(w, b) for w, b in params(layer, "hh")] for layer in layers]
+    gates = torch.stack(cast(list[Tensor], tables))  # (D, V, G*H)
+    return SourceTables(gates, inputs, hidden, isinstance(rnn, nn.LSTM), native)

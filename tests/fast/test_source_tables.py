@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from nmt.fast import FastPaths, compiled, source_tables
+from nmt.fast import FastPaths, cells, compiled, source_tables
 from nmt.fast.recurrence import plain_rnn
 from nmt.model import build_model
 from nmt.vocab import PAD_ID
@@ -141,7 +141,7 @@ def test_cell_steps_decline_what_the_kernels_cannot_run() -> None:
 def test_tables_are_made_only_where_they_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     embed, rnn, _, _ = _setup(nn.GRU, 1, True, torch.float32)
     assert source_tables.source_tables(embed, rnn) is not None
-    monkeypatch.setattr(source_tables, "TABLE_LIMIT", 11 * 21 - 1)  # V x 3H, one value short
+    monkeypatch.setattr(cells, "TABLE_LIMIT", 11 * 21 - 1)  # V x 3H, one value short
     assert source_tables.source_tables(embed, rnn) is None
     monkeypatch.undo()
     assert source_tables.source_tables(embed.double(), rnn) is None  # dtypes
