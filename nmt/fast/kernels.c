@@ -570,3 +570,70 @@ void nmt_lstm_cell_f32(const float *gx, const float *gh, const float *c, float *
     for (int64_t b = 0; b < B; b++)
         lstm_cell_row(gx + b * 4 * H, gh + b * 4 * H, c + b * H, h_out + b * H, c_out + b * H, H);
 }
+
+/* One direction of an encoder's RNN layer through a batch in a pass without gradients (search's
+ * encoder, nmt.fast.source_tables), the loop over time in one call, float32:
+ *   the rows sorted longest first, lengths (B,) >= 0 non-increasing; step t runs the rows
+ *   whose sentence has a t-th token (a prefix) at position p = t forward, or p = len - 1 - t
+ *   backward (each sentence read from its own last token);
+ *   its input gates x the row of table (V, G*H) of the piece ids[b * S + p] where table is not
+ *   NULL, else gates_x[(b * S + p) * G*H ...] (a later layer's, in time order);
+ *   its recurrent gates W_h h + b_h by the BLAS's sgemm (blas: a Fortran sgemm_ with 32-bit
+ *   integers, MKL's), w_t (H, G*H) = W_h transposed, bias (G*H) or NULL, as torch.addmm(b, h,
+ *   w_t) (the bias copied in, then beta 1) or h @ w_t (beta 0) calls it: the same bits;
+ *   the cell as gru_cell_row/lstm_cell_row above.
+ * -> out[(b * S + p) * out_stride + j], j < H: the state after step t at the position it read,
+ *   and 0 at each position past the row's end; h_final (B, H) (and c_final) the state after
+ *   each row's last step (0 for a row of length 0).
+ * scratch: 2 B H floats for the states (4 B H for an LSTM) and B G H for the recurrent gates. */
+typedef void (*sgemm_fn)(const char *, const char *, const int *, const int *, const int *,
+                         const float *, const float *, const int *, const float *, const int *,
+                         const float *, float *, const int *);
+
+void nmt_rnn_direction_f32(void *blas, int32_t lstm, const float *table, const int64_t *ids,
+                           const float *gates_x, const int64_t *lengths, int64_t B, int64_t S,
+                           int64_t H, const float *w_t, const float *bias, float *out,
+                           int64_t out_stride, int32_t backward, float *h_final, float *c_final,
+                           float *scratch, int32_t threads) {
+    sgemm_fn sgemm = (sgemm_fn)blas;
+    const int64_t G = lstm ? 4 : 3, GH = G * H;
+    float *h[2] = {scratch, scratch + B * H};
+    float *c[2] = {scratch + 2 * B * H, scratch + 3 * B * H};
+    float *gh = scratch + (lstm ? 4 : 2) * B * H;
+    memset(h[0], 0, (size_t)(B * H) * sizeof(float));
+    if (lstm) memset(c[0], 0, (size_t)(B * H) * sizeof(float));
+    int64_t rows = B;
+    for (int64_t t = 0; t < S; t++) {
+        while (rows > 0 && lengths[rows - 1] <= t) rows--;
+        if (rows == 0) break;
+        const float *hp = h[t & 1], *cp = c[t & 1];
+        float *ho = h[(t + 1) & 1], *co = c[(t + 1) & 1];
+        const int m = (int)GH, n = (int)rows, k = (int)H;
+        const float one = 1.0f, zero = 0.0f;
+        if (bias != NULL)
+            for (int64_t b = 0; b < rows; b++) memcpy(gh + b * GH, bias, (size_t)GH * sizeof(float));
+        sgemm("N", "N", &m, &n, &k, &one, w_t, &m, hp, &k, bias != NULL ? &one : &zero, gh, &m);
+        _Pragma("omp parallel for schedule(static) num_threads(threads) if (rows * H >= MIN_PARALLEL)")
+        for (int64_t b = 0; b < rows; b++) {
+            int64_t p = backward ? lengths[b] - 1 - t : t;
+            const float *x = table != NULL ? table + ids[b * S + p] * GH : gates_x + (b * S + p) * GH;
+            if (lstm)
+                lstm_cell_row(x, gh + b * GH, cp + b * H, ho + b * H, co + b * H, H);
+            else
+                gru_cell_row(x, gh + b * GH, hp + b * H, ho + b * H, H);
+            memcpy(out + (b * S + p) * out_stride, ho + b * H, (size_t)H * sizeof(float));
+            if (lengths[b] == t + 1) { /* the row's last step */
+                memcpy(h_final + b * H, ho + b * H, (size_t)H * sizeof(float));
+                if (lstm) memcpy(c_final + b * H, co + b * H, (size_t)H * sizeof(float));
+            }
+        }
+    }
+    for (int64_t b = 0; b < B; b++) {
+        int64_t len = lengths[b] > 0 ? lengths[b] : 0;
+        for (int64_t p = len; p < S; p++) memset(out + (b * S + p) * out_stride, 0, (size_t)H * sizeof(float));
+        if (len == 0) {
+            memset(h_final + b * H, 0, (size_t)H * sizeof(float));
+            if (lstm) memset(c_final + b * H, 0, (size_t)H * sizeof(float));
+        }
+    }
+}

@@ -77,12 +77,17 @@ class Product:
             return torch.ops.mkldnn._linear_pointwise(
                 x.contiguous(), layout, self.bias, "none", [], ""
             )
-        transposed = self._transposed
-        if transposed is None:
-            transposed = self._transposed = self.weight.t().contiguous()
+        transposed = self.transposed()
         if self.bias is not None:
             return torch.addmm(self.bias, x, transposed)
         return x @ transposed
+
+    def transposed(self) -> Tensor:
+        """W^T (I, O), contiguous, what the plain product multiplies by: made on first use."""
+        transposed = self._transposed
+        if transposed is None:
+            transposed = self._transposed = self.weight.t().contiguous()
+        return transposed
 
     def columns(self, index: Tensor) -> Product:
         """The product over the outputs ``index`` (O',) alone: a shortlist's."""

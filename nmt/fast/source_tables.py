@@ -60,6 +60,50 @@ class SourceTables:
         unsorted = not bool(torch.equal(order, torch.arange(order.numel())))
         if unsorted:
             src, lengths = src.index_select(0, order), lengths.index_select(0, order)
+        found = self._in_one_call(src, lengths) if self.native else None
+        outputs, hidden, cell = found if found is not None else self._stepped(src, lengths)
+        if unsorted:
+            restore = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel()))
+            outputs = outputs.index_select(0, restore)
+            hidden = hidden.index_select(1, restore)
+            cell = cell.index_select(1, restore) if cell is not None else None
+        return outputs, ((hidden, cell) if cell is not None else hidden)
+
+    def _in_one_call(
+        self, src: Tensor, lengths: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None] | None:
+        """``run`` over sorted rows, each direction's loop over time in one compiled call
+        (``compiled.rnn_direction``: the gates read from the table, or a later layer's input
+        products, at each step's positions; the states written at theirs), or None where
+        that cannot run (no MKL sgemm, or not float32)."""
+        batch, steps = src.shape
+        size = self.hidden[0][0].weight.size(1)  # H
+        ids, lengths = src.contiguous(), lengths.to(torch.int64).contiguous()
+        finals: list[Tensor] = []
+        cells_out: list[Tensor] = []
+        outputs = torch.empty(0)
+        for layer, products in enumerate(self.hidden):
+            inputs, outputs = outputs, torch.empty(batch, steps, len(products) * size)
+            for d, product in enumerate(products):
+                h, c = torch.empty(batch, size), torch.empty(batch, size) if self.lstm else None
+                table = self.gates[d] if layer == 0 else None
+                gates_x = None  # a later layer's input gates (B, S, G*H)
+                if layer > 0:
+                    gates_x = self.inputs[layer - 1][d](inputs).contiguous()
+                direction = compiled.Direction(
+                    table, ids, gates_x, product.transposed(), product.bias, backward=d == 1
+                )
+                half = outputs[..., d * size : (d + 1) * size]
+                if not compiled.rnn_direction(direction, lengths, half, h, c):
+                    return None
+                finals.append(h)
+                if c is not None:
+                    cells_out.append(c)
+        return outputs, torch.stack(finals), torch.stack(cells_out) if self.lstm else None
+
+    def _stepped(self, src: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``run`` over sorted rows, step by step: each step's recurrent product here, its
+        gates through ``compiled.cell_steps`` (native) or torch ops."""
         steps = src.size(1)
         positions = torch.arange(steps)
         real = positions[None, :] < lengths[:, None]  # (B, S)
@@ -86,14 +130,7 @@ class SourceTables:
                 finals.append(_at_last(h, lengths))
                 if c is not None:
                     cells_out.append(_at_last(c, lengths))
-        hidden = torch.stack(finals)  # (L*D, B, H)
-        cell = torch.stack(cells_out) if self.lstm else None
-        if unsorted:
-            restore = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel()))
-            outputs = outputs.index_select(0, restore)
-            hidden = hidden.index_select(1, restore)
-            cell = cell.index_select(1, restore) if cell is not None else None
-        return outputs, ((hidden, cell) if cell is not None else hidden)
+        return outputs, torch.stack(finals), torch.stack(cells_out) if self.lstm else None
 
     def _direction(
         self, gates: Tensor, product: Product, counts: list[int]

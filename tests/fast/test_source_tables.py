@@ -103,29 +103,127 @@ def test_float32_through_prepared_products_and_compiled_cells(kind: type[nn.RNNB
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+def _counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """Counts the calls of compiled.<name> from here on."""
+    calls: list[int] = []
+    real = getattr(compiled, name)
+    monkeypatch.setattr(compiled, name, lambda *args: calls.append(1) or real(*args))
+    return calls
+
+
 @pytest.mark.parametrize("kind", [nn.GRU, nn.LSTM])
-def test_the_compiled_steps_and_the_torch_ops_agree(
+def test_one_call_the_compiled_steps_and_the_torch_ops_agree(
     kind: type[nn.RNNBase], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The three ways through: each direction in one compiled call (where torch carries MKL),
+    step by step through the compiled cells, and as torch ops."""
     if compiled.library() is None:
         pytest.skip("no C compiler: the cells run as torch ops alone")
-    embed, rnn, src, lengths = _setup(kind, 1, True, torch.float32)
+    embed, rnn, src, lengths = _setup(kind, 2, True, torch.float32)
     kernels = source_tables.source_tables(embed, rnn, native=True)
     torch_ops = source_tables.source_tables(embed, rnn, native=False)
     assert kernels is not None and torch_ops is not None
-    made = []
-    real = compiled.cell_steps
-    monkeypatch.setattr(compiled, "cell_steps", lambda *args: made.append(1) or real(*args))
+    one_call, stepped = (
+        _counting(monkeypatch, "rnn_direction"),
+        _counting(monkeypatch, "cell_steps"),
+    )
+    results = []
     with torch.no_grad():
-        got_out, got_state = kernels.run(src, lengths)
-        assert len(made) == 2  # the compiled steps ran, one per direction
-        want_out, want_state = torch_ops.run(src, lengths)
-        assert len(made) == 2  # and not for the torch ops
-    torch.testing.assert_close(got_out, want_out, rtol=1e-5, atol=1e-6)
-    gots = got_state if isinstance(got_state, tuple) else (got_state,)
+        if compiled.blas_sgemm() is not None:
+            results.append(kernels.run(src, lengths))
+            assert (len(one_call), len(stepped)) == (4, 0)  # 2 layers x 2 directions
+        monkeypatch.setattr(compiled, "blas_sgemm", lambda: None)  # no MKL: step by step
+        results.append(kernels.run(src, lengths))
+        assert len(stepped) == 4
+        results.append(torch_ops.run(src, lengths))
+        assert len(stepped) == 4  # not for the torch ops
+    want_out, want_state = results[-1]
     wants = want_state if isinstance(want_state, tuple) else (want_state,)
-    for got, want in zip(gots, wants, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for got_out, got_state in results[:-1]:
+        torch.testing.assert_close(got_out, want_out, rtol=1e-5, atol=1e-6)
+        gots = got_state if isinstance(got_state, tuple) else (got_state,)
+        for got, want in zip(gots, wants, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _direction_reference(
+    table: Tensor, ids: Tensor, lengths: Tensor, w_hh: Tensor, b_hh: Tensor, backward: bool
+) -> tuple[Tensor, Tensor]:
+    """A GRU direction over table rows, each sentence alone, in float64 from the equations ->
+    outputs (B, S, H) at the positions read, zero past each end, and the last states (B, H)."""
+    batch, steps = ids.shape
+    hidden = w_hh.size(1)
+    outputs, finals = torch.zeros(batch, steps, hidden, dtype=torch.float64), []
+    for b, length in enumerate(lengths.tolist()):
+        h = torch.zeros(hidden, dtype=torch.float64)
+        order = range(length - 1, -1, -1) if backward else range(length)
+        for p in order:
+            gx, gh = table[ids[b, p]], w_hh @ h + b_hh
+            r = torch.sigmoid(gx[:hidden] + gh[:hidden])
+            z = torch.sigmoid(gx[hidden : 2 * hidden] + gh[hidden : 2 * hidden])
+            n = torch.tanh(gx[2 * hidden :] + r * gh[2 * hidden :])
+            h = (1 - z) * n + z * h
+            outputs[b, p] = h
+        finals.append(h)
+    return outputs, torch.stack(finals)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_direction_in_one_call_follows_the_gru_equations(backward: bool) -> None:
+    """kernels.c's loop over time against the equations in float64: rows longest first, one
+    of length 0, ids past each end that no table holds (never read), the outputs a strided
+    half of a layer's."""
+    if compiled.library() is None or compiled.blas_sgemm() is None:
+        pytest.skip("no compiled kernels or no MKL sgemm in this torch")
+    torch.manual_seed(5)
+    vocab, hidden, steps = 13, 6, 7
+    table = torch.randn(vocab, 3 * hidden, dtype=torch.float64)
+    w_hh = 0.5 * torch.randn(3 * hidden, hidden, dtype=torch.float64)
+    b_hh = torch.randn(3 * hidden, dtype=torch.float64)
+    lengths = torch.tensor([7, 5, 5, 2, 0])
+    ids = torch.randint(0, vocab, (5, steps))
+    ids = ids.masked_fill(torch.arange(steps)[None, :] >= lengths[:, None], 10**6)
+    want_out, want_last = _direction_reference(table, ids, lengths, w_hh, b_hh, backward)
+    layer = torch.full((5, steps, 2 * hidden), float("nan"))
+    half = layer[..., hidden:]  # the second direction's half
+    h = torch.full((5, hidden), float("nan"))
+    direction = compiled.Direction(
+        table.float(), ids, None, w_hh.t().float().contiguous(), b_hh.float(), backward
+    )
+    assert compiled.rnn_direction(direction, lengths, half, h, None)
+    torch.testing.assert_close(half.double(), want_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h.double(), want_last, rtol=1e-5, atol=1e-5)
+    assert bool(layer[..., :hidden].isnan().all())  # the other half untouched
+
+
+def test_a_direction_in_one_call_refuses_what_it_cannot_run() -> None:
+    if compiled.library() is None or compiled.blas_sgemm() is None:
+        pytest.skip("no compiled kernels or no MKL sgemm in this torch")
+    table, w_t, lengths = torch.randn(9, 12), torch.randn(4, 12), torch.tensor([3, 2])
+    ids = torch.randint(0, 9, (2, 3))
+
+    def run(**change: object) -> bool:
+        args: dict = {"table": table, "ids": ids, "w_t": w_t, "lengths": lengths}
+        args.update(change)
+        direction = compiled.Direction(
+            args["table"], args["ids"], None, args["w_t"], None, backward=False
+        )
+        out, h = torch.empty(2, 3, 4), torch.empty(2, 4)
+        return compiled.rnn_direction(direction, args["lengths"], out, h, None)
+
+    assert run()
+    assert not run(table=table.double())  # float32 alone
+    assert not run(w_t=torch.randn(12, 4).t())  # not contiguous
+    assert not run(table=torch.randn(9, 16))  # 4H gates without an LSTM's cells
+    assert not run(lengths=torch.tensor([2, 3]))  # not longest first
+    assert not run(lengths=torch.tensor([4, 2]))  # longer than the steps
+    assert not run(ids=ids[:, :2].contiguous())
+    outside = ids.clone()
+    outside[1, 1] = 9  # the table has rows 0-8; position 1 of a sentence of 2 is read
+    with pytest.raises(ValueError, match="outside the table"):
+        run(ids=outside)
+    outside[1, 1], outside[1, 2] = 0, 9  # past that sentence's end: never read
+    assert run(ids=outside)
 
 
 def test_cell_steps_decline_what_the_kernels_cannot_run() -> None:
