@@ -18,8 +18,8 @@ keep it and call its seams, never a global switch. Its fields are the choices:
   On every device; ``FastPaths.plain()`` turns it off for the reference.
 - ``input_gates``: search looks the embedding's part of a step-by-step decoder's first RNN
   gates up in a table (``fast.cells.input_gate_table``) instead of multiplying it, on every
-  device; so does the encoder's first RNN layer on a CPU, whose steps search then takes
-  through the compiled cells (``fast.source_tables``). A Translator makes the tables once
+  device; so does the encoder's first RNN layer on a CPU, whose loop over time search then
+  runs through compiled kernels (``fast.source_tables``). A Translator makes the tables once
   for its models, in float32.
 - ``folded_context``: a beam search with a Luong decoder over a memory its beams share
   multiplies W_c's context half into the values once per batch
@@ -42,7 +42,7 @@ keep it and call its seams, never a global switch. Its fields are the choices:
 | ``step_linear`` | ``fast.sinks.WeightSink`` | the ``nn.Linear`` | fused, training |
 | ``step_rnn`` | ``fast.cells.rnn_step`` (capturable) | the module's call | graphs, training |
 | ``input_gate_table`` | ``fast.cells.input_gate_table``, then ``step_rnn``'s ``rnn_step`` (each layer's gates as ``fast.compiled.rnn_cell``: native_kernels, evaluation without gradients, CPU, float32) | the module's call | input_gates, a Translator's search in float32 |
-| ``source_tables`` | ``fast.source_tables.SourceTables.run``: the encoder's first-layer input gates looked up, each step's gates as ``fast.compiled.cell_steps`` (native_kernels) | the module, packed | input_gates, a Translator's search in float32 on a CPU |
+| ``source_tables`` | ``fast.source_tables.SourceTables.run``: the encoder's first-layer input gates looked up, each direction's loop in one call (``fast.compiled.rnn_direction``, native_kernels and MKL) or each step's gates as ``fast.compiled.cell_steps`` (native_kernels) | the module, packed | input_gates, a Translator's search in float32 on a CPU |
 | ``output_loss`` | ``fast.loss.OutputLayerLoss`` (compiled kernel: cpu_kernels, native_kernels, training, CPU) | ``F.cross_entropy`` | fused |
 | ``product`` | ``fast.packed.Product`` from oneDNN's prepared layout (two rows or more) | the weight transposed, contiguous | prepared_products, a Translator's search in float32 on a CPU |
 | ``log_softmax`` | ``fast.compiled.log_softmax_`` (in place, the mask inside) | ``masked_fill``, ``F.log_softmax`` | native_kernels, evaluation, CPU, float32 |

@@ -1,5 +1,5 @@
 """The encoder's RNN in search on a CPU: the first layer's input gates looked up, the
-recurrence stepped through the compiled cells.
+recurrence run through compiled kernels.
 
 The encoder reads each source piece x_j through its first RNN layer's input gates
 W_i E_x + b_i, one product per position and direction. With the weights fixed (a Translator's
@@ -17,8 +17,15 @@ of a direction steps only the sentences that have a t-th token (a prefix of the 
 backward direction reads each sentence from its own last token. So padding never enters it,
 outputs past each sentence's end are zero and the final state is the state at its last token,
 as ``nn.GRU``/``nn.LSTM`` over a packed sequence give them (``tests/fast/test_source_tables.py``
-checks it in float64). Each step multiplies by W_h transposed (``_product``) and takes the gates
-through one compiled kernel (``compiled.cell_steps``, where ``native``; else torch ops).
+checks it in float64).
+
+Where ``native`` and torch's CPU library carries MKL (``compiled.blas_sgemm``), each direction
+runs its whole loop over time in one compiled call (``compiled.rnn_direction``): each step
+reads its gates from the table at the positions it steps, multiplies by W_h transposed
+through MKL's sgemm as torch.addmm would (the same bits), and writes its states straight into
+the layer's outputs in time order. Elsewhere each step multiplies by W_h transposed here
+(``_product``) and takes the gates through one compiled kernel (``compiled.cell_steps``, where
+``native``; else torch ops).
 """
 
 from __future__ import annotations
