@@ -522,76 +522,88 @@ def rnn_direction(
     those shapes, contiguous (out: along H). Piece ids outside the table raise ValueError."""
     lib, blas = library(), blas_sgemm()
     d = direction
-    if lib is None or blas is None:
-        return False
-    width, hidden = d.w_t.size(1), d.w_t.size(0)
-    lstm = width == 4 * hidden
-    floats = [
-        d.w_t,
-        out,
-        h_final,
-        *[t for t in (d.table, d.gates_x, d.bias, c_final) if t is not None],
-    ]
-    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in floats):
+    if lib is None or blas is None or not _direction_fits(d, lengths, out, h_final, c_final):
         return False
     batch, steps = out.shape[:2]
-    shapes_ok = (
-        width in (3 * hidden, 4 * hidden)
-        and (c_final is not None) == lstm
-        and out.dim() == 3
-        and out.size(2) == hidden
-        and out.stride(2) == 1
-        and out.stride(0) == steps * out.stride(1)
-        and tuple(lengths.shape) == (batch,)
-        and lengths.dtype == torch.int64
-        and all(t.is_contiguous() for t in [d.w_t, h_final, lengths])
-        and tuple(h_final.shape) == (batch, hidden)
-        and (c_final is None or (c_final.is_contiguous() and c_final.shape == h_final.shape))
-        and (d.bias is None or (d.bias.is_contiguous() and tuple(d.bias.shape) == (width,)))
-        and bool((lengths[1:] <= lengths[:-1]).all())
-        and (batch == 0 or int(lengths[0]) <= steps)
-    )
-    if d.table is not None:
-        assert d.ids is not None
-        shapes_ok = shapes_ok and (
-            d.table.is_contiguous()
-            and d.table.dim() == 2
-            and d.table.size(1) == width
-            and d.ids.is_contiguous()
-            and d.ids.dtype == torch.int64
-            and tuple(d.ids.shape) == (batch, steps)
-        )
-    else:
-        assert d.gates_x is not None
-        shapes_ok = shapes_ok and (
-            d.gates_x.is_contiguous() and tuple(d.gates_x.shape) == (batch, steps, width)
-        )
-    if not shapes_ok:
-        return False
-    if d.table is not None and d.ids is not None and d.ids.numel():
-        real = torch.arange(steps)[None, :] < lengths[:, None]  # the ids the loop reads
-        read = d.ids[real]
+    hidden, width = d.w_t.shape
+    if d.table is not None and d.ids is not None:
+        read = d.ids[torch.arange(steps)[None, :] < lengths[:, None]]  # the ids the loop reads
         if read.numel() and (int(read.min()) < 0 or int(read.max()) >= d.table.size(0)):
             raise ValueError(f"piece ids outside the table's {d.table.size(0)} rows")
+    lstm = c_final is not None
     scratch = torch.empty(batch * ((4 if lstm else 2) * hidden + width))
     lib.nmt_rnn_direction_f32(
         blas,
         int(lstm),
-        d.table.data_ptr() if d.table is not None else None,
-        d.ids.data_ptr() if d.ids is not None else None,
-        d.gates_x.data_ptr() if d.gates_x is not None else None,
+        _address(d.table),
+        _address(d.ids),
+        _address(d.gates_x),
         lengths.data_ptr(),
         batch,
         steps,
         hidden,
         d.w_t.data_ptr(),
-        d.bias.data_ptr() if d.bias is not None else None,
+        _address(d.bias),
         out.data_ptr(),
         out.stride(1),
         int(d.backward),
         h_final.data_ptr(),
-        c_final.data_ptr() if c_final is not None else None,
+        _address(c_final),
         scratch.data_ptr(),
         torch.get_num_threads(),
     )
     return True
+
+
+def _direction_fits(
+    d: Direction, lengths: Tensor, out: Tensor, h_final: Tensor, c_final: Tensor | None
+) -> bool:
+    """Whether ``rnn_direction``'s tensors are what the kernel reads: float32 on the CPU,
+    contiguous (out along H, its rows apart), of matching shapes, lengths longest first."""
+    floats = [
+        d.w_t,
+        out,
+        h_final,
+        *(t for t in (d.table, d.gates_x, d.bias, c_final) if t is not None),
+    ]
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in floats) or out.dim() != 3:
+        return False
+    (batch, steps, size), (hidden, width) = out.shape, d.w_t.shape
+    gates = 4 if c_final is not None else 3
+    if d.table is not None:
+        inputs_fit = (
+            d.ids is not None
+            and d.table.dim() == 2
+            and d.table.size(1) == width
+            and d.ids.dtype == torch.int64
+            and tuple(d.ids.shape) == (batch, steps)
+            and d.table.is_contiguous()
+            and d.ids.is_contiguous()
+        )
+    elif d.gates_x is not None:
+        inputs_fit = d.gates_x.is_contiguous() and d.gates_x.shape == (batch, steps, width)
+    else:
+        inputs_fit = False
+    return (
+        inputs_fit
+        and width == gates * hidden
+        and size == hidden
+        and out.stride(2) == 1
+        and out.stride(1) >= hidden
+        and out.stride(0) == steps * out.stride(1)
+        and tuple(h_final.shape) == (batch, hidden)
+        and (c_final is None or c_final.shape == h_final.shape)
+        and (d.bias is None or tuple(d.bias.shape) == (width,))
+        and all(
+            t.is_contiguous() for t in (d.w_t, h_final, lengths, c_final, d.bias) if t is not None
+        )
+        and tuple(lengths.shape) == (batch,)
+        and lengths.dtype == torch.int64
+        and bool((lengths[1:] <= lengths[:-1]).all())
+        and (batch == 0 or int(lengths[0]) <= steps)
+    )
+
+
+def _address(tensor: Tensor | None) -> int | None:
+    """A tensor's data pointer for ctypes, or None (NULL)."""
+    return tensor.data_ptr() if tensor is not None else None
