@@ -59,6 +59,21 @@ def test_log_softmax_kernel_matches_float64(width: int, masked: bool) -> None:
 
 
 @needs_kernels
+@pytest.mark.parametrize("width", [7, 64, 100, 3368])
+def test_a_disallowed_column_never_sets_the_maximum(width: int) -> None:
+    """The log-softmax shifts each row by its largest allowed logit: a disallowed one far
+    above the rest (1e4, wherever it stands in a vector block or the row's tail) would
+    underflow every exponential to 0 and make the allowed columns +inf."""
+    logits, allowed = _rows(width, 7 * width)
+    logits[~allowed] = 1e4
+    expected = torch.log_softmax(logits.double().masked_fill(~allowed, -math.inf), dim=-1)
+    got = logits.clone()
+    assert native.log_softmax_(got, allowed)
+    assert torch.equal(got == -math.inf, ~allowed)
+    assert torch.allclose(got[allowed].double(), expected[allowed], rtol=1e-6, atol=2e-5)
+
+
+@needs_kernels
 @pytest.mark.parametrize("width", [*WIDTHS, 8, 255, 256, 257, 519])
 def test_log_softmax_kernel_with_every_column_allowed_is_the_unmasked_one_to_the_bit(
     width: int,
