@@ -211,7 +211,7 @@ class Ensemble:
         (restricted: prev and the log-probabilities over the columns, (N, V'))."""
         log_probs, alphas, states = [], [], []
         if self.columns is not None:
-            prev = self.columns[prev]  # (N,) the pieces of the columns chosen
+            prev = self.columns.index_select(0, prev)  # (N,) the pieces of the columns chosen
         rows: list[Product | None] = [*self.rows] if self.rows else [None] * len(self.models)
         members = zip(self.models, state.memories, state.states, rows, self.tables, strict=True)
         for model, memory, member, product, tables in members:

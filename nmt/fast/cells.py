@@ -28,6 +28,7 @@ without input feeding). It halves the matmuls of a 256-unit GRU step.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import cast
 
@@ -36,7 +37,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.fast import compiled
-from nmt.runtime import compute_dtype
 
 RNNState = Tensor | tuple[Tensor, Tensor]
 
@@ -60,29 +60,40 @@ def rnn_step(
     else multiplied here."""
     if rnn.bidirectional or getattr(rnn, "proj_size", False):
         raise ValueError("rnn_step: a unidirectional RNN without projections")
-    lstm = isinstance(rnn, nn.LSTM)
     hidden, cell = state if isinstance(state, tuple) else (state, None)
-    weights: torch.dtype = next(rnn.parameters()).dtype
-    compute = compute_dtype(hidden.device, weights)
+    weights: torch.dtype = cast(Tensor, rnn.weight_hh_l0).dtype
+    device = hidden.device.type
+    # a search step on a CPU runs this once per target position for a few hundred
+    # microseconds of arithmetic: each op and lookup here costs a measurable share
+    # (docs/benchmarks.md), so autocast is turned off only where it is on, and a layer's
+    # weights are read only where it multiplies by them
+    autocast = torch.is_autocast_enabled(device)
+    compute = torch.get_autocast_dtype(device) if autocast else weights
     x = inputs.squeeze(1) if inputs is not None else None
     hiddens, cells = [], []
-    with torch.autocast(hidden.device.type, enabled=False):
+    with torch.autocast(device, enabled=False) if autocast else contextlib.nullcontext():
         for layer in range(rnn.num_layers):
-            w_ih, w_hh = getattr(rnn, f"weight_ih_l{layer}"), getattr(rnn, f"weight_hh_l{layer}")
-            b_ih = getattr(rnn, f"bias_ih_l{layer}", None)
-            b_hh = getattr(rnn, f"bias_hh_l{layer}", None)
             h = hidden[layer].to(weights)
             if layer == 0 and first_gates is not None:
                 gates_x = first_gates
                 if x is not None:  # the inputs after the looked-up ones
+                    w_ih = cast(Tensor, rnn.weight_ih_l0)
                     rest = w_ih[:, w_ih.size(1) - x.size(-1) :]
                     gates_x = gates_x + _product(x, rest, None, compute, weights)
             else:
                 assert x is not None
+                w_ih, b_ih = (
+                    getattr(rnn, f"weight_ih_l{layer}"),
+                    getattr(rnn, f"bias_ih_l{layer}", None),
+                )
                 gates_x = _product(x, w_ih, b_ih, compute, weights)  # (B, G*H)
             if hidden_products is not None:
                 gates_h = hidden_products[layer](h)
             else:
+                w_hh, b_hh = (
+                    getattr(rnn, f"weight_hh_l{layer}"),
+                    getattr(rnn, f"bias_hh_l{layer}", None),
+                )
                 gates_h = _product(h, w_hh, b_hh, compute, weights)
             c = cell[layer].to(weights) if cell is not None else None
             done = compiled.rnn_cell(gates_x, gates_h, h, c) if native else None
@@ -98,9 +109,13 @@ def rnn_step(
             x = h
             if layer < rnn.num_layers - 1 and rnn.training and rnn.dropout > 0:
                 x = F.dropout(x, rnn.dropout, True)
-    next_hidden = torch.stack(hiddens)
-    next_state: RNNState = (next_hidden, torch.stack(cells)) if lstm else next_hidden
+    next_state: RNNState = _stacked(hiddens) if c is None else (_stacked(hiddens), _stacked(cells))
     return hiddens[-1].unsqueeze(1), next_state
+
+
+def _stacked(layers: list[Tensor]) -> Tensor:
+    """Each layer's (B, H) -> (L, B, H): one layer's as a view, without a copy."""
+    return layers[0].unsqueeze(0) if len(layers) == 1 else torch.stack(layers)
 
 
 def _product(
