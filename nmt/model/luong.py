@@ -221,7 +221,7 @@ class LuongDecoder(Decoder):
         compiled kernel, the products prepared (``search_products``). On a CPU a step of
         greedy search at batch 64 is a few milliseconds of arithmetic, and the general
         path's layers of calls, each reached with the caches emptied by the step's weights
-        and memory, added a sixth to it (docs/benchmarks.md). None where the attention
+        and memory, added a tenth to a sixth to it (docs/benchmarks.md). None where the attention
         kernel does not take the tensors (the general path then runs)."""
         assert products.combine_hidden is not None
         feed = state.feed.unsqueeze(1) if state.feed is not None else None  # (B, 1, H)
