@@ -331,17 +331,17 @@ XENT(f32, float)
 
 /* ------------------------------------------------------------------------------- decoding */
 
-/* A search step's log-softmax, in place: each row of z (rows, V) float32 becomes
- * z_v - log sum_{u allowed} exp(z_u) at its allowed columns and -inf at the others; allowed
- * (rows, V) is 1 where row n may go and 0 elsewhere (a shortlist's columns), or NULL for
- * every column. The row stays in the core's cache for its three passes (max, sum, write),
- * where torch's ops each go through the whole (rows, V) tensor. */
 /* x where ok, else otherwise: chosen by the values' bits, a form GCC vectorises. */
 static inline float allowed_or(uint8_t ok, float x, float otherwise) {
     uint32_t keep = 0u - (uint32_t)(ok != 0);
     return as_float((as_bits(x) & keep) | (as_bits(otherwise) & ~keep));
 }
 
+/* A search step's log-softmax, in place: each row of z (rows, V) float32 becomes
+ * z_v - log sum_{u allowed} exp(z_u) at its allowed columns and -inf at the others; allowed
+ * (rows, V) is 1 where row n may go and 0 elsewhere (a shortlist's columns), or NULL for
+ * every column. The row stays in the core's cache for its three passes (max, sum, write),
+ * where torch's ops each go through the whole (rows, V) tensor. */
 static NOINLINE float masked_max(const float *restrict z, const uint8_t *restrict ok, int64_t V) {
     float top = -INFINITY;
     if (ok == NULL) {

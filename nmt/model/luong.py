@@ -105,10 +105,7 @@ class LuongDecoder(Decoder):
             else:
                 w_ch = self.combine.weight[:, -self.hidden_size :]  # (H, H)
                 hidden = outputs @ w_ch.t()
-            if hidden.dtype == context.dtype:  # tanh(c + W_ch h_t) in the product's tensor
-                attentional = torch.tanh_(hidden.add_(context))  # (B, T, H)
-            else:  # (autocast: the wider of the two)
-                attentional = torch.tanh(context + hidden)
+            attentional = torch.tanh(context + hidden)  # (B, T, H)
             return self.dropout(attentional), alphas, coverage
         context, alphas, coverage = self.attention.attend(outputs, memory, positions, coverage)
         attentional = torch.tanh(combine(torch.cat([context, outputs], dim=-1)))  # (B, T, H)
