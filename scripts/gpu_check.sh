@@ -21,6 +21,11 @@
 #   CONFIGS=bahdanau bash scripts/gpu_check.sh bench      # scripts/bench.py --configs
 #   BENCH_SECONDS=120 LARGE_SECONDS=140 TEST_SECONDS=150 DECODE_SECONDS=180 ...  # stage limits
 #   DECODE_MODEL=runs/demo-model.pt bash scripts/gpu_check.sh decode
+#   BASE=runs/base bash scripts/gpu_check.sh bench   # also the tree in runs/base, with graphs
+#
+# BASE: an earlier tree's nmt and scripts (git archive REV nmt scripts pyproject.toml | tar -x
+# -C runs/base), whose bench runs with graphs after this tree's, on the same data and GPU:
+# bench-base.json, large-base.json, the before of a change.
 #
 # decode needs a trained model (default runs/demo). A model-only checkpoint, small enough to
 # travel to a GPU machine: nmt average runs/demo/best.pt runs/demo/best.pt -o runs/demo-model.pt
@@ -45,16 +50,20 @@ exec > >(tee -a "$OUT/log.txt") 2>&1
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0), 'cudnn', torch.backends.cudnn.version())"
 
-bench_pair() {  # NAME SECONDS ARGS...: the bench eager, then with graphs
+bench_pair() {  # NAME SECONDS ARGS...: the bench eager, then with graphs (then BASE's)
     local name=$1 seconds=$2
     shift 2
     local common=(--device cuda --parts matmul,train --warmup 2 --windows 3 --steps 6
-                  --work-dir runs/bench "$@")
+                  --work-dir "$PWD/runs/bench" --data "$PWD/data/bible" "$@")
     timeout "$seconds" $PY scripts/bench.py "${common[@]}" \
         --override training.cuda_graphs=false --json "$OUT/$name-eager.json" 2>&1 | tail -12
     timeout "$seconds" $PY scripts/bench.py "${common[@]}" --json "$OUT/$name-graphs.json" \
         2>&1 | tail -12
-    for mode in eager graphs; do
+    if [ -n "${BASE:-}" ]; then  # the tree before, with graphs, in the same call
+        (cd "$BASE" && timeout "$seconds" $PY scripts/bench.py "${common[@]}" \
+            --json "$OUT/$name-base.json" 2>&1 | tail -12)
+    fi
+    for mode in eager graphs base; do
         [ -f "$OUT/$name-$mode.json" ] || continue
         echo "### $name, $mode"
         $PY scripts/bench.py --report "$OUT/$name-$mode.json" --markdown 2>/dev/null
@@ -78,7 +87,8 @@ for stage in $STAGES; do
         timeout "${TEST_SECONDS:-210}" $PY -m pytest -p no:cacheprovider -o addopts="" \
             -m "gpu and not slow" -q --timeout 200 tests/fast/test_graphs_cuda.py \
             tests/training/test_gpu.py tests/training/test_deferred_reads.py \
-            tests/decoding/test_device_loop.py tests/fast/test_packing.py 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+            tests/decoding/test_device_loop.py tests/fast/test_packing.py \
+            tests/fast/test_cells.py 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     bench)
         bench_pair bench "${BENCH_SECONDS:-170}" --configs "$CONFIGS" ;;
     large)

@@ -37,10 +37,11 @@ keep it and call its seams, never a global switch. Its fields are the choices:
 | ``recurrence`` | ``fast.recurrence.run_rnn`` (compiled step kernels: native_kernels) | the module, packed | cpu_kernels, training, CPU |
 | ``dropout`` | ``fast.dropout.FastDropout`` (16-bit masks) | ``nn.Dropout`` | cpu_kernels, training, CPU |
 | ``additive_energies`` | ``fast.additive.RecomputedEnergies`` | broadcast v^T tanh(q + k) | cpu_kernels, training, CPU |
-| ``step_products`` | ``fast.sinks.SinkProducts`` | ``fast.sinks.Products`` | fused, training |
+| ``step_products`` | ``fast.sinks.SinkProducts`` (with graphs, a step's ``linear`` too: Bahdanau's W_q) | ``fast.sinks.Products`` | fused, training |
 | ``search_products`` | ``fast.attend.KernelProducts``: a dot-product score's energies, mask, softmax and context as ``fast.compiled.attend`` | ``fast.sinks.Products`` | native_kernels, search without gradients, CPU, float32 |
 | ``step_linear`` | ``fast.sinks.WeightSink`` | the ``nn.Linear`` | fused, training |
-| ``step_rnn`` | ``fast.cells.rnn_step`` (capturable) | the module's call | graphs, training |
+| ``step_rnn`` | ``fast.cells.rnn_step`` (capturable; each layer's gates as torch's fused cell on a GPU) | the module's call | graphs, training |
+| ``teacher_steps`` | ``fast.cells.teacher_steps``: the embedding's first-layer input gates of every position in one product, each step's W_ih and W_hh (with their biases) behind ``fast.sinks.WeightSink`` | each step multiplies its whole input | graphs, fused, training |
 | ``input_gate_table`` | ``fast.cells.input_gate_table``, then ``step_rnn``'s ``rnn_step`` (each layer's gates as ``fast.compiled.rnn_cell``: native_kernels, evaluation without gradients, CPU, float32) | the module's call | input_gates, a Translator's search in float32 |
 | ``source_tables`` | ``fast.source_tables.SourceTables.run``: the encoder's first-layer input gates looked up, each direction's loop in one call (``fast.compiled.rnn_direction``, native_kernels and MKL) or each step's gates as ``fast.compiled.cell_steps`` (native_kernels) | the module, packed | input_gates, a Translator's search in float32 on a CPU |
 | ``output_loss`` | ``fast.loss.OutputLayerLoss`` (compiled kernel: cpu_kernels, native_kernels, training, CPU) | ``F.cross_entropy`` | fused |
@@ -56,7 +57,7 @@ Measured effects: docs/benchmarks.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -130,21 +131,41 @@ class FastPaths:
         state: cells.RNNState,
         training: bool,
         first_gates: Tensor | None = None,
-        hidden: list[packed.Product] | None = None,
+        hidden: Sequence[Callable[[Tensor], Tensor]] | None = None,
+        input_products: Sequence[Callable[[Tensor], Tensor]] | None = None,
     ) -> tuple[Tensor, cells.RNNState]:
         """One step of a decoder's RNN: inputs (B, 1, I), state (L, B, H) -> output
-        (B, 1, H), the next state. With ``first_gates`` (search: ``input_gate_table``), the
-        first layer's gates of the embedding, and inputs the rest (B, 1, I - E) or None;
-        then ``hidden``, each layer's h W_hh^T + b_hh (``StepProducts``), if given."""
+        (B, 1, H), the next state. With ``first_gates`` (search: ``input_gate_table``;
+        teacher forcing: ``teacher_steps``), the first layer's gates of the embedding, and
+        inputs the rest (B, 1, I - E) or None; then ``hidden``, each layer's
+        h W_hh^T + b_hh (``StepProducts``, ``TeacherSteps``), and ``input_products``, each
+        layer's product by W_ih (``TeacherSteps``), if given."""
         if first_gates is not None:
             native = self.native_kernels and not training and not torch.is_grad_enabled()
             return cells.rnn_step(
-                rnn, inputs, state, first_gates, native=native, hidden_products=hidden
+                rnn,
+                inputs,
+                state,
+                first_gates,
+                native=native,
+                hidden_products=hidden,
+                input_products=input_products,
             )
         assert inputs is not None
         if self.graphs and training:
             return cells.rnn_step(rnn, inputs, state)
         return recurrence.plain_rnn(rnn, inputs, None, state)
+
+    def teacher_steps(
+        self, rnn: nn.RNNBase, embedded: Tensor, training: bool
+    ) -> cells.TeacherSteps | None:
+        """A step-by-step decoder's teacher-forced unroll on the graph-ready path (graphs,
+        fused, training): its RNN's first-layer input gates of every position's embedding
+        (B, T, E) in one product, and each layer's other products behind weight sinks
+        (``cells.teacher_steps``); None: each step multiplies its whole input."""
+        if not (self.graphs and self.fused and training):
+            return None
+        return cells.teacher_steps(rnn, embedded)
 
     def input_gate_table(self, embed: nn.Embedding, rnn: nn.RNNBase) -> Tensor | None:
         """A step-by-step decoder's first-layer input gates of every target piece's
@@ -177,7 +198,9 @@ class FastPaths:
     def step_products(self, training: bool) -> sinks.Products:
         """How the attention memory is multiplied at every step of a teacher-forced
         step-by-step decoder."""
-        return sinks.SinkProducts() if self.fused and training else sinks.PLAIN_PRODUCTS
+        if not (self.fused and training):
+            return sinks.PLAIN_PRODUCTS
+        return sinks.SinkProducts(weights=self.graphs)
 
     def search_products(self) -> sinks.Products:
         """How a search's steps multiply the attention memory: a dot-product score's whole

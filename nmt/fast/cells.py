@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.fast import compiled
+from nmt.fast import compiled, sinks
 
 RNNState = Tensor | tuple[Tensor, Tensor]
 
@@ -48,16 +49,20 @@ def rnn_step(
     first_gates: Tensor | None = None,
     native: bool = False,
     hidden_products: Sequence[Callable[[Tensor], Tensor]] | None = None,
+    input_products: Sequence[Callable[[Tensor], Tensor]] | None = None,
 ) -> tuple[Tensor, RNNState]:
     """One step of a unidirectional batch-first ``nn.GRU``/``nn.LSTM``: inputs (B, 1, I),
     state (L, B, H) (a tuple (h, c) for an LSTM) -> output (B, 1, H), the next state, as the
     module's call on one position returns them. With ``first_gates`` (B, G*H), the first
-    layer's input gates of its first I - I' inputs with their bias (``input_gate_table``), inputs
-    are the last I' (B, 1, I') alone, or None where I' = 0. With ``native`` (a pass without
-    gradients), each layer's gates go through one compiled kernel (``compiled.rnn_cell``)
-    where it can take them, not about ten torch ops. ``hidden_products``: each layer's
-    h -> h W_hh^T + b_hh where the caller has it prepared (``fast.packed.StepProducts``),
-    else multiplied here."""
+    layer's input gates of its first I - I' inputs with their bias (``input_gate_table``, or
+    ``TeacherSteps``), inputs are the last I' (B, 1, I') alone, or None where I' = 0. With
+    ``native`` (a pass without gradients), each layer's gates go through one compiled kernel
+    (``compiled.rnn_cell``) where it can take them, not about ten torch ops. ``hidden_products``:
+    each layer's h -> h W_hh^T + b_hh where the caller has it prepared
+    (``fast.packed.StepProducts``, ``TeacherSteps``), else multiplied here;
+    ``input_products``: each layer's x -> x W_ih^T (+ b_ih past the first layer; the first
+    layer's columns after the looked-up ones, without a bias, where ``first_gates`` is given)
+    likewise. On a GPU each layer's gates are torch's fused cell (``cell_gates``)."""
     if rnn.bidirectional or getattr(rnn, "proj_size", False):
         raise ValueError("rnn_step: a unidirectional RNN without projections")
     hidden, cell = state if isinstance(state, tuple) else (state, None)
@@ -73,13 +78,20 @@ def rnn_step(
     hiddens, cells = [], []
     with torch.autocast(device, enabled=False) if autocast else contextlib.nullcontext():
         for layer in range(rnn.num_layers):
-            h = hidden[layer].to(weights)
+            # one layer's state as a view: its gradient then flows back without the zeros
+            # and copy a selected row's backward makes
+            h = (hidden.squeeze(0) if rnn.num_layers == 1 else hidden[layer]).to(weights)
             if layer == 0 and first_gates is not None:
                 gates_x = first_gates
-                if x is not None:  # the inputs after the looked-up ones
+                if x is not None and input_products is not None:
+                    gates_x = torch.add(gates_x, input_products[0](x))
+                elif x is not None:  # the inputs after the looked-up ones
                     w_ih = cast(Tensor, rnn.weight_ih_l0)
                     rest = w_ih[:, w_ih.size(1) - x.size(-1) :]
                     gates_x = gates_x + _product(x, rest, None, compute, weights)
+            elif input_products is not None:
+                assert x is not None
+                gates_x = input_products[layer](x)
             else:
                 assert x is not None
                 w_ih, b_ih = (
@@ -97,12 +109,7 @@ def rnn_step(
                 gates_h = _product(h, w_hh, b_hh, compute, weights)
             c = cell[layer].to(weights) if cell is not None else None
             done = compiled.rnn_cell(gates_x, gates_h, h, c) if native else None
-            if done is not None:
-                h, c = done
-            elif c is not None:
-                h, c = lstm_gates(gates_x + gates_h, c)
-            else:
-                h = gru_gates(gates_x, gates_h, h)
+            h, c = done if done is not None else cell_gates(gates_x, gates_h, h, c)
             if c is not None:
                 cells.append(c)
             hiddens.append(h)
@@ -129,6 +136,35 @@ def _product(
     return product + bias if bias is not None else product
 
 
+def cell_gates(
+    gates_x: Tensor, gates_h: Tensor, h: Tensor, c: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
+    """One layer's gates (B, G*H), the input's and the hidden state's with their biases,
+    -> h' (and c' for an LSTM): on a GPU as torch's fused cell, the kernel ``nn.GRUCell`` and
+    ``nn.LSTMCell`` take there (one kernel forward and one backward instead of about ten
+    element-wise ops each way, which a step-by-step decoder runs at every target position),
+    else as ``gru_gates``/``lstm_gates``. The fused cell's equations are the same
+    (tests/fast/test_cells.py checks its call against them)."""
+    if fused_cells(h, gates_x, gates_h, c):
+        if c is None:
+            return FUSED_GRU(gates_x, gates_h, h)[0], None
+        h, c, _ = FUSED_LSTM(gates_x, gates_h, c)
+        return h, c
+    if c is not None:
+        return lstm_gates(gates_x + gates_h, c)
+    return gru_gates(gates_x, gates_h, h), None
+
+
+FUSED_GRU = torch.ops.aten._thnn_fused_gru_cell  # (B, 3H) x2, h -> h', its workspace
+FUSED_LSTM = torch.ops.aten._thnn_fused_lstm_cell  # (B, 4H) x2, c -> h', c', its workspace
+
+
+def fused_cells(h: Tensor, *others: Tensor | None) -> bool:
+    """Whether torch's fused cell takes these tensors: on a GPU, all of one dtype (it has
+    no CPU kernel)."""
+    return h.is_cuda and all(t is None or t.dtype == h.dtype for t in others)
+
+
 def gru_gates(gates_x: Tensor, gates_h: Tensor, h: Tensor) -> Tensor:
     x_r, x_z, x_n = gates_x.chunk(3, dim=-1)
     h_r, h_z, h_n = gates_h.chunk(3, dim=-1)
@@ -142,6 +178,48 @@ def lstm_gates(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
     i, f, g, o = gates.chunk(4, dim=-1)
     c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
     return torch.sigmoid(o) * torch.tanh(c), c
+
+
+@dataclass
+class TeacherSteps:
+    """A teacher-forced unroll's products for ``rnn_step`` (``FastPaths.teacher_steps``):
+    ``gates``, each position's first-layer input gates of its embedding with their bias
+    (B, G*H), from one product over the whole target; ``inputs``, each layer's product by
+    W_ih (the first layer's columns after the embedding's, without a bias; the others' with
+    b_ih); ``hidden``, each layer's h W_hh^T + b_hh. The products are ``WeightSink``s:
+    each weight is cast to the compute dtype once per batch, and its gradient (with its
+    bias's) is one product over every step, not one small product, cast and sum per step."""
+
+    gates: Sequence[Tensor]
+    inputs: Sequence[Callable[[Tensor], Tensor]]
+    hidden: Sequence[Callable[[Tensor], Tensor]]
+
+
+def teacher_steps(rnn: nn.RNNBase, embedded: Tensor) -> TeacherSteps:
+    """The ``TeacherSteps`` of a decoder's RNN whose first layer reads each position's
+    embedding (B, T, E) first in its input (then a context or the fed-back state)."""
+    weights: torch.dtype = cast(Tensor, rnn.weight_ih_l0).dtype
+    device = embedded.device.type
+    compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weights
+    width = embedded.size(-1)
+    w_ih = cast(Tensor, rnn.weight_ih_l0)
+    rows = embedded.reshape(-1, width)  # (B*T, E)
+    with torch.autocast(device, enabled=False):
+        gates = _product(rows, w_ih[:, :width], getattr(rnn, "bias_ih_l0", None), compute, weights)
+    positions = gates.view(*embedded.shape[:2], -1).unbind(1)  # T x (B, G*H)
+    inputs: list[Callable[[Tensor], Tensor]] = [sinks.WeightSink(w_ih[:, width:]).linear]
+    hidden: list[Callable[[Tensor], Tensor]] = []
+    for layer in range(rnn.num_layers):
+        if layer > 0:
+            inputs.append(_layer_sink(rnn, "ih", layer))
+        hidden.append(_layer_sink(rnn, "hh", layer))
+    return TeacherSteps(positions, inputs, hidden)
+
+
+def _layer_sink(rnn: nn.RNNBase, kind: str, layer: int) -> Callable[[Tensor], Tensor]:
+    """x -> x W^T + b through a sink, for a layer's W_ih or W_hh (``kind``) and its bias."""
+    weight = cast(Tensor, getattr(rnn, f"weight_{kind}_l{layer}"))
+    return sinks.WeightSink(weight, getattr(rnn, f"bias_{kind}_l{layer}", None)).linear
 
 
 TABLE_LIMIT = 1 << 26  # the largest table of input gates, in values (256 MB in float32)

@@ -1,6 +1,8 @@
 """Gradients formed once per batch for what a step-by-step decoder multiplies at every target
 step in training: the attention memory's keys and values (``GradientSink`` behind
-``SinkProducts``) and Luong's W_c under input feeding (``WeightSink``).
+``SinkProducts``) and Luong's W_c under input feeding (``WeightSink``); on the graph-ready
+unroll a GPU captures (``FastPaths.graphs``) also Bahdanau's W_q (``SinkProducts.linear``)
+and the decoder RNN's W_ih and W_hh with their biases (``fast.cells.teacher_steps``).
 
 Through plain autograd each step's product adds its own gradient to the shared tensor: a
 (B, S, F) batched matmul for the memory, an (O x B)(B x I) matmul for W, each reducing over
@@ -16,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from nmt.runtime import compute_dtype
 
@@ -31,6 +33,11 @@ class Products:
     def with_values(self, alphas: Tensor, values: Tensor) -> Tensor:
         """(B, T, S) @ values (B, S, F) -> (B, T, F)."""
         return torch.bmm(alphas.to(values.dtype), values)
+
+    def linear(self, role: str, layer: nn.Linear, x: Tensor) -> Tensor:
+        """``layer``'s product x W^T + b at a step (Bahdanau's query projection W_q);
+        ``role`` names the weight among a batch's."""
+        return layer(x)  # type: ignore[no-any-return]
 
     def attend(
         self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: Tensor | None
@@ -47,10 +54,21 @@ PLAIN_PRODUCTS = Products()
 
 class SinkProducts(Products):
     """The same products for the steps of one training batch, each shared tensor behind a
-    ``GradientSink`` made at its first product (where it needs a gradient)."""
+    ``GradientSink`` made at its first product (where it needs a gradient); with
+    ``weights`` (the graph-ready unroll, ``FastPaths.graphs``), each step's ``linear`` too,
+    behind a ``WeightSink`` per role."""
 
-    def __init__(self) -> None:
+    def __init__(self, weights: bool = False) -> None:
         self.sinks: dict[str, GradientSink | None] = {}
+        self.weights = weights
+        self.weight_sinks: dict[str, WeightSink] = {}
+
+    def linear(self, role: str, layer: nn.Linear, x: Tensor) -> Tensor:
+        if not self.weights or not layer.weight.requires_grad:
+            return super().linear(role, layer, x)
+        if role not in self.weight_sinks:
+            self.weight_sinks[role] = WeightSink(layer.weight, layer.bias)
+        return self.weight_sinks[role].linear(x)
 
     def _sink(self, role: str, tensor: Tensor) -> GradientSink | None:
         if role not in self.sinks:
@@ -116,25 +134,53 @@ class _SinkProduct(torch.autograd.Function):
 
 
 class WeightSink:
-    """A weight (O, I) for ``linear`` at every step of one batch; see the module docstring."""
+    """A weight (O, I), and its bias (O,) where given, for ``linear`` at every step of one
+    batch; see the module docstring. The bias is added in its own dtype (float32 under
+    autocast, as the step's gates are summed), and its gradient, the sum over every
+    recorded step's rows of dL/dy as it came, is formed with the weight's."""
 
-    def __init__(self, weight: Tensor):
+    def __init__(self, weight: Tensor, bias: Tensor | None = None):
         self.records: list[tuple[Tensor, Tensor]] = []  # (x (N, I), dL/dy (N, O)) per step
+        self.bias_records: list[Tensor] = []  # dL/dy (N, O) per step, in the output's dtype
+        self.formed: dict[str, Tensor] = {}  # gradients formed, not yet taken
         dtype = compute_dtype(weight.device, weight.dtype)
-        self.weight: Tensor = SinkCast.apply(weight, self, dtype)
+        self.weight: Tensor = SinkCast.apply(weight, _Part(self, "weight"), dtype)
+        self.bias: Tensor | None = None
+        if bias is not None:
+            self.bias = SinkCast.apply(bias, _Part(self, "bias"), bias.dtype)
 
     def linear(self, x: Tensor) -> Tensor:
-        """x (..., I) -> x W^T (..., O) in the compute dtype."""
-        return _SinkLinear.apply(x, self.weight, self)
+        """x (..., I) -> x W^T (..., O) in the compute dtype; x W^T + b in b's dtype where
+        the sink has a bias."""
+        return _SinkLinear.apply(x, self.weight, self.bias, self)
 
     def gradient(self) -> Tensor | None:
         """sum over the recorded steps of dL/dy^T x: (O, I); None before any step."""
-        if not self.records:
-            return None
-        inputs = torch.cat([x for x, _ in self.records])  # (T*B, I)
-        grads = torch.cat([g for _, g in self.records])  # (T*B, O)
-        self.records.clear()
-        return grads.t() @ inputs
+        return self.take("weight")
+
+    def take(self, part: str) -> Tensor | None:
+        """The weight's or the bias's gradient over the recorded steps, both formed at the
+        first take (the backward pass reaches the two casts in either order); None before
+        any step."""
+        if self.records:
+            inputs = torch.cat([x for x, _ in self.records])  # (T*B, I)
+            grads = torch.cat([g for _, g in self.records])  # (T*B, O)
+            self.formed["weight"] = grads.t() @ inputs
+            if self.bias_records:
+                self.formed["bias"] = torch.cat(self.bias_records).sum(0)
+            self.records.clear()
+            self.bias_records.clear()
+        return self.formed.pop(part, None)
+
+
+class _Part:
+    """One of a ``WeightSink``'s two gradients, for the cast that takes it."""
+
+    def __init__(self, sink: WeightSink, part: str):
+        self.sink, self.part = sink, part
+
+    def gradient(self) -> Tensor | None:
+        return self.sink.take(self.part)
 
 
 class SinkCast(torch.autograd.Function):
@@ -158,18 +204,29 @@ class SinkCast(torch.autograd.Function):
 
 
 class _SinkLinear(torch.autograd.Function):
-    """x W^T for W a sink's weight: x's gradient now, W's recorded."""
+    """x W^T (+ b) for W (and b) a sink's: x's gradient now, W's (and b's) recorded."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, sink: WeightSink) -> Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, sink: WeightSink
+    ) -> Tensor:
         rows = x.reshape(-1, x.size(-1)).to(weight.dtype)  # (N, I)
         ctx.save_for_backward(rows, weight)
         ctx.sink, ctx.shape, ctx.dtype = sink, x.shape, x.dtype
-        return (rows @ weight.t()).view(*x.shape[:-1], weight.size(0))
+        if bias is None:
+            out = rows @ weight.t()
+        elif bias.dtype == weight.dtype:
+            out = torch.addmm(bias, rows, weight.t())  # the bias in the matmul's own pass
+        else:
+            out = torch.add(rows @ weight.t(), bias)  # one pass, in the bias's dtype
+        return out.view(*x.shape[:-1], weight.size(0))
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
         rows, weight = ctx.saved_tensors
-        grad = grad.reshape(-1, weight.size(0)).to(weight.dtype)  # (N, O)
+        grad = grad.reshape(-1, weight.size(0))  # (N, O)
+        if ctx.sink.bias is not None:
+            ctx.sink.bias_records.append(grad)
+        grad = grad.to(weight.dtype)
         ctx.sink.records.append((rows, grad))
-        return (grad @ weight).view(ctx.shape).to(ctx.dtype), None, None
+        return (grad @ weight).view(ctx.shape).to(ctx.dtype), None, None, None

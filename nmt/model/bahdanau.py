@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths
-from nmt.fast.packed import Product, StepProducts
+from nmt.fast.packed import StepProducts
 from nmt.model.attention import Attention, Memory
 from nmt.model.decoder import Decoder, DecoderState, split_rnn_state
 from nmt.model.encoder import stacked_rnn
@@ -41,22 +42,36 @@ class BahdanauDecoder(Decoder):
 
     def _recur(
         self,
-        embedded: Tensor,
+        embedded: Tensor | None,
         memory: Memory,
         state: DecoderState,
         gates: Tensor | None = None,
-        hidden_products: list[Product] | None = None,
+        hidden_products: Sequence[Callable[[Tensor], Tensor]] | None = None,
+        input_products: Sequence[Callable[[Tensor], Tensor]] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, DecoderState]:
         """embedded: (B, 1, E) -> s_i (B, 1, H), c_i (B, 1, Hk), alphas (B, 1, S), state;
-        ``gates`` (search): the embedding's first-layer gates (B, G*H), looked up; then
-        ``hidden_products``: the RNN's W_hh products, if given."""
-        query = state.hidden[-1].unsqueeze(1)  # (B, 1, H): s_{i-1}, top layer
+        or, with ``gates`` (search: looked up; teacher forcing: ``FastPaths.teacher_steps``),
+        embedded unused and the embedding's first-layer gates (B, G*H); then
+        ``hidden_products`` and ``input_products``: the RNN's W_hh and W_ih products, if
+        given."""
+        hidden = state.hidden  # (L, B, H); the top layer's s_{i-1} as (B, 1, H), a view
+        query = hidden.transpose(0, 1) if hidden.size(0) == 1 else hidden[-1].unsqueeze(1)
         context, alphas, coverage = self.attention.attend(
             query, memory, state.position(query), state.coverage
         )  # c_i, alpha_i, C_i
-        rnn_input = context if gates is not None else torch.cat([embedded, context], dim=-1)
+        if gates is not None:
+            rnn_input = context
+        else:
+            assert embedded is not None
+            rnn_input = torch.cat([embedded, context], dim=-1)
         output, rnn_state = self.fast.step_rnn(
-            self.rnn, rnn_input, state.rnn_state(), self.training, gates, hidden_products
+            self.rnn,
+            rnn_input,
+            state.rnn_state(),
+            self.training,
+            gates,
+            hidden_products,
+            input_products,
         )  # (B, 1, H)
         hidden, cell = split_rnn_state(rnn_state)
         return output, context, alphas, DecoderState(hidden, cell, state.step + 1, coverage)
@@ -74,9 +89,15 @@ class BahdanauDecoder(Decoder):
         """trg_in: (B, T) -> features (B, T, O), alphas (B, T, S)."""
         embedded = self.embedding_dropout(self.embed(trg_in))  # (B, T, E)
         memory = memory.for_steps(self.fast.step_products(self.training))
+        steps = self.fast.teacher_steps(self.rnn, embedded, self.training)
         outputs, contexts, alphas = [], [], []
         for t in range(trg_in.size(1)):
-            output, context, alpha, state = self._recur(embedded[:, t : t + 1], memory, state)
+            if steps is None:
+                output, context, alpha, state = self._recur(embedded[:, t : t + 1], memory, state)
+            else:
+                output, context, alpha, state = self._recur(
+                    None, memory, state, steps.gates[t], steps.hidden, steps.inputs
+                )
             outputs.append(output)
             contexts.append(context)
             alphas.append(alpha)

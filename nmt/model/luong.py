@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, cast
 
@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from nmt.fast import FastPaths, cells, compiled
 from nmt.fast.attend import KERNEL_PRODUCTS
-from nmt.fast.packed import Product, StepProducts
+from nmt.fast.packed import StepProducts
 from nmt.model.attention import Attention, Memory
 from nmt.model.decoder import Decoder, DecoderState, split_rnn_state
 from nmt.model.encoder import stacked_rnn
@@ -118,19 +118,30 @@ class LuongDecoder(Decoder):
         state: LuongState,
         combine: Callable[[Tensor], Tensor],
         gates: Tensor | None = None,
-        hidden_products: list[Product] | None = None,
+        hidden_products: Sequence[Callable[[Tensor], Tensor]] | None = None,
         combine_hidden: Callable[[Tensor], Tensor] | None = None,
+        input_products: Sequence[Callable[[Tensor], Tensor]] | None = None,
     ) -> tuple[Tensor, Tensor, LuongState]:
         """embedded: (B, 1, E) -> h~_t (B, 1, H), alphas (B, 1, S), state; or, with
-        ``gates`` (search), embedded None and the embedding's first-layer gates (B, G*H);
-        ``hidden_products`` and ``combine_hidden``: search's products (``search_products``)."""
+        ``gates`` (search: looked up; teacher forcing: ``FastPaths.teacher_steps``), embedded
+        None and the embedding's first-layer gates (B, G*H); ``hidden_products`` and
+        ``combine_hidden``: search's products (``search_products``); ``hidden_products``
+        and ``input_products``: teacher forcing's (``TeacherSteps``)."""
         rnn_input = embedded
         if self.input_feeding:
             assert state.feed is not None
-            feed = state.feed.to(self.embed.weight.dtype).unsqueeze(1)  # (B, 1, H)
+            feed = state.feed.unsqueeze(1)  # (B, 1, H)
+            if input_products is None:  # else its product casts it to the compute dtype
+                feed = feed.to(self.embed.weight.dtype)
             rnn_input = feed if embedded is None else torch.cat([embedded, feed], dim=-1)
         output, rnn_state = self.fast.step_rnn(
-            self.rnn, rnn_input, state.rnn_state(), self.training, gates, hidden_products
+            self.rnn,
+            rnn_input,
+            state.rnn_state(),
+            self.training,
+            gates,
+            hidden_products,
+            input_products,
         )  # (B, 1, H)
         attentional, alphas, coverage = self._attend(
             output, memory, state.position(output), combine, state.coverage, combine_hidden
@@ -154,10 +165,24 @@ class LuongDecoder(Decoder):
             return attentional, alphas
         memory = memory.for_steps(self.fast.step_products(self.training))
         combine = self.fast.step_linear(self.combine, self.training)
+        steps = self.fast.teacher_steps(self.rnn, embedded, self.training)
         features: list[Tensor] = []
         weights: list[Tensor] = []
         for t in range(trg_in.size(1)):
-            attentional, alpha, state = self._recur(embedded[:, t : t + 1], memory, state, combine)
+            if steps is None:
+                attentional, alpha, state = self._recur(
+                    embedded[:, t : t + 1], memory, state, combine
+                )
+            else:
+                attentional, alpha, state = self._recur(
+                    None,
+                    memory,
+                    state,
+                    combine,
+                    steps.gates[t],
+                    steps.hidden,
+                    input_products=steps.inputs,
+                )
             features.append(attentional)
             weights.append(alpha)
         return torch.cat(features, dim=1), torch.cat(weights, dim=1)

@@ -64,7 +64,7 @@ class AdditiveAttention(Attention):
         return replace(memory, coverage_terms=self.coverage.terms(values))
 
     def energies(self, query: Tensor, memory: Memory, keys: Tensor | None = None) -> Tensor:
-        q = self.query_proj(query)  # (B, T, A)
+        q = memory.products.linear("query", self.query_proj, query)  # (B, T, A)
         keys = memory.keys if keys is None else keys
         # v^T tanh(q_t + k_s) for every pair: (B, T, S)
         return self.fast.additive_energies(q, keys, self.v.weight, self.training)

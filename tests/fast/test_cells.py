@@ -13,7 +13,7 @@ from torch import nn
 
 from nmt.config import from_dict
 from nmt.data.batching import batch_shape, make_batch
-from nmt.fast import FastPaths, cells
+from nmt.fast import FastPaths, cells, sinks
 from nmt.fast.cells import input_gate_table, rnn_step
 from nmt.model import build_model
 
@@ -42,6 +42,72 @@ def test_a_cell_step_is_the_modules_step(kind: type[nn.RNNBase], layers: int) ->
     got_grads = torch.autograd.grad(gots, inputs, probes)
     for want, got in zip(want_grads, got_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def _fused_gru(gates_x, gates_h, h):
+    """torch's fused GRU cell (aten::_thnn_fused_gru_cell, CUDA only), written from its
+    kernel's equations: the input's gates first, the hidden state's second, r multiplying
+    the hidden state's n part alone."""
+    x_r, x_z, x_n = gates_x.chunk(3, dim=-1)
+    h_r, h_z, h_n = gates_h.chunk(3, dim=-1)
+    r, z = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
+    n = torch.tanh(x_n + r * h_n)
+    return n + z * (h - n), None
+
+
+def _fused_lstm(gates_x, gates_h, c):
+    """aten::_thnn_fused_lstm_cell from its kernel's equations (gates i, f, g, o)."""
+    i, f, g, o = (gates_x + gates_h).chunk(4, dim=-1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c, None
+
+
+@pytest.mark.parametrize("kind", [nn.GRU, nn.LSTM])
+def test_the_fused_cells_are_called_with_the_input_gates_first(
+    kind: type[nn.RNNBase], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU each layer's gates go through torch's fused cell; here its equations stand
+    in for its kernel, and a step through them is still the module's (float64): the
+    arguments are in the kernel's order. Swapping the GRU's gates fails this."""
+    calls = []
+
+    def counted(function):
+        def call(*args):
+            calls.append(args)
+            return function(*args)
+
+        return call
+
+    monkeypatch.setattr(cells, "fused_cells", lambda h, *others: True)
+    monkeypatch.setattr(cells, "FUSED_GRU", counted(_fused_gru))
+    monkeypatch.setattr(cells, "FUSED_LSTM", counted(_fused_lstm))
+    test_a_cell_step_is_the_modules_step(kind, 2)
+    assert len(calls) == 2  # one call a layer
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", [nn.GRU, nn.LSTM])
+def test_the_fused_cells_kernels_are_their_equations(kind: type[nn.RNNBase]) -> None:
+    """torch's fused cell kernels on CUDA against the equations above, float64, forward and
+    backward."""
+    generator = torch.Generator().manual_seed(5)
+    gates = 3 if kind is nn.GRU else 4
+    gates_x, gates_h = (
+        torch.randn(6, gates * 7, dtype=torch.float64, generator=generator) for _ in "xh"
+    )
+    state = torch.randn(6, 7, dtype=torch.float64, generator=generator)
+    inputs = [t.requires_grad_() for t in (gates_x, gates_h, state)]
+    reference = _fused_gru if kind is nn.GRU else _fused_lstm
+    want = [t for t in reference(*inputs) if t is not None]
+    on_gpu = [t.detach().cuda().requires_grad_() for t in inputs]
+    kernel = cells.FUSED_GRU if kind is nn.GRU else cells.FUSED_LSTM
+    got = list(kernel(*on_gpu))[: len(want)]
+    probes = [torch.randn_like(w) for w in want]
+    want_grads = torch.autograd.grad(want, inputs, probes)
+    got_grads = torch.autograd.grad(got, on_gpu, [p.cuda() for p in probes])
+    for w, g in zip([*want, *want_grads], [*got, *got_grads], strict=True):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-12, atol=1e-12)
 
 
 def test_a_cell_step_refuses_a_bidirectional_rnn() -> None:
@@ -90,9 +156,20 @@ def _models(style: str, feeding: bool, rnn: str, score: str, coverage: str):
     ],
 )
 def test_a_padded_batch_through_the_cells_gives_the_plain_loss_and_gradients(
-    style: str, feeding: bool, rnn: str, score: str, coverage: str
+    style: str, feeding: bool, rnn: str, score: str, coverage: str, monkeypatch
 ) -> None:
+    """With the teacher-forced unroll's products behind weight sinks (the embedding's
+    input gates in one product; W_ih's rest, W_hh with b_hh, the second layer's W_ih with
+    b_ih, Bahdanau's W_q, Luong's W_c), each sink used and emptied."""
     plain, ready = _models(style, feeding, rnn, score, coverage)
+    made: list[sinks.WeightSink] = []
+
+    def recording(weight: torch.Tensor, bias: torch.Tensor | None = None) -> sinks.WeightSink:
+        made.append(real_sink(weight, bias))
+        return made[-1]
+
+    real_sink = sinks.WeightSink
+    monkeypatch.setattr(sinks, "WeightSink", recording)
     generator = torch.Generator().manual_seed(1)
     src_lengths, trg_lengths = [7, 3, 5, 1], [4, 6, 2, 5]
     src = [torch.randint(4, SRC_VOCAB, (n,), generator=generator).tolist() for n in src_lengths]
@@ -114,6 +191,9 @@ def test_a_padded_batch_through_the_cells_gives_the_plain_loss_and_gradients(
             assert got is None or not got.any(), name
             continue
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12, msg=name)
+    # two layers: W_ih's rest, W_hh and W_ih, W_hh; then W_q (Bahdanau) or W_c (Luong)
+    assert len(made) == 5
+    assert all(not sink.records and not sink.bias_records and not sink.formed for sink in made)
 
 
 def test_graphs_are_kept_only_for_a_stepwise_decoder() -> None:

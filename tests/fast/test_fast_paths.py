@@ -196,6 +196,46 @@ def test_weight_sink_adds_to_the_weights_other_gradients() -> None:
     torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-12)
 
 
+def test_weight_sink_with_a_bias_gives_both_gradients() -> None:
+    """A weight and its bias through the sink at several steps (one step's rows zero, as a
+    padded row's gradient is), the bias used directly as well: both gradients, either order
+    of the backward pass reaching them."""
+    generator = torch.Generator().manual_seed(4)
+    weight = torch.randn(5, 4, dtype=torch.float64, generator=generator, requires_grad=True)
+    bias = torch.randn(5, dtype=torch.float64, generator=generator, requires_grad=True)
+    xs = [torch.randn(3, 1, 4, dtype=torch.float64, generator=generator) for _ in range(4)]
+    xs[2][1] = 0.0
+    sink = WeightSink(weight, bias)
+    total = sum((sink.linear(x) ** 2).sum() for x in xs) + (3 * bias).sum()
+    got = torch.autograd.grad(total, [weight, bias])
+    plain = sum(((x @ weight.t() + bias) ** 2).sum() for x in xs) + (3 * bias).sum()
+    want = torch.autograd.grad(plain, [weight, bias])
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    assert not sink.records and not sink.bias_records and not sink.formed
+
+
+def test_weight_sink_under_autocast_adds_its_bias_in_float32() -> None:
+    """Under bf16 autocast the product runs in bf16 and the bias is added in float32, the
+    dtype a step's gates are summed in: the same values as the cast product plus the bias."""
+    generator = torch.Generator().manual_seed(5)
+    weight = torch.randn(6, 4, generator=generator, requires_grad=True)
+    bias = torch.randn(6, generator=generator, requires_grad=True)
+    x = torch.randn(3, 1, 4, generator=generator)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        sink = WeightSink(weight, bias)
+        got = sink.linear(x)
+        without_bias = WeightSink(weight).linear(x)
+    assert got.dtype == torch.float32 and without_bias.dtype == torch.bfloat16
+    want = (x.bfloat16() @ weight.bfloat16().t()).float() + bias
+    assert torch.equal(got, want)
+    got.sum().backward()
+    assert weight.grad is not None and bias.grad is not None
+    assert bias.grad.dtype == torch.float32
+    torch.testing.assert_close(bias.grad, torch.full((6,), 3.0))
+    torch.testing.assert_close(weight.grad, x.sum((0, 1)).expand(6, 4), rtol=1e-2, atol=1e-2)
+
+
 def test_evaluation_and_search_take_the_plain_paths(monkeypatch) -> None:
     """In eval mode (dev loss, search) no seam takes its fast path."""
     model, batch = _model("bahdanau", True, "gru", 1, "additive"), _batch()

@@ -10,6 +10,7 @@ from decode import run_beam, run_greedy
 from nmt.config import from_dict
 from nmt.data.batching import make_batch
 from nmt.data.tokenizer import EOS_ID
+from nmt.fast import FastPaths
 from nmt.model import build_model
 
 VOCAB = 14  # 4 specials + 10 symbols
@@ -24,16 +25,25 @@ def reverse_batch(rng: np.random.Generator, size: int, lo: int = 3, hi: int = 8)
     return make_batch(src, trg, np.arange(size))
 
 
-def train_reverse(model_cfg: dict, steps: int, seed: int = 0):
+def train_reverse(
+    model_cfg: dict,
+    steps: int,
+    seed: int = 0,
+    fast: FastPaths | None = None,
+    autocast: torch.dtype | None = None,
+):
+    """A model trained to reverse; ``fast``: its speed paths; ``autocast``: the dtype its
+    forward passes run under CPU autocast."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     cfg = from_dict({"model": model_cfg})
-    model = build_model(cfg.model, VOCAB, VOCAB)
+    model = build_model(cfg.model, VOCAB, VOCAB, fast)
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
     model.train()
     for _ in range(steps):
         batch = reverse_batch(rng, 64)
-        loss, _ = model.loss(*batch.tensors())
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            loss, _ = model.loss(*batch.tensors())
         optimizer.zero_grad()
         (loss / batch.n_target_tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -86,3 +96,27 @@ def test_learns_to_reverse(name: str, model_cfg: dict) -> None:
     beam = exact_match(model, test, beam=4)
     assert greedy >= 0.95, f"{name}: greedy exact match {greedy:.2f}"
     assert beam >= 0.95, f"{name}: beam exact match {beam:.2f}"
+
+
+@pytest.mark.parametrize(
+    ("name", "decoder", "score"),
+    [
+        ("bahdanau-additive-gru", {"style": "bahdanau"}, "additive"),
+        ("luong-feeding-general-lstm", {"style": "luong", "rnn": "lstm"}, "general"),
+    ],
+)
+def test_the_graph_ready_unroll_learns_under_bf16_autocast(name, decoder, score) -> None:
+    """The unroll a GPU captures (FastPaths(graphs=True): the RNN through matmuls, the
+    embedding's input gates in one product, the step's weights behind sinks, each added in
+    float32 to its bf16 product) learns to reverse under bf16 autocast, run on the CPU."""
+    model_cfg = {
+        **SMALL,
+        "encoder": {**RECURRENT, "hidden_size": 24},
+        "decoder": {**RECURRENT, **decoder},
+        "attention": {"score": score},
+    }
+    fast = FastPaths(graphs=True)
+    model = train_reverse(model_cfg, steps=180, fast=fast, autocast=torch.bfloat16)
+    test = reverse_batch(np.random.default_rng(7), 100)
+    greedy = exact_match(model, test, beam=1)
+    assert greedy >= 0.9, f"{name}: greedy exact match {greedy:.2f}"
