@@ -64,14 +64,8 @@ class BahdanauDecoder(Decoder):
         else:
             assert embedded is not None
             rnn_input = torch.cat([embedded, context], dim=-1)
-        output, rnn_state = self.fast.step_rnn(
-            self.rnn,
-            rnn_input,
-            state.rnn_state(),
-            self.training,
-            gates,
-            hidden_products,
-            input_products,
+        output, rnn_state = self.step_rnn(
+            rnn_input, state, gates, hidden_products, input_products
         )  # (B, 1, H)
         hidden, cell = split_rnn_state(rnn_state)
         return output, context, alphas, DecoderState(hidden, cell, state.step + 1, coverage)

@@ -9,6 +9,7 @@ The output layer (projection to the vocabulary) lives in the model, not here.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -67,12 +68,14 @@ class Decoder(nn.Module, ABC):
     """What every decoder provides.
 
     Attributes: ``embed`` (the target embedding, which the output layer may share),
-    ``attention`` (its score function, which prepares the memory), ``output_size`` (the width
+    ``rnn`` (its recurrent network, stepped through ``step_rnn``), ``attention`` (its score
+    function, which prepares the memory), ``output_size`` (the width
     of the features the output layer reads), ``stepwise`` (whether teacher forcing runs one
     target position after another: what a CUDA graph of the unroll speeds up).
     """
 
     embed: nn.Embedding
+    rnn: nn.RNNBase
     attention: Attention
     output_size: int
     stepwise: bool = True
@@ -105,6 +108,26 @@ class Decoder(nn.Module, ABC):
         """One search step: prev (B,) -> features (B, O), alphas (B, S), the next state;
         ``gates``: prev's rows of ``gate_table()`` (B, G*H), looked up by the caller;
         ``products``: ``search_products()``, or None to multiply by the modules' weights."""
+
+    def step_rnn(
+        self,
+        rnn_input: Tensor | None,
+        state: DecoderState,
+        gates: Tensor | None = None,
+        hidden_products: Sequence[Callable[[Tensor], Tensor]] | None = None,
+        input_products: Sequence[Callable[[Tensor], Tensor]] | None = None,
+    ) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor]]:
+        """One step of the decoder's RNN (``self.rnn``) from ``state`` through
+        ``FastPaths.step_rnn``: output (B, 1, H) and the RNN's next state."""
+        return self.fast.step_rnn(
+            self.rnn,
+            rnn_input,
+            state.rnn_state(),
+            self.training,
+            gates,
+            hidden_products,
+            input_products,
+        )
 
     def search_products(self) -> StepProducts | None:
         """The step's products by its fixed weights, each made once for search

@@ -134,14 +134,8 @@ class LuongDecoder(Decoder):
             if input_products is None:  # else its product casts it to the compute dtype
                 feed = feed.to(self.embed.weight.dtype)
             rnn_input = feed if embedded is None else torch.cat([embedded, feed], dim=-1)
-        output, rnn_state = self.fast.step_rnn(
-            self.rnn,
-            rnn_input,
-            state.rnn_state(),
-            self.training,
-            gates,
-            hidden_products,
-            input_products,
+        output, rnn_state = self.step_rnn(
+            rnn_input, state, gates, hidden_products, input_products
         )  # (B, 1, H)
         attentional, alphas, coverage = self._attend(
             output, memory, state.position(output), combine, state.coverage, combine_hidden
