@@ -102,7 +102,12 @@ def test_learns_to_reverse(name: str, model_cfg: dict) -> None:
     ("name", "decoder", "score"),
     [
         ("bahdanau-additive-gru", {"style": "bahdanau"}, "additive"),
-        ("luong-feeding-general-lstm", {"style": "luong", "rnn": "lstm"}, "general"),
+        pytest.param(
+            "luong-feeding-general-lstm",
+            {"style": "luong", "rnn": "lstm"},
+            "general",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_the_graph_ready_unroll_learns_under_bf16_autocast(name, decoder, score) -> None:
