@@ -41,6 +41,7 @@ LARGE_CONFIGS=${LARGE_CONFIGS:-bahdanau,luong-feed}
 PY=${PYTHON:-python3}
 STAGES=${*:-tests bench large profile rnn}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: BASE's bench runs from its own tree
 export PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
