@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.fast import compiled, sinks
+from nmt.runtime import compute_dtype
 
 RNNState = Tensor | tuple[Tensor, Tensor]
 
@@ -198,13 +199,11 @@ class TeacherSteps:
 def teacher_steps(rnn: nn.RNNBase, embedded: Tensor) -> TeacherSteps:
     """The ``TeacherSteps`` of a decoder's RNN whose first layer reads each position's
     embedding (B, T, E) first in its input (then a context or the fed-back state)."""
-    weights: torch.dtype = cast(Tensor, rnn.weight_ih_l0).dtype
-    device = embedded.device.type
-    compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weights
-    width = embedded.size(-1)
     w_ih = cast(Tensor, rnn.weight_ih_l0)
+    weights, compute = w_ih.dtype, compute_dtype(embedded.device, w_ih.dtype)
+    width = embedded.size(-1)
     rows = embedded.reshape(-1, width)  # (B*T, E)
-    with torch.autocast(device, enabled=False):
+    with torch.autocast(embedded.device.type, enabled=False):
         gates = _product(rows, w_ih[:, :width], getattr(rnn, "bias_ih_l0", None), compute, weights)
     positions = gates.view(*embedded.shape[:2], -1).unbind(1)  # T x (B, G*H)
     inputs: list[Callable[[Tensor], Tensor]] = [sinks.WeightSink(w_ih[:, width:]).linear]
