@@ -2,8 +2,8 @@
 # The GPU checks in one run, by stage: the CUDA tests, the training bench with and without
 # CUDA graphs (each configuration both ways, back to back, on the same GPU), the same at the
 # large sizes, and the RNNs' precisions on CUDA. Every figure goes to files under $OUT
-# (default runs/gpu): nvidia-smi.txt, log.txt, tests.log, bench-{eager,graphs}.json,
-# large-{eager,graphs}.json, bench.md (the tables of every bench run), rnn.txt,
+# (default runs/gpu): nvidia-smi.txt, log.txt, tests.log, bench-{eager,graphs,unroll}.json,
+# large-{eager,graphs,unroll}.json, bench.md (the tables of every bench run), rnn.txt,
 # profile-{eager,graphs}.json (scripts/profile_step.py, Bahdanau at the bench sizes), and
 # with the decode stage decode.json (greedy and beam 5 at batch 1 and 64, and the whole
 # nmt translate --beam 5, on CUDA; beam search's captured device loop against the same loop
@@ -22,10 +22,15 @@
 #   BENCH_SECONDS=120 LARGE_SECONDS=140 TEST_SECONDS=150 DECODE_SECONDS=180 ...  # stage limits
 #   DECODE_MODEL=runs/demo-model.pt bash scripts/gpu_check.sh decode
 #   BASE=runs/base bash scripts/gpu_check.sh bench   # also the tree in runs/base, with graphs
+#   MODES="graphs base" bash scripts/gpu_check.sh bench   # which runs of the bench and large
 #
-# BASE: an earlier tree's nmt and scripts (git archive REV nmt scripts pyproject.toml | tar -x
-# -C runs/base), whose bench runs with graphs after this tree's, on the same data and GPU:
-# bench-base.json, large-base.json, the before of a change.
+# The bench and large stages run the bench once per mode of MODES (default: eager graphs
+# unroll, and base with BASE), back to back on the same data and GPU: eager
+# (training.cuda_graphs false), graphs (the default: the whole training loss captured),
+# unroll (training.cuda_graphs_scope unroll: the decoder's unroll alone) and base, BASE's
+# tree with its graphs: an earlier tree's nmt and scripts (git archive REV nmt scripts
+# pyproject.toml | tar -x -C runs/base), the before of a change. Each writes
+# NAME-MODE.json (bench-graphs.json, large-unroll.json, ...).
 #
 # decode needs a trained model (default runs/demo). A model-only checkpoint, small enough to
 # travel to a GPU machine: nmt average runs/demo/best.pt runs/demo/best.pt -o runs/demo-model.pt
@@ -40,6 +45,7 @@ CONFIGS=${CONFIGS:-bahdanau,luong-feed,luong-nofeed}
 LARGE_CONFIGS=${LARGE_CONFIGS:-bahdanau,luong-feed}
 PY=${PYTHON:-python3}
 STAGES=${*:-tests bench large profile rnn}
+MODES=${MODES:-eager graphs unroll${BASE:+ base}}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)  # absolute: BASE's bench runs from its own tree
 export PYTHONUNBUFFERED=1
@@ -51,20 +57,24 @@ exec > >(tee -a "$OUT/log.txt") 2>&1
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0), 'cudnn', torch.backends.cudnn.version())"
 
-bench_pair() {  # NAME SECONDS ARGS...: the bench eager, then with graphs (then BASE's)
+bench_pair() {  # NAME SECONDS ARGS...: the bench in each of $MODES, back to back
     local name=$1 seconds=$2
     shift 2
     local common=(--device cuda --parts matmul,train --warmup 2 --windows 3 --steps 6
                   --work-dir "$PWD/runs/bench" --data "$PWD/data/bible" "$@")
-    timeout "$seconds" $PY scripts/bench.py "${common[@]}" \
-        --override training.cuda_graphs=false --json "$OUT/$name-eager.json" 2>&1 | tail -12
-    timeout "$seconds" $PY scripts/bench.py "${common[@]}" --json "$OUT/$name-graphs.json" \
-        2>&1 | tail -12
-    if [ -n "${BASE:-}" ]; then  # the tree before, with graphs, in the same call
-        (cd "$BASE" && timeout "$seconds" $PY scripts/bench.py "${common[@]}" \
-            --json "$OUT/$name-base.json" 2>&1 | tail -12)
-    fi
-    for mode in eager graphs base; do
+    for mode in $MODES; do
+        case $mode in
+        eager) timeout "$seconds" $PY scripts/bench.py "${common[@]}" \
+                   --override training.cuda_graphs=false --json "$OUT/$name-eager.json" ;;
+        graphs) timeout "$seconds" $PY scripts/bench.py "${common[@]}" \
+                   --json "$OUT/$name-graphs.json" ;;
+        unroll) timeout "$seconds" $PY scripts/bench.py "${common[@]}" \
+                   --override training.cuda_graphs_scope=unroll --json "$OUT/$name-unroll.json" ;;
+        base) [ -n "${BASE:-}" ] && (cd "$BASE" && timeout "$seconds" $PY scripts/bench.py \
+                   "${common[@]}" --json "$OUT/$name-base.json") ;;
+        esac 2>&1 | tail -12
+    done
+    for mode in $MODES; do
         [ -f "$OUT/$name-$mode.json" ] || continue
         echo "### $name, $mode"
         $PY scripts/bench.py --report "$OUT/$name-$mode.json" --markdown 2>/dev/null

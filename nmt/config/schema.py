@@ -245,9 +245,16 @@ class TrainingConfig(Section):
     )
     cuda_graphs: bool = Field(
         True,
-        description="on one GPU (not under torchrun), a step-by-step decoder's teacher-forced "
-        "unroll (Bahdanau's, Luong's with input feeding) runs as CUDA graphs captured once per "
-        "batch shape, its batches padded to a few static shapes; no effect on a CPU",
+        description="on one GPU (not under torchrun), training runs as CUDA graphs captured "
+        "once per batch shape (what they hold: cuda_graphs_scope), its batches padded to a few "
+        "static shapes; no effect on a CPU",
+    )
+    cuda_graphs_scope: Literal["loss", "unroll"] = Field(
+        "loss",
+        description="what training.cuda_graphs captures: loss, the whole training loss forward "
+        "and backward (encoder, decoder, output layer) for a GRU encoder, else as unroll; "
+        "unroll, a step-by-step decoder's teacher-forced unroll alone (Bahdanau's, Luong's with "
+        "input feeding), whose graphs hold less memory",
     )
     prefetch: bool | None = Field(
         None,

@@ -29,12 +29,14 @@ keep it and call its seams, never a global switch. Its fields are the choices:
   (``fast.packed.Product``), where torch has oneDNN; a Translator makes them once for its
   models, a shortlist takes its rows of W_o.
 - ``graphs``: the teacher-forced unroll of a step-by-step decoder is graph-ready: its RNN steps
-  through matmuls (``fast.cells``), and the model captures the unroll as CUDA graphs
-  (``fast.graphs``) on a GPU. Set for CUDA training by ``training.cuda_graphs``.
+  through matmuls (``fast.cells``), and the model captures CUDA graphs (``fast.graphs``) on a
+  GPU: with ``whole_graphs``, of the whole training loss where the encoder is a GRU
+  (``Seq2Seq.static_loss``), else of the unroll. Set for CUDA training by
+  ``training.cuda_graphs`` and ``training.cuda_graphs_scope``.
 
 | seam | fast path | plain path | when |
 | --- | --- | --- | --- |
-| ``recurrence`` | ``fast.recurrence.run_rnn`` (compiled step kernels: native_kernels) | the module, packed | cpu_kernels, training, CPU |
+| ``recurrence`` | ``fast.recurrence.run_rnn`` (compiled step kernels: native_kernels) | the module, packed; for a static batch (a captured training step) ``fast.recurrence.unpacked_rnn``, each direction over the padded rows | cpu_kernels, training, CPU |
 | ``dropout`` | ``fast.dropout.FastDropout`` (16-bit masks) | ``nn.Dropout`` | cpu_kernels, training, CPU |
 | ``additive_energies`` | ``fast.additive.RecomputedEnergies`` | broadcast v^T tanh(q + k) | cpu_kernels, training, CPU |
 | ``step_products`` | ``fast.sinks.SinkProducts`` (with graphs, a step's ``linear`` too: Bahdanau's W_q) | ``fast.sinks.Products`` | fused, training |
@@ -86,6 +88,7 @@ class FastPaths:
     fused: bool = True
     native_kernels: bool = field(default_factory=compiled.enabled_by_default)
     graphs: bool = False
+    whole_graphs: bool = True
     input_gates: bool = True
     folded_context: bool = True
     prepared_products: bool = True
@@ -112,10 +115,16 @@ class FastPaths:
         lengths: Tensor | None,
         state: recurrence.RNNState | None,
         training: bool,
+        static: bool = False,
     ) -> tuple[Tensor, recurrence.RNNState]:
         """A batch-first GRU/LSTM over inputs (B, T, I); lengths (B,), or None when every
         position is real -> outputs (B, T, D*H), zero past each end, and the final state (at
-        each sentence's last token) in the module's layout."""
+        each sentence's last token) in the module's layout. ``static``: the lengths are on
+        the inputs' device and read nowhere on the host, and no shape depends on them (a
+        captured training step, ``Seq2Seq.static_loss``; a GRU)."""
+        if static and lengths is not None and not self._cpu(inputs, training):
+            assert not isinstance(state, tuple), "the static path runs a GRU"
+            return recurrence.unpacked_rnn(rnn, inputs, lengths, state, training)
         if not self._cpu(inputs, training):
             return recurrence.plain_rnn(rnn, inputs, lengths, state)
         mask = None
@@ -216,12 +225,19 @@ class FastPaths:
         return linear  # type: ignore[no-any-return]
 
     def output_loss(
-        self, features: Tensor, weight: Tensor, target: Tensor, eps: float, training: bool
+        self,
+        features: Tensor,
+        weight: Tensor,
+        target: Tensor,
+        eps: float,
+        training: bool,
+        rows: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Label-smoothed cross-entropy of softmax(features W^T) summed over rows, and the
-        plain NLL sum: features (N, O), W (V, O), target (N,)."""
+        plain NLL sum: features (N, O), W (V, O), target (N,); ``rows`` (N,) bool, where
+        given: over those rows alone."""
         native = self._cpu(features, training) and self.native_kernels
-        return loss.output_layer_loss(features, weight, target, eps, self.fused, native)
+        return loss.output_layer_loss(features, weight, target, eps, self.fused, native, rows)
 
     def log_softmax(self, logits: Tensor, allowed: Tensor | None, training: bool) -> Tensor:
         """log softmax(logits) over the last dimension, float32; with ``allowed`` (N, V) bool,

@@ -38,6 +38,18 @@ log = logging.getLogger("nmt")
 WARMUP_ITERATIONS = 3  # eager passes on a side stream before a capture (torch's default)
 
 
+class CaptureError(NMTError):
+    """A call torch could not capture as a CUDA graph (an operation a graph cannot hold)."""
+
+    def __init__(self, what: str, reason: str):
+        super().__init__(
+            f"training.cuda_graphs: {what} could not be captured ({reason}); "
+            f"set training.cuda_graphs: false"
+        )
+        self.what = what
+        self.reason = reason
+
+
 class _Call(nn.Module):
     """``function(*args)`` over flat tensors: the module ``make_graphed_callables`` graphs;
     ``owner``'s parameters are its own, so their gradients come out of the graph."""
@@ -68,8 +80,15 @@ class StepGraphs:
     def __len__(self) -> int:
         return len(self.graphs)
 
-    def __call__(self, owner: nn.Module, function: Callable[..., Any], *args: Any) -> Any:
-        """``function(*args)``, through the graph of this signature (captured now if new)."""
+    def __call__(
+        self,
+        owner: nn.Module,
+        function: Callable[..., Any],
+        *args: Any,
+        what: str = "the decoder's unroll",
+    ) -> Any:
+        """``function(*args)``, through the graph of this signature (captured now if new);
+        ``CaptureError`` (naming ``what`` was captured) where torch cannot capture it."""
         if self.paused:
             return function(*args)
         flat: list[Tensor] = []
@@ -95,10 +114,7 @@ class StepGraphs:
                 graphed = self._capture(owner, function, structure, flat)
             except RuntimeError as exc:  # an op a graph cannot hold
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-                raise NMTError(
-                    f"training.cuda_graphs: the decoder's unroll could not be captured "
-                    f"({reason}); set training.cuda_graphs: false"
-                ) from exc
+                raise CaptureError(what, reason) from exc
             self.graphs[key] = graphed
         return graphed(*flat)
 

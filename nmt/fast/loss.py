@@ -16,21 +16,33 @@ from nmt.runtime import compute_dtype
 
 
 def output_layer_loss(
-    features: Tensor, weight: Tensor, target: Tensor, eps: float, fused: bool, compiled: bool
+    features: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    eps: float,
+    fused: bool,
+    compiled: bool,
+    rows: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """features (N, O), output weight W (V, O), targets (N,) -> the label-smoothed
     cross-entropy of softmax(features W^T) summed over the N rows, and the plain NLL sum (for
-    perplexity, not differentiable). ``fused``: through ``OutputLayerLoss`` (with
-    ``compiled``, its compiled kernel); else the plain logits and ``F.cross_entropy``."""
+    perplexity, not differentiable). ``rows`` (N,) bool: the sums over these rows alone, the
+    others (a static batch's padding) adding nothing to either sum or to a gradient.
+    ``fused``: through ``OutputLayerLoss`` (with ``compiled``, its compiled kernel); else the
+    plain logits and ``F.cross_entropy``."""
     if not fused:
         logits = F.linear(features, weight)  # (N, V), at least float32:
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        loss = F.cross_entropy(logits, target, label_smoothing=eps, reduction="sum")
-        nll = F.cross_entropy(logits.detach(), target, reduction="sum")
-        return loss, nll
+        if rows is None:
+            loss = F.cross_entropy(logits, target, label_smoothing=eps, reduction="sum")
+            nll = F.cross_entropy(logits.detach(), target, reduction="sum")
+            return loss, nll
+        loss = F.cross_entropy(logits, target, label_smoothing=eps, reduction="none")
+        nll = F.cross_entropy(logits.detach(), target, reduction="none")
+        return (loss * rows).sum(), (nll * rows).sum()
     dtype = compute_dtype(features.device, torch.promote_types(features.dtype, weight.dtype))
     keep_grad = torch.is_grad_enabled() and (features.requires_grad or weight.requires_grad)
-    return OutputLayerLoss.apply(features, weight, target, eps, dtype, keep_grad, compiled)
+    return OutputLayerLoss.apply(features, weight, target, eps, dtype, keep_grad, compiled, rows)
 
 
 # Logit rows whose softmax statistics are computed at once in float32: a (rows, V) float32
@@ -53,7 +65,8 @@ class OutputLayerLoss(torch.autograd.Function):
     depend on the incoming gradient g (a scalar), so forward computes it chunk by chunk in
     float32 and stores it in the logits' own buffer, in the matmul dtype (bf16 under autocast,
     as the logits were). Backward is two matmuls with no pass over (N, V): d features = g G W
-    and d W = g G^T features. With ``compiled`` (CPU training), nmt.fast.compiled's kernel computes a
+    and d W = g G^T features. With ``counted`` (N,) bool, only those rows count: the others'
+    terms and rows of G are zero. With ``compiled`` (CPU training), nmt.fast.compiled's kernel computes a
     whole matmul block's statistics and G in three passes instead of the chunked torch ops.
     """
 
@@ -67,6 +80,7 @@ class OutputLayerLoss(torch.autograd.Function):
         dtype: torch.dtype,
         keep_grad: bool,
         compiled: bool,
+        counted: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         rows, vocab = features.size(0), weight.size(0)
         chunk = max(1, LOSS_CHUNK_ELEMENTS // vocab)
@@ -96,6 +110,10 @@ class OutputLayerLoss(torch.autograd.Function):
                 positions = torch.arange(rows, device=x.device) * vocab + target
                 at_target = p_target - (1.0 - eps) - eps / vocab
                 buffer.view(-1)[positions] = at_target.to(dtype)
+            if counted is not None:  # rows outside the sums: no loss, no gradient
+                stats.mul_(counted)
+                if keep_grad:
+                    buffer.mul_(counted[:, None])
             if keep_grad:
                 ctx.save_for_backward(buffer, x, w)
         ctx.dtypes = features.dtype, weight.dtype
@@ -114,7 +132,7 @@ class OutputLayerLoss(torch.autograd.Function):
                 grad_features = torch.mm(grad, w).to(ctx.dtypes[0]).mul_(grad_loss)
             if ctx.needs_input_grad[1]:
                 grad_weight = torch.mm(grad.t(), x).to(ctx.dtypes[1]).mul_(grad_loss)
-        return grad_features, grad_weight, None, None, None, None, None
+        return grad_features, grad_weight, None, None, None, None, None, None
 
 
 def _softmax_rows(logits: Tensor, target: Tensor, stats: Tensor, eps: float | None) -> None:

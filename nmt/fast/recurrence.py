@@ -24,7 +24,9 @@ model's ``FastPaths.native_kernels`` says so and a C compiler is available, else
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import warnings
 
 import torch
 from torch import Tensor, nn
@@ -124,6 +126,90 @@ def plain_rnn(
         state = state.to(dtype)
     with torch.autocast(device, enabled=False):
         return _module_call(rnn, inputs.to(dtype), lengths, state)
+
+
+def unpacked_rnn(
+    rnn: nn.RNNBase, inputs: Tensor, lengths: Tensor, state: Tensor | None, training: bool
+) -> tuple[Tensor, Tensor]:
+    """A batch-first ``nn.GRU`` over ``inputs`` (B, T, I) as the packed call runs it, with
+    the lengths (B,), each at least 1, on the inputs' device and never read on the host, and
+    no shape that depends on them: what a CUDA graph of a whole training step holds
+    (``Seq2Seq.static_loss``) -> outputs (B, T, D*H), zero past each end, and the final
+    state (L*D, B, H) at each sentence's last token.
+
+    Each layer runs each direction as a call of its own over the padded rows: the forward
+    one over the rows as they are (a position's output never depends on the padding after
+    it), the backward one over each row reversed within its length (``reversal``), its
+    outputs put back in order. A final state is an output: the forward direction's at the
+    last token, the backward direction's at the first. An LSTM's final cell is no output, so
+    this path is for GRUs. Dropout between layers as the module's (``rnn.dropout``). Under
+    autocast on a GPU the RNN runs outside it in the weights' dtype, as ``plain_rnn``'s."""
+    if not isinstance(rnn, nn.GRU):
+        raise ValueError("unpacked_rnn runs a GRU: an LSTM's final cell is no output")
+    directions = 2 if rnn.bidirectional else 1
+    weights = next(rnn.parameters()).dtype
+    batch, steps = inputs.shape[:2]
+    positions = torch.arange(steps, device=inputs.device)
+    real = positions < lengths[:, None]  # (B, T)
+    order = reversal(lengths, steps)  # (B, T)
+    last = (lengths - 1)[:, None, None]  # (B, 1, 1)
+    h0 = _initial_state(rnn, inputs, state, weights)[0]
+    outside = _outside_autocast(rnn, inputs.device.type)
+    x = inputs.to(weights) if outside else inputs
+    finals = []
+    with (
+        torch.autocast(inputs.device.type, enabled=False) if outside else contextlib.nullcontext(),
+        warnings.catch_warnings(),
+    ):
+        # one direction's weights are a slice of the module's cuDNN buffer, which cuDNN may
+        # copy into one of their own each call (a graph replays the copy): not a user's fault
+        warnings.filterwarnings("ignore", message="RNN module weights are not part of single")
+        for layer in range(rnn.num_layers):
+            outputs = []
+            for direction in range(directions):
+                suffix = f"l{layer}" + ("_reverse" if direction else "")
+                params = [
+                    getattr(rnn, f"{kind}_{suffix}")
+                    for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")[
+                        : 4 if rnn.bias else 2
+                    ]
+                ]
+                row = layer * directions + direction
+                seen = x if not direction else _in_order(x, order)
+                out, _ = torch.gru(
+                    seen,
+                    h0[row : row + 1].to(weights),
+                    params,
+                    rnn.bias,
+                    1,
+                    0.0,
+                    training,
+                    False,
+                    True,
+                )  # (B, T, H)
+                if direction:
+                    out = _in_order(out, order)  # back in the sentence's order
+                    finals.append(out[:, 0])  # the state after its first token
+                else:
+                    finals.append(out.gather(1, last.expand(-1, -1, out.size(-1))).squeeze(1))
+                outputs.append(out)
+            x = torch.cat(outputs, dim=-1) if directions > 1 else outputs[0]
+            if layer < rnn.num_layers - 1:
+                x = dropout(x, rnn.dropout, training)
+    return x.masked_fill(~real[..., None], 0.0), torch.stack(finals)
+
+
+def reversal(lengths: Tensor, steps: int) -> Tensor:
+    """(B, T) positions: each row's first ``lengths[b]`` in reverse, the rest in place (its
+    own inverse)."""
+    positions = torch.arange(steps, device=lengths.device)
+    flipped = lengths[:, None] - 1 - positions
+    return torch.where(flipped >= 0, flipped, positions)
+
+
+def _in_order(x: Tensor, order: Tensor) -> Tensor:
+    """x (B, T, F) with row b's positions taken in ``order[b]`` (B, T)."""
+    return x.gather(1, order[..., None].expand(-1, -1, x.size(-1)))
 
 
 def _outside_autocast(rnn: nn.RNNBase, device: str) -> bool:

@@ -68,10 +68,15 @@ class Encoder(nn.Module):
         self.fast = fast
 
     def forward(
-        self, src: Tensor, src_lengths: Tensor, tables: SourceTables | None = None
+        self,
+        src: Tensor,
+        src_lengths: Tensor,
+        tables: SourceTables | None = None,
+        static: bool = False,
     ) -> EncoderOutput:
         """src: (B, S) ids; src_lengths: (B,) -> EncoderOutput. ``tables``: this encoder's
-        ``source_tables``, for a search's fixed weights (evaluation mode)."""
+        ``source_tables``, for a search's fixed weights (evaluation mode). ``static``: the
+        lengths on src's device, never read on the host (``FastPaths.recurrence``)."""
         mask = src != PAD_ID  # (B, S)
         # annotations (B, S, D*H), padding never entering the recurrence
         if tables is not None:
@@ -80,7 +85,7 @@ class Encoder(nn.Module):
         else:
             embedded = self.embedding_dropout(self.embed(src))  # (B, S, E)
             outputs, final = self.fast.recurrence(
-                self.rnn, embedded, src_lengths, None, self.training
+                self.rnn, embedded, src_lengths, None, self.training, static
             )
         hidden, cell = final if isinstance(final, tuple) else (final, None)
         batch = src.size(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths
-from nmt.fast.graphs import StepGraphs
+from nmt.fast.graphs import CaptureError, StepGraphs
 from nmt.fast.source_tables import SourceTables
 from nmt.model.aligner import AlignmentHead
 from nmt.model.attention import Memory
@@ -21,6 +22,8 @@ from nmt.vocab import PAD_ID
 
 if TYPE_CHECKING:
     from nmt.config import ModelConfig
+
+log = logging.getLogger("nmt")
 
 
 class Seq2Seq(nn.Module):
@@ -50,15 +53,25 @@ class Seq2Seq(nn.Module):
                 )
         self.trg_vocab_size = trg_vocab_size
         self.fast = fast
-        # a step-by-step decoder's unroll as CUDA graphs in training (FastPaths.graphs)
-        self.graphs = StepGraphs() if fast.graphs and self.decoder.stepwise else None
+        # CUDA graphs in training (FastPaths.graphs): of the whole loss, forward and backward,
+        # for a GRU encoder (``static_loss``), else of a step-by-step decoder's unroll
+        self.whole_graphs = (
+            fast.graphs and fast.whole_graphs and isinstance(self.encoder.rnn, nn.GRU)
+        )
+        captured = self.whole_graphs or self.decoder.stepwise
+        self.graphs = StepGraphs() if fast.graphs and captured else None
 
     def encode(
-        self, src: Tensor, src_lengths: Tensor, tables: SourceTables | None = None
+        self,
+        src: Tensor,
+        src_lengths: Tensor,
+        tables: SourceTables | None = None,
+        static: bool = False,
     ) -> tuple[Memory, DecoderState]:
         """src: (B, S) -> attention memory and the decoder's initial state; ``tables``: the
-        encoder's for search (``Encoder.source_tables``)."""
-        enc = self.encoder(src, src_lengths, tables)
+        encoder's for search (``Encoder.source_tables``); ``static``: the lengths on the
+        device, never read on the host (``static_loss``)."""
+        enc = self.encoder(src, src_lengths, tables, static)
         memory = self.decoder.attention.prepare(enc.outputs, enc.mask)
         hidden, cell = self.bridge(enc)
         return memory, self.decoder.initial_state(hidden, cell)
@@ -132,6 +145,10 @@ class Seq2Seq(nn.Module):
         positions of trg_out.view(-1) that are not padding, where the caller knows them
         (``Batch.target_rows``): then finding them costs no wait on a GPU.
         """
+        if self._captures_whole(src):
+            whole = self._captured_loss(src, trg_in, trg_out, label_smoothing, guide, guide_weight)
+            if whole is not None:
+                return whole
         memory, state = self.encode(src, src_lengths)
         features, alphas = self._teacher_forced(trg_in, memory, state)
         flat = features.reshape(-1, features.size(-1))  # (B*T, O)
@@ -143,11 +160,102 @@ class Seq2Seq(nn.Module):
             flat, gold = flat.index_select(0, target_rows), gold.index_select(0, target_rows)
         weight = self.generator.weight  # (V, O)
         loss, nll = self.fast.output_loss(flat, weight, gold, label_smoothing, self.training)
+        return self._guided(loss, nll, features, alphas, trg_out, memory, guide, guide_weight)
+
+    def static_loss(
+        self,
+        src: Tensor,
+        trg_in: Tensor,
+        trg_out: Tensor,
+        label_smoothing: float = 0.0,
+        guide: Tensor | None = None,
+        guide_weight: float = 0.0,
+    ) -> tuple[Tensor, Tensor]:
+        """``loss`` of a batch of static shape as one CUDA graph holds it: nothing read on
+        the host and no shape taken from the data. The source lengths are counted on the
+        device (a source has no padding before its end), the encoder runs unpacked
+        (``FastPaths.recurrence``'s static path; a GRU encoder), the decoder eagerly (no
+        graph of its own inside this one), and every target position reaches the output
+        layer, padding's rows counting nothing (``FastPaths.output_loss``'s rows)."""
+        lengths = (src != PAD_ID).sum(dim=1)
+        memory, state = self.encode(src, lengths, static=True)
+        features, alphas = self.decoder(trg_in, memory, state)
+        gold = trg_out.reshape(-1)  # (B*T,)
+        loss, nll = self.fast.output_loss(
+            features.reshape(-1, features.size(-1)),
+            self.generator.weight,
+            gold,
+            label_smoothing,
+            self.training,
+            rows=gold != PAD_ID,
+        )
+        return self._guided(loss, nll, features, alphas, trg_out, memory, guide, guide_weight)
+
+    def _guided(
+        self,
+        loss: Tensor,
+        nll: Tensor,
+        features: Tensor,
+        alphas: Tensor,
+        trg_out: Tensor,
+        memory: Memory,
+        guide: Tensor | None,
+        guide_weight: float,
+    ) -> tuple[Tensor, Tensor]:
+        """The loss with guided alignment's term where ``guide`` is given, and the NLL."""
         if guide is not None and guide_weight > 0:
             head = self._head(features, trg_out, memory)
             guided = alphas if head is None else head
             loss = loss + guide_weight * guided_alignment_loss(guided, guide)
         return loss, nll
+
+    def _captures_whole(self, src: Tensor) -> bool:
+        """Whether this training loss runs as a CUDA graph of the whole loss: graphs of it
+        (``whole_graphs``), not paused (the loop's batches have static shapes), training with
+        gradients, on a GPU."""
+        graphs = self.graphs
+        return (
+            graphs is not None
+            and self.whole_graphs
+            and not graphs.paused
+            and self.training
+            and src.is_cuda
+            and torch.is_grad_enabled()
+        )
+
+    def _captured_loss(
+        self,
+        src: Tensor,
+        trg_in: Tensor,
+        trg_out: Tensor,
+        label_smoothing: float,
+        guide: Tensor | None,
+        guide_weight: float,
+    ) -> tuple[Tensor, Tensor] | None:
+        """``static_loss`` through its CUDA graph (captured now if this shape is new); None
+        where the capture failed: then the model captures the decoder's unroll alone from
+        here on, as it does for an LSTM encoder."""
+        assert self.graphs is not None
+        try:
+            return self.graphs(  # type: ignore[no-any-return]
+                self,
+                self.static_loss,
+                src,
+                trg_in,
+                trg_out,
+                label_smoothing,
+                guide,
+                guide_weight,
+                what="the whole training loss",
+            )
+        except CaptureError as exc:
+            log.warning(
+                "training.cuda_graphs: the whole training loss could not be captured (%s); "
+                "capturing the decoder's unroll alone from here on",
+                exc.reason,
+            )
+            self.whole_graphs = False
+            return None
 
 
 def guided_alignment_loss(alphas: Tensor, guide: Tensor) -> Tensor:

@@ -221,9 +221,9 @@ def checkpoint_bytes(state: Any) -> int:
 
 
 def uses_cuda_graphs(config: Config, device: torch.device, distributed: bool) -> bool:
-    """Whether training captures the decoder's unroll as CUDA graphs: ``training.cuda_graphs``
-    on one GPU (DistributedDataParallel's hooks stay eager), for a step-by-step decoder
-    (``Seq2Seq.graphs``)."""
+    """Whether training captures CUDA graphs: ``training.cuda_graphs`` on one GPU
+    (DistributedDataParallel's hooks stay eager); of the whole loss or of a step-by-step
+    decoder's unroll (``training.cuda_graphs_scope``, ``Seq2Seq.graphs``)."""
     return config.training.cuda_graphs and device.type == "cuda" and not distributed
 
 
@@ -234,7 +234,11 @@ def allocate_model(
     with ``training.cuda_graphs`` on one GPU: ``uses_cuda_graphs``); a model too large for its
     memory is an NMTError naming the sizes to lower, not an allocator's traceback."""
     graphs = uses_cuda_graphs(config, device, distributed)
-    fast = FastPaths(cpu_kernels=config.run.fast_kernels, graphs=graphs)
+    fast = FastPaths(
+        cpu_kernels=config.run.fast_kernels,
+        graphs=graphs,
+        whole_graphs=config.training.cuda_graphs_scope == "loss",
+    )
     try:
         return build_model(
             config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size, fast

@@ -6,6 +6,8 @@ the unpadded batch."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -120,6 +122,18 @@ SRC_VOCAB, TRG_VOCAB = 11, 13
 
 
 def _models(style: str, feeding: bool, rnn: str, score: str, coverage: str):
+    config = _config(style, feeding, rnn, score, coverage)
+    torch.manual_seed(0)
+    plain = build_model(config, SRC_VOCAB, TRG_VOCAB, FastPaths.plain()).double().train()
+    with torch.no_grad():
+        for param in plain.parameters():
+            param.add_(0.3 * torch.randn_like(param))
+    ready = build_model(config, SRC_VOCAB, TRG_VOCAB, FastPaths(graphs=True)).double().train()
+    ready.load_state_dict(plain.state_dict())
+    return plain, ready
+
+
+def _config(style: str, feeding: bool, rnn: str, score: str, coverage: str):
     raw = {
         "embedding_size": 6,
         "embedding_dropout": 0.0,
@@ -134,15 +148,7 @@ def _models(style: str, feeding: bool, rnn: str, score: str, coverage: str):
         },
         "attention": {"score": score, "hidden_size": 5, "coverage": coverage},
     }
-    config = from_dict({"model": raw}).model
-    torch.manual_seed(0)
-    plain = build_model(config, SRC_VOCAB, TRG_VOCAB, FastPaths.plain()).double().train()
-    with torch.no_grad():
-        for param in plain.parameters():
-            param.add_(0.3 * torch.randn_like(param))
-    ready = build_model(config, SRC_VOCAB, TRG_VOCAB, FastPaths(graphs=True)).double().train()
-    ready.load_state_dict(plain.state_dict())
-    return plain, ready
+    return from_dict({"model": raw}).model
 
 
 @pytest.mark.parametrize(
@@ -196,17 +202,86 @@ def test_a_padded_batch_through_the_cells_gives_the_plain_loss_and_gradients(
     assert all(not sink.records and not sink.bias_records and not sink.formed for sink in made)
 
 
-def test_graphs_are_kept_only_for_a_stepwise_decoder() -> None:
-    for feeding, kept in ((True, True), (False, False)):
+def test_graphs_are_kept_for_the_whole_loss_of_a_gru_encoder_or_a_stepwise_unroll() -> None:
+    """A GRU encoder: graphs of the whole loss, whatever the decoder. An LSTM encoder (whose
+    final cells the unpacked path cannot give): graphs of a step-by-step decoder's unroll
+    alone, and none for a decoder that runs over all steps at once."""
+    for encoder, feeding, whole, kept in (
+        ("gru", True, True, True),
+        ("gru", False, True, True),
+        ("lstm", True, False, True),
+        ("lstm", False, False, False),
+    ):
         raw = {
             "embedding_size": 4,
-            "encoder": {"hidden_size": 4},
+            "encoder": {"rnn": encoder, "hidden_size": 4},
             "decoder": {"style": "luong", "hidden_size": 4, "input_feeding": feeding},
         }
         config = from_dict({"model": raw}).model
         model = build_model(config, 7, 7, FastPaths(graphs=True))
         assert (model.graphs is not None) is kept
+        assert model.whole_graphs is whole
         assert build_model(config, 7, 7, FastPaths()).graphs is None
+
+
+STATIC_VARIANTS = [
+    ("bahdanau", False, "additive", "none", "graph-ready"),
+    ("bahdanau", False, "additive", "neural", "plain"),
+    ("luong", True, "general", "none", "graph-ready"),
+    ("luong", True, "local-p", "none", "plain"),
+    ("luong", False, "general", "none", "graph-ready"),
+    ("luong", False, "dot", "none", "plain"),
+    ("luong", False, "general", "none", "cpu-kernels"),
+]
+
+
+@pytest.mark.parametrize(("style", "feeding", "score", "coverage", "paths"), STATIC_VARIANTS)
+def test_the_static_loss_of_a_padded_batch_is_the_plain_loss_of_the_batch(
+    style: str, feeding: bool, score: str, coverage: str, paths: str
+) -> None:
+    """``Seq2Seq.static_loss``, what a CUDA graph of the whole training loss holds (lengths
+    counted on the device, the GRU encoder unpacked, every target position through the
+    output layer with padding's rows counting nothing), on a batch padded to its static
+    shape (an empty row, padding past every sentence), with guided alignment: the plain
+    model's loss, NLL and gradients on the batch as it was, in float64. The model's paths:
+    the graph-ready unroll, plain PyTorch (the unpacked cuDNN-style encoder on a CPU), or
+    the CPU kernels (the encoder's masked recurrence)."""
+    plain, ready = _models(style, feeding, "gru", score, coverage)
+    if paths != "graph-ready":
+        fast = FastPaths.plain() if paths == "plain" else FastPaths()
+        ready = build_model(
+            _config(style, feeding, "gru", score, coverage), SRC_VOCAB, TRG_VOCAB, fast
+        )
+        ready = ready.double().train()
+        ready.load_state_dict(plain.state_dict())
+    generator = torch.Generator().manual_seed(3)
+    src_lengths, trg_lengths = [7, 3, 5, 1], [4, 6, 2, 5]
+    src = [torch.randint(4, SRC_VOCAB, (n,), generator=generator).tolist() for n in src_lengths]
+    trg = [torch.randint(4, TRG_VOCAB, (n,), generator=generator).tolist() for n in trg_lengths]
+    batch = make_batch(src, trg, np.arange(4))
+    guide = torch.rand(4, batch.trg_in.size(1), batch.src.size(1), generator=generator)
+    guide = guide.double() * (batch.src != 0)[:, None, :] * (batch.trg_out != 0)[:, :, None]
+    batch = dataclasses.replace(batch, guide=guide / guide.sum(-1, keepdim=True).clamp_min(1e-9))
+    padded = batch.padded(5, 8)
+    # in float64 to the last bits; with guided alignment, whose term is float32, to float32's
+    for weight, (rtol, grad_rtol, atol) in (
+        (0.0, (1e-12, 1e-10, 1e-12)),
+        (0.3, (1e-6, 1e-5, 1e-7)),
+    ):
+        want_loss, want_nll = plain.loss(*batch.tensors(), 0.1, batch.guide, weight)
+        got_loss, got_nll = ready.static_loss(
+            padded.src, padded.trg_in, padded.trg_out, 0.1, padded.guide, weight
+        )
+        torch.testing.assert_close(got_loss, want_loss, rtol=rtol, atol=atol)
+        torch.testing.assert_close(got_nll, want_nll, rtol=1e-12, atol=1e-12)
+        want_grads = torch.autograd.grad(want_loss, list(plain.parameters()), allow_unused=True)
+        got_grads = torch.autograd.grad(got_loss, list(ready.parameters()), allow_unused=True)
+        named = plain.named_parameters()
+        for (name, _), want, got in zip(named, want_grads, got_grads, strict=True):
+            if want is None:
+                assert got is None or not got.any(), name
+                continue
+            torch.testing.assert_close(got, want, rtol=grad_rtol, atol=atol, msg=name)
 
 
 def test_target_rows_found_on_the_host_give_the_same_loss_to_the_bit() -> None:

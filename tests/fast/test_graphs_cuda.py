@@ -1,6 +1,9 @@
-"""The captured unroll (nmt.fast.graphs) against the eager one on a GPU: the same loss and
-gradients in fp32 for every step-by-step decoder, on new data at every replay; dropout draws
-new masks at every replay; bf16 training with graphs reaches the eager run's dev loss.
+"""The captured training loss (nmt.fast.graphs) against the eager one on a GPU: the same
+loss and gradients in fp32 for every decoder, on new data at every replay (the whole loss
+for a GRU encoder, ``Seq2Seq.static_loss``; the step-by-step decoder's unroll for an LSTM
+encoder); a replay never waits for the device; a loss that cannot be captured whole falls
+back to the unroll; dropout draws new masks at every replay; bf16 training with graphs
+reaches the eager run's dev loss.
 
 Run with `pytest -m gpu tests/fast/test_graphs_cuda.py` on a machine with a GPU; skipped
 without one."""
@@ -75,6 +78,7 @@ VARIANTS = [
     ("luong", True, "gru", "general", "none"),
     ("luong", True, "lstm", "dot", "none"),
     ("luong", True, "gru", "local-p", "none"),
+    ("luong", False, "gru", "general", "none"),
 ]
 
 
@@ -99,8 +103,50 @@ def test_the_captured_unroll_is_the_eager_one_in_fp32(
             if g is not None:
                 torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6, msg=name)
     assert len(model.graphs) == 1  # one shape, captured once
+    owner = model if rnn == "gru" else model.decoder  # the whole loss, or the unroll alone
+    assert [key[0] for key in model.graphs.graphs] == [id(owner)]
     other = _loss_and_grads(model, _batch(4, rows=8, length=24))
     assert len(model.graphs) == 2 and torch.isfinite(other[0])
+
+
+def test_a_replayed_training_loss_never_waits_for_the_device() -> None:
+    model = _model("bahdanau", False, "gru", "additive", "none", dropout=0.1)
+    _loss_and_grads(model, _batch(1))  # captured
+    batch = _batch(2)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss, nll = model.loss(*batch.tensors(), label_smoothing=0.1)
+        loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.isfinite(loss) and torch.isfinite(nll)
+
+
+def test_a_loss_that_cannot_be_captured_whole_falls_back_to_the_unroll(caplog) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = _model("luong", True, "gru", "general", "none", dropout=0.0)
+    assert model.graphs is not None and model.whole_graphs
+    real = model.static_loss
+
+    def waits(src, *args):
+        if float(src.sum()) < 0:  # a host read: no graph can hold it
+            raise AssertionError("unreachable")
+        return real(src, *args)
+
+    model.static_loss = waits
+    batch = _batch(1)
+    with caplog.at_level("WARNING", logger="nmt"):
+        got = _loss_and_grads(model, batch)
+    assert "the whole training loss could not be captured" in caplog.text
+    assert not model.whole_graphs
+    assert [key[0] for key in model.graphs.graphs] == [id(model.decoder)]
+    model.graphs.paused = True
+    want = _loss_and_grads(model, batch)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    for g, w in zip(got[2], want[2], strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
 
 
 def test_dropout_draws_new_masks_at_every_replay() -> None:

@@ -220,6 +220,42 @@ def test_loss_gradients_equal_torch_cross_entropy(
         torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize(
+    ("fused", "compiled"),
+    [(False, False), (True, False), (True, True)],
+    ids=["plain", "fused", "compiled"],
+)
+@pytest.mark.parametrize("chunk_rows", [None, 4], ids=["one-chunk", "4-row-chunks"])
+def test_a_loss_over_some_rows_counts_those_rows_alone(
+    fused, compiled, chunk_rows, monkeypatch
+) -> None:
+    """``rows`` (a static batch's target positions that are not padding): the loss, the NLL
+    and both gradients are F.cross_entropy's over those rows alone, in float64; the other
+    rows' features get no gradient, whatever their targets."""
+    if chunk_rows is not None:
+        monkeypatch.setattr(nmt.fast.loss, "LOSS_CHUNK_ELEMENTS", chunk_rows * 30)
+        monkeypatch.setattr(nmt.fast.loss, "LOSS_MATMUL_CHUNKS", 2)
+    generator = torch.Generator().manual_seed(9)
+    features = torch.randn(17, 6, generator=generator, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(30, 6, generator=generator, dtype=torch.float64, requires_grad=True)
+    gold = torch.randint(0, 30, (17,), generator=generator)
+    rows = torch.rand(17, generator=generator) < 0.6
+    assert 0 < int(rows.sum()) < 17
+    keep = rows.nonzero().squeeze(1)
+    ref = F.cross_entropy(
+        features[keep] @ weight.t(), gold[keep], label_smoothing=0.1, reduction="sum"
+    )
+    ref_nll = F.cross_entropy(features[keep] @ weight.t(), gold[keep], reduction="sum")
+    ref_grads = torch.autograd.grad(0.37 * ref, [features, weight])
+    loss, nll = nmt.fast.loss.output_layer_loss(features, weight, gold, 0.1, fused, compiled, rows)
+    grads = torch.autograd.grad(0.37 * loss, [features, weight])
+    torch.testing.assert_close(loss, ref, rtol=1e-12, atol=0)
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-12, atol=0)
+    for grad, ref_grad in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-12)
+    assert not grads[0][~rows].any()
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["torch-ops", "compiled"])
 @pytest.mark.parametrize(
     ("dtype", "bound"), [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)], ids=["bf16", "fp16"]
