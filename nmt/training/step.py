@@ -171,12 +171,15 @@ def clear_gradients(optimizer: torch.optim.Optimizer, keep: bool) -> None:
     if not keep:
         optimizer.zero_grad(set_to_none=True)
         return
+    kept = []
     for group in optimizer.param_groups:
         for param in group["params"]:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             else:
-                param.grad.zero_()
+                kept.append(param.grad)
+    if kept:
+        torch._foreach_zero_(kept)  # one launch for them all, not one each
 
 
 def _split_batch(batch: Batch, pieces: int) -> list[Batch]:
