@@ -1,18 +1,23 @@
-"""CUDA graphs of a step-by-step decoder's teacher-forced unroll, forward and backward.
+"""CUDA graphs of a training loss, forward and backward: the whole loss, or a step-by-step
+decoder's teacher-forced unroll.
 
-A step-by-step decoder (Bahdanau's, Luong's with input feeding) runs a few small kernels per
-target position, forward and backward; on a GPU each step waits on its launches, not on
-arithmetic. ``StepGraphs`` captures the whole unroll of a batch shape once, as two CUDA graphs
-(``torch.cuda.make_graphed_callables``: the forward, and the backward of the decoder's inputs
-and parameters), and replays them for every later batch of that shape: one launch each instead
-of thousands.
+On a GPU a training step launches its kernels one by one and waits on the launches, not on
+arithmetic: a step-by-step decoder (Bahdanau's, Luong's with input feeding) runs a few small
+kernels per target position, forward and backward, and every step launches hundreds more
+around it (the encoder, the output layer's chunks, the loss). ``StepGraphs`` captures a
+call for a batch shape once, as two CUDA graphs (``torch.cuda.make_graphed_callables``: the
+forward, and the backward of its inputs and the owner's parameters), and replays them for
+every later batch of that shape: one launch each instead of thousands. The call is the
+model's whole training loss (``Seq2Seq.static_loss``, for a GRU encoder, whose lengths it
+counts on the device and whose RNN it runs unpacked), or, with an LSTM encoder or
+``training.cuda_graphs_scope: unroll``, the decoder's unroll alone, the encoder's packed RNN
+and the loss's selection of real target tokens then running as before. A whole loss that
+cannot be captured falls back to the unroll (``CaptureError``).
 
 A graph holds fixed shapes, so the training loop pads its batches to a few static shapes
 (``nmt.data.batching.shaped_batches``); the decoder steps its RNN through matmuls
-(``nmt.fast.cells``), which a capture holds. What a graph cannot hold stays outside: the
-encoder's packed cuDNN RNN and the loss's selection of real target tokens run as before.
-Dropout inside the unroll draws from CUDA's generator through the graph's own offsets, so
-every replay draws new masks.
+(``nmt.fast.cells``), which a capture holds. Dropout inside a graph draws from CUDA's
+generator through the graph's own offsets, so every replay draws new masks.
 
 Each shape's graphs keep their own memory (the activations the backward reads). Arguments are
 tensors, None, or dataclasses of them (the attention memory, the decoder state); their other
