@@ -148,7 +148,7 @@ def unpacked_rnn(
         raise ValueError("unpacked_rnn runs a GRU: an LSTM's final cell is no output")
     directions = 2 if rnn.bidirectional else 1
     weights = next(rnn.parameters()).dtype
-    batch, steps = inputs.shape[:2]
+    steps = inputs.size(1)
     positions = torch.arange(steps, device=inputs.device)
     real = positions < lengths[:, None]  # (B, T)
     order = reversal(lengths, steps)  # (B, T)

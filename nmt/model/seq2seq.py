@@ -233,8 +233,8 @@ class Seq2Seq(nn.Module):
         guide_weight: float,
     ) -> tuple[Tensor, Tensor] | None:
         """``static_loss`` through its CUDA graph (captured now if this shape is new); None
-        where the capture failed: then the model captures the decoder's unroll alone from
-        here on, as it does for an LSTM encoder."""
+        where the capture failed: then the model captures a step-by-step decoder's unroll
+        alone from here on, as it does for an LSTM encoder (another decoder runs eagerly)."""
         assert self.graphs is not None
         try:
             return self.graphs(  # type: ignore[no-any-return]
@@ -249,10 +249,12 @@ class Seq2Seq(nn.Module):
                 what="the whole training loss",
             )
         except CaptureError as exc:
+            rest = "its decoder's unroll alone" if self.decoder.stepwise else "nothing"
             log.warning(
                 "training.cuda_graphs: the whole training loss could not be captured (%s); "
-                "capturing the decoder's unroll alone from here on",
+                "capturing %s from here on",
                 exc.reason,
+                rest,
             )
             self.whole_graphs = False
             return None
