@@ -83,7 +83,7 @@ VARIANTS = [
 
 
 @pytest.mark.parametrize(("style", "feeding", "rnn", "score", "coverage"), VARIANTS)
-def test_the_captured_unroll_is_the_eager_one_in_fp32(
+def test_the_captured_loss_is_the_eager_one_in_fp32(
     style: str, feeding: bool, rnn: str, score: str, coverage: str
 ) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
