@@ -75,8 +75,8 @@ class Model:
 
     @property
     def precision(self) -> str:
-        """What the models decode in and why, e.g. ``fp32 (auto: this CPU has no native bf16)``."""
-        return f"{self.translator.precision} ({self.translator.precision_reason})"
+        """What the models decode in and why, e.g. ``fp32 (auto: this CPU has no native bf16 matmuls)``."""
+        return self.translator.decoded_in
 
     @property
     def config(self) -> Config:

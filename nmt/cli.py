@@ -313,11 +313,15 @@ def translate(
     from nmt.commands.translate import TranslateRequest, translate_command
 
     models = Models(model, device, precision, backend)
-    translate_command(_request(TranslateRequest, locals(), models=models), warn=_warn)
+    translate_command(_request(TranslateRequest, locals(), models=models), _warn, _say)
 
 
 def _warn(message: str) -> None:
     typer.echo(f"warning: {message}", err=True)
+
+
+def _say(message: str) -> None:
+    typer.echo(message, err=True)
 
 
 @app.command()

@@ -136,6 +136,12 @@ def test_eval_split_of_the_run(trained: Path) -> None:
     assert "Decoded in: fp32 (auto: " in result.stdout
     forced = nmt("eval", "--model", str(trained / "run"), "--split", "test", "--precision", "fp32")
     assert "Decoded in: fp32 (--precision: fp32)" in forced.stdout, forced.stderr
+    # translate says the same on stderr, after its output; at auto its text is fp32's here
+    decoded = [line for line in beam.stderr.splitlines() if line.startswith("Decoded in: ")]
+    assert decoded == [f"Decoded in: {result.stdout.split('Decoded in: ')[1].splitlines()[0]}"]
+    fp32 = nmt("translate", "-m", str(trained / "run"), "-i", str(trained / "test.src"), "-b", "3",
+               "--precision", "fp32")  # fmt: skip
+    assert fp32.stdout == beam.stdout and "Decoded in: fp32 (--precision: fp32)" in fp32.stderr
 
 
 def test_eval_split_named_in_eval_splits_scores_its_files(trained: Path) -> None:

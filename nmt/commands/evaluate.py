@@ -95,8 +95,7 @@ def evaluate_split(models: Models, request: EvalRequest) -> evaluate.Report:
         atomic_write_text(out, "".join(h + "\n" for h in hyps))
     name = f"{'+'.join(Path(m).name for m in models.paths)}:{split} (beam {decoding.beam_size})"
     report = evaluate.score({name: hyps}, [references])
-    decoded_in = f"{translator.precision} ({translator.precision_reason})"
-    return dataclasses.replace(report, decoding_precision=decoded_in)
+    return dataclasses.replace(report, decoding_precision=translator.decoded_in)
 
 
 def _read_split(data: DataConfig, where: str, key: str) -> tuple[list[str], list[str]]:

@@ -173,7 +173,9 @@ def format_translation(
 
 
 def translate_command(
-    request: TranslateRequest, warn: Callable[[str], None] = lambda message: None
+    request: TranslateRequest,
+    warn: Callable[[str], None] = lambda message: None,
+    say: Callable[[str], None] = lambda message: None,
 ) -> int:
     """`nmt translate`: read lines, write exactly one output line (or n-best block) per line.
 
@@ -183,7 +185,8 @@ def translate_command(
     gets an empty output line and a call of ``warn``. Line by line (each output written and
     flushed as its line arrives): ``unbuffered``, or input from a terminal. ``alignments``:
     a file for the word alignment of each output (Pharaoh, from its attention), written at
-    the end.
+    the end. ``say`` hears, at the end, what the search ran in (the "Decoded in" line of
+    ``nmt eval``).
     """
     streaming = request.input == STDIN and (request.unbuffered or sys.stdin.isatty())
     if request.unbuffered and request.output != STDIN:
@@ -204,6 +207,7 @@ def translate_command(
     count = _stream(job, sys.stdin, sys.stdout) if lines is None else _translate_all(job, lines)
     if request.alignments is not None:
         atomic_write_text(request.alignments, "".join(line + "\n" for line in job.links))
+    say(f"Decoded in: {translator.decoded_in}")
     return count
 
 

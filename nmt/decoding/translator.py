@@ -23,6 +23,7 @@ from nmt.decoding.exported import load_exported
 from nmt.decoding.options import SearchOptions
 from nmt.decoding.scoring import Scored, score_ids
 from nmt.decoding.search import Hypothesis, beam_search
+from nmt.decoding.search_precision import choose_search_precision
 from nmt.decoding.shortlist import Columns, Shortlist, batch_columns, forced_pieces
 from nmt.decoding.steering import Steering
 from nmt.decoding.workers import in_workers, worker_count, worker_stream
@@ -108,23 +109,29 @@ class Translator:
                     f"ensemble's models must share one tokenizer: train them on the same data "
                     f"with the same tokenizer settings, or with tokenizer.model set to one file"
                 )
-        decoding = first_config.decoding  # the rows of a search step: sentences x beams
-        rows = decoding.batch_size * decoding.beam_size
-        chosen = choose_precision(precision, target, loaded[0][1], rows, source="--precision")
-        allow_tf32(target, chosen.name)
         models = [m for _, m, _, _, _ in loaded]
         found = [member[4] for member in loaded]
         shortlists = [s for s in found if s is not None] if None not in found else None
-        return cls(
-            models,
-            first_tokenizer,
-            first_config,
-            target,
-            chosen.name,
-            chosen.reason,
-            None,
-            shortlists,
-        )
+        made: dict[str, Translator] = {}
+
+        def make(name: str) -> Translator:
+            if name not in made:
+                made[name] = cls(
+                    models, first_tokenizer, first_config, target, name, None, None, shortlists
+                )
+            return made[name]
+
+        if precision == "auto" and target.type == "cpu":
+            vocab = first_tokenizer.src_vocab_size
+            chosen = choose_search_precision(make, first_config, len(models), vocab)
+        else:
+            decoding = first_config.decoding  # the rows of a search step: sentences x beams
+            rows = decoding.batch_size * decoding.beam_size
+            chosen = choose_precision(precision, target, models[0], rows, source="--precision")
+        allow_tf32(target, chosen.name)
+        translator = make(chosen.name)
+        translator.precision_reason = chosen.reason
+        return translator
 
     @classmethod
     def from_exported(
@@ -146,6 +153,11 @@ class Translator:
         reason = "onnxruntime: the exported fp32 graphs"
         cpu = torch.device("cpu")
         return cls([], exported.tokenizer, exported.config, cpu, "fp32", reason, exported.model)
+
+    @property
+    def decoded_in(self) -> str:
+        """The precision and why, as the commands print it: ``fp32 (auto: ...)``."""
+        return f"{self.precision} ({self.precision_reason})"
 
     def ensemble(self, decoding: DecodingConfig) -> Ensemble:
         """The models stepped as one, averaged as ``decoding.ensemble_average`` says."""

@@ -1,7 +1,8 @@
 """Which precision a process computes in: ``auto`` decided by the hardware, and said why.
 
 ``choose_precision`` turns what the config (``training.precision``) or the command
-(``--precision``) asks for into the precision autocast runs, with its reason:
+(``--precision``) asks for into the precision autocast runs, with its reason (a CPU search's
+``auto`` is decided by timing the search instead: ``nmt.decoding.search_precision``):
 
 - **CUDA**: ``auto`` is bf16 where the GPU has it natively (compute capability 8.0 and
   later), else fp16 with the grad scaler (a T4 or V100 emulates bf16 slowly but has fast fp16).
@@ -24,7 +25,7 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -185,12 +186,18 @@ def probe_shapes(model: nn.Module, rows: int) -> list[list[int]]:
 def cached_probe(shapes: list[list[int]]) -> tuple[Probe, bool]:
     """The probe of ``shapes`` on this CPU, from the cache or run now (and cached); also
     whether it came from the cache."""
-    path = cache_path(shapes)
+    return cached("precision", {"shapes": [list(s) for s in shapes]}, lambda: run_probe(shapes))
+
+
+def cached(kind: str, facts: dict[str, Any], run: Callable[[], Probe]) -> tuple[Probe, bool]:
+    """A probe of ``kind`` that depends on ``facts`` (and on this CPU, torch, the threads and
+    oneDNN's cap), from the cache or ``run`` now (and cached); also whether it was cached."""
+    path = cache_path(kind, facts)
     try:
         return Probe(**json.loads(path.read_text(encoding="utf-8"))), True
     except (OSError, ValueError, TypeError):
         pass  # none yet, or unreadable: probe again
-    probe = run_probe(shapes)
+    probe = run()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(asdict(probe)) + "\n")
@@ -199,7 +206,7 @@ def cached_probe(shapes: list[list[int]]) -> tuple[Probe, bool]:
     return probe, False
 
 
-def cache_path(shapes: Sequence[Sequence[int]]) -> Path:
+def cache_path(kind: str, facts: dict[str, Any]) -> Path:
     """The cache file of a probe: named by everything its verdict depends on."""
     key = json.dumps(
         {
@@ -207,11 +214,20 @@ def cache_path(shapes: Sequence[Sequence[int]]) -> Path:
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "isa_caps": {name: os.environ.get(name) for name in ISA_CAPS},
-            "shapes": [list(s) for s in shapes],
+            **facts,
         },
         sort_keys=True,
     )
-    return cache_dir() / f"precision-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    return cache_dir() / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def emulated_bf16() -> bool:
+    """A screen (cached) finds this CPU's bf16 matmuls emulated: oneDNN capped below its
+    native bf16, or none to begin with."""
+    if not has_native_bf16():
+        return True
+    probe, _ = cached_probe([list(SCREEN)])
+    return probe.screen_only or probe.speedup < EMULATED
 
 
 def run_probe(shapes: list[list[int]]) -> Probe:

@@ -76,6 +76,7 @@ class Run:
     shortlist: Shortlist | None = None  # decoding's, from the training pairs (main rank)
     prefetch: Prefetch = field(default_factory=lambda: Prefetch(False))  # training.prefetch
     pending: Pending | None = None  # the update queued and not yet read (deferred_reads)
+    search_precision: str | None = None  # validation's search, chosen at its first validation
 
     @classmethod
     def build(

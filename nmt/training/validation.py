@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from nmt import evaluate
-from nmt.config import Config
+from nmt.config import Config, DecodingConfig
 from nmt.data.batching import bucket_batches
 from nmt.data.prepare import Corpora
 from nmt.data.store import TokenizedCorpus
@@ -39,6 +39,7 @@ from nmt.decoding.alignment import (
     score_alignments,
 )
 from nmt.decoding.options import SearchOptions
+from nmt.decoding.search_precision import choose_search_precision
 from nmt.decoding.translator import Translator
 from nmt.errors import DataError
 from nmt.files import read_lines
@@ -169,6 +170,25 @@ def _reference_image(
     tracker.image(step, "dev/attention_reference", image)
 
 
+def search_precision(run: Run, greedy: DecodingConfig) -> str:
+    """The precision of validation's greedy search: training's, except where training's
+    auto chose bf16 on a CPU; there the faster of fp32 and bf16 in the model's own greedy
+    search (``nmt.decoding.search_precision``), logged once."""
+    config, updater = run.config, run.updater
+    cpu_auto = config.training.precision == "auto" and updater.device.type == "cpu"
+    if not cpu_auto or updater.precision != "bf16":
+        return updater.precision
+    searched = config.model_copy(update={"decoding": greedy})
+    tokenizer, model, device = run.tokenizer, updater.model, updater.device
+
+    def make(name: str) -> Translator:
+        return Translator(model, tokenizer, searched, device, name)
+
+    chosen = choose_search_precision(make, searched, 1, tokenizer.src_vocab_size)
+    log.info("validation's search precision: %s", chosen)
+    return chosen.name
+
+
 def validate(run: Run) -> dict[str, float]:
     """Dev loss and perplexity (teacher forcing), BLEU and chrF of greedy translations, and
     with ``data.dev_alignment`` the attention's dev AER."""
@@ -177,8 +197,10 @@ def validate(run: Run) -> dict[str, float]:
     model, device, precision = run.updater.model, run.updater.device, run.updater.precision
     tokenizer, alignment = run.tokenizer, run.dev_alignment
     loss = dev_loss(model, corpora.dev, config.training.batch_tokens, device, precision)
-    translator = Translator(model, tokenizer, config, device, precision)
     greedy = config.decoding.model_copy(update={"beam_size": 1})
+    if run.search_precision is None:
+        run.search_precision = search_precision(run, greedy)
+    translator = Translator(model, tokenizer, config, device, run.search_precision)
     hyps = translator.decode_ids(corpora.dev_src_ids, greedy)
     hyp_lines = [translator.detokenize(h[0]) for h in hyps]
     report = evaluate.score({"dev": hyp_lines}, [corpora.dev_trg], metrics=("bleu", "chrf"))

@@ -46,6 +46,7 @@ class ServedModel:
             path=str(self.path),
             device=str(translator.device),
             precision=translator.precision,
+            decoded_in=translator.decoded_in,
             alignment_head=translator.has_alignment_head,
             summary=summary(translator.config, tokenizer),
             config=translator.config.model_dump(mode="json"),

@@ -148,6 +148,7 @@ class ModelInfo(BaseModel):
     path: str
     device: str
     precision: str
+    decoded_in: str = Field(description="the precision and why, as nmt eval prints it")
     alignment_head: bool
     summary: str
     config: dict[str, Any]

@@ -235,6 +235,7 @@ def test_health_models_vocabulary_and_docs(client: TestClient, run: Path) -> Non
     assert [m["name"] for m in models] == ["run", "run-2"]
     info = models[0]
     assert info["path"] == str(run) and info["device"] == "cpu" and info["precision"] == "fp32"
+    assert info["decoded_in"].startswith("fp32 (auto: ")  # the line nmt eval prints
     assert info["alignment_head"] is False
     assert info["summary"] == "Luong general attention, input feeding; bi-GRU 8, GRU 8; 40 pieces"
     assert info["config"]["model"]["attention"]["score"] == "general"

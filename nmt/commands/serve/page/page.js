@@ -158,7 +158,9 @@ function modelLine(info) {
     t.dev_loss !== null && t.dev_loss !== undefined ? `dev loss ${number(t.dev_loss, 2)}` : null,
     info.alignment_head ? "alignment head" : null,
   ].filter(Boolean);
-  line.append(el("span", "facts", facts.join(" · ")));
+  const shown = el("span", "facts", facts.join(" · "));
+  shown.title = `decoded in ${info.decoded_in}`;
+  line.append(shown);
   line.title = info.path;
   return line;
 }
