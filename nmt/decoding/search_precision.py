@@ -12,7 +12,8 @@ whole search can still be several times slower in bf16, so ``auto`` asks the sea
   emulated (``ONEDNN_MAX_CPU_ISA`` capping oneDNN below it): nothing to measure;
 - else one batch of the model's decoding batch size and beam, of random source pieces,
   searched for ``SEARCH_STEPS`` steps in each precision (a warm-up, then the median of
-  ``PROBE_REPEATS``, interleaved); bf16 only where it is ``SPEEDUP_NEEDED`` times as fast.
+  ``PROBE_REPEATS``, interleaved, cut short where bf16 takes ``CLEARLY_SLOWER`` times fp32's
+  time); bf16 only where it is ``SPEEDUP_NEEDED`` times as fast.
   The verdict is cached like training's, by the CPU, torch, threads and oneDNN cap, and by
   the model's shapes, the search's shape and the nmt version that searched.
 
@@ -38,6 +39,7 @@ from nmt.vocab import EOS_ID
 SEARCH_STEPS = 8  # output positions the probe searches (EOS included)
 SOURCE_LENGTH = 24  # source pieces of each probed sentence
 PROBE_REPEATS = 3
+CLEARLY_SLOWER = 2.0  # a bf16 search this many times fp32's time ends the probe at once
 
 
 class Searcher(Protocol):
@@ -95,6 +97,8 @@ def time_search(make: Callable[[str], Searcher], decoding: DecodingConfig, vocab
             searcher.decode_ids(sentences, probed)
             if repeat:  # the first is a warm-up: oneDNN builds its kernels, tables are made
                 times[name].append(time.perf_counter() - start)
+        if repeat and times["bf16"][-1] > CLEARLY_SLOWER * times["fp32"][-1]:
+            break  # bf16 cannot win: no need to spend more repeats on it
     probe_shape = [[decoding.batch_size * decoding.beam_size, SOURCE_LENGTH, SEARCH_STEPS]]
     return Probe(
         statistics.median(times["fp32"]), statistics.median(times["bf16"]), probe_shape, False

@@ -105,8 +105,11 @@ def test_the_faster_whole_search_wins_not_the_faster_matmul(
     assert "this model's search ran at" in chosen.reason
     decoding = trained_config.decoding
     assert f"{decoding.batch_size} sentences x beam {decoding.beam_size}" in chosen.reason
-    for searcher in made.values():  # a warm-up and the repeats, each one batch
-        assert len(searcher.calls) == search_precision.PROBE_REPEATS + 1
+    # a warm-up and the repeats, each one batch; one repeat where bf16 is clearly slower
+    clearly = bf16_s > search_precision.CLEARLY_SLOWER * fp32_s
+    repeats = 1 if clearly else search_precision.PROBE_REPEATS
+    for searcher in made.values():
+        assert len(searcher.calls) == repeats + 1
         src, probed = searcher.calls[0]
         assert len(src) == decoding.batch_size
         assert {len(s) for s in src} == {SOURCE_LENGTH}
