@@ -2,7 +2,10 @@
 
 Every file nmt writes (checkpoints, the run's config and tokenizer, translations, plots,
 corpus caches) goes through ``atomic_write_bytes``, and every text file a command reads line by
-line (hypotheses, references, input) through ``read_lines``.
+line (hypotheses, references, input) through ``read_lines``. Every input is opened with
+``open_input`` and read inside ``reading``, which makes any error reading it (missing, not
+gzip, cut short) a DataError that names it, before it can reach a writer and pass for a
+failed write of the file being written from it (a corpus cache).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import tempfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from nmt.errors import DataError, NMTError, WriteError
 
@@ -43,6 +46,7 @@ def atomic_write_bytes(path: Path, write: Callable[[Any], object]) -> None:
     ``mkstemp``'s private 0600. An operating-system error (a full disk, a quota, no
     permission), also one that ``write`` wraps in its own (torch.save's RuntimeError), is a
     ``WriteError`` that names ``path``; the temporary file is removed and ``path`` is as it was.
+    An NMTError that ``write`` raises (a DataError about the input it reads) passes unchanged.
     """
     path = Path(path)
     tmp: str | None = None
@@ -65,21 +69,23 @@ def atomic_write_bytes(path: Path, write: Callable[[Any], object]) -> None:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         cause = os_error(exc)
-        if cause is None or isinstance(exc, WriteError):
+        if cause is None or isinstance(exc, NMTError):
             raise
         raise write_error(path, cause) from exc
 
 
 def os_error(exc: BaseException) -> OSError | None:
     """``exc`` itself if it is an OSError, else the first OSError in its chain of causes (a
-    library's own error around a failed write), else None."""
+    library's own error around a failed write), else None. A context that ``raise ... from
+    None`` suppressed is not a cause."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         if isinstance(current, OSError):
             return current
         seen.add(id(current))
-        current = current.__cause__ or current.__context__
+        context = None if current.__suppress_context__ else current.__context__
+        current = current.__cause__ or context
     return None
 
 
@@ -166,8 +172,8 @@ def remove_stale_temporaries(directory: Path) -> list[Path]:
     return stale
 
 
-def split_lines(data: bytes, name: str) -> list[str]:
-    """UTF-8 bytes -> lines without their endings.
+def split_lines(data: bytes, name: str, first: int = 1) -> list[str]:
+    """UTF-8 bytes -> lines without their endings (``first``: the number of the first line).
 
     Lines are split on ``\\n`` only; a trailing ``\\r`` (CRLF files) is removed and a final
     newline does not start an extra empty line. Invalid UTF-8 is a DataError naming
@@ -177,7 +183,7 @@ def split_lines(data: bytes, name: str) -> list[str]:
     if chunks[-1] == b"":
         chunks.pop()
     lines = []
-    for number, chunk in enumerate(chunks, start=1):
+    for number, chunk in enumerate(chunks, start=first):
         try:
             text = chunk.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -194,25 +200,89 @@ def read_lines(path: Path | str) -> list[str]:
     (``split_lines``).
 
     Raises:
-        DataError: The file is missing, unreadable, not gzip (``.gz``) or not valid UTF-8.
+        DataError: The file is missing, unreadable, not gzip (``.gz``), compressed otherwise
+            or not valid UTF-8.
     """
     if str(path) == STDIN:
-        return split_lines(sys.stdin.buffer.read(), "<stdin>")
+        data = sys.stdin.buffer.read()
+        refuse_compressed("<stdin>", data[:16])
+        return split_lines(data, "<stdin>")
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise DataError(f"{path}: is a directory, expected a text file") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
-    if path.suffix == ".gz":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise DataError(f"{path}: damaged gzip file ({exc}); restore or re-create it") from None
+    with reading(path), open_input(path) as handle:
+        data = handle.read()
+    refuse_compressed(path, data[:16], gzipped=path.suffix == ".gz")
     return split_lines(data, str(path))
+
+
+def open_input(path: Path) -> BinaryIO:
+    """An input file opened for reading bytes, decompressed if its name ends in ``.gz``;
+    errors as ``reading``'s. Read it inside ``with reading(path)``."""
+    with reading(path):
+        return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def reading(path: Path | str) -> Iterator[None]:
+    """An error while reading the input ``path`` (an OSError, a gzip stream cut short or
+    damaged) becomes a DataError that names ``path`` and says what is wrong (``read_error``):
+    never an error of some other file, such as the cache being written from it."""
+    try:
+        yield
+    except NMTError:
+        raise
+    except (OSError, EOFError, zlib.error) as exc:
+        raise read_error(path, exc) from None
+
+
+def read_error(path: Path | str, exc: BaseException) -> DataError:
+    """One line for an input that could not be read: the file, what is wrong, what to do."""
+    if isinstance(exc, FileNotFoundError):
+        what = "no such file"
+    elif isinstance(exc, IsADirectoryError):
+        what = "is a directory, expected a text file"
+    elif isinstance(exc, gzip.BadGzipFile) and str(exc).startswith("Not a gzipped file"):
+        what = (
+            "not gzip-compressed, though its name ends in .gz; if it is plain text, remove "
+            "the .gz from its name, else copy or download it again"
+        )
+    elif isinstance(exc, EOFError):
+        what = (
+            "cut short: its gzip data ends before the end-of-stream marker (an interrupted "
+            "copy or download?); copy or download it again"
+        )
+    elif isinstance(exc, gzip.BadGzipFile | zlib.error):
+        what = f"damaged gzip data ({exc}); copy or download it again, or re-create it"
+    else:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        what = f"cannot read it ({reason})"
+    return DataError(f"{path}: {what}")
+
+
+# The headers of compressed files, which are no text: (start, what made it, what undoes it).
+_COMPRESSED = (
+    (b"\x1f\x8b", "gzip", "gunzip"),
+    (b"\xfd7zXZ\x00", "xz", "unxz"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+    (b"BZh", "bzip2", "bunzip2"),
+)
+
+
+def refuse_compressed(path: Path | str, head: bytes, gzipped: bool = False) -> None:
+    """A DataError if ``head`` (the first bytes of an input, decompressed for a ``.gz``)
+    starts like a compressed file: nmt reads UTF-8 text, plain or gzip named ``.gz``."""
+    for magic, kind, tool in _COMPRESSED:
+        if not head.startswith(magic) or (kind == "bzip2" and head[4:10] != b"1AY&SY"):
+            continue
+        if kind == "gzip" and not gzipped:
+            raise DataError(
+                f"{path}: gzip-compressed, but its name does not end in .gz; add .gz to its "
+                f"name (or {tool} it)"
+            )
+        inside = " inside its gzip" if gzipped else ""
+        raise DataError(
+            f"{path}: {kind}-compressed{inside}; nmt reads UTF-8 text, plain or gzip-compressed "
+            f"(named .gz): decompress it first ({tool})"
+        )
 
 
 # What `nmt train` writes into a run directory, and what marks a folder as one.

@@ -4,13 +4,14 @@ naming the file, key or option, and no file changed."""
 
 from __future__ import annotations
 
+import gzip
 import math
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from clirun import nmt, nmt_process, tiny_config, write_config
+from clirun import nmt, nmt_process, tiny_config, write_config, write_corpus
 
 from nmt import checkpoint
 
@@ -225,3 +226,128 @@ def test_config_files_keep_their_yaml(tmp_path: Path) -> None:
 
     values = {"a": 1e-3, "b": [1, 2.5, "x"], "c": {"d": None, "e": True}}
     assert parse_yaml(yaml.safe_dump(values)) == values
+
+
+# ----------------------------------------------------------------------------- unreadable inputs
+
+
+def _gzip(text: bytes) -> bytes:
+    return gzip.compress(text, mtime=0)
+
+
+def _plain_named_gz(path: Path) -> Path:
+    """The file as it is, renamed to end in .gz: plain text that claims to be gzip."""
+    return path.rename(path.with_name(path.name + ".gz"))
+
+
+def _truncated_gzip(path: Path) -> Path:
+    data = _gzip(path.read_bytes())
+    path.unlink()
+    gz = path.with_name(path.name + ".gz")
+    gz.write_bytes(data[: len(data) // 2])
+    return gz
+
+
+def _damaged_gzip(path: Path) -> Path:
+    data = bytearray(_gzip(path.read_bytes()))
+    data[-8] ^= 0xFF  # the CRC-32 of the trailer
+    path.unlink()
+    gz = path.with_name(path.name + ".gz")
+    gz.write_bytes(bytes(data))
+    return gz
+
+
+def _invalid_utf8(path: Path) -> Path:
+    lines = path.read_bytes().split(b"\n")
+    lines[4] += b" d\xedas"  # latin-1 on line 5
+    path.write_bytes(b"\n".join(lines))
+    return path
+
+
+BREAKS = {
+    "plain text named .gz": (_plain_named_gz, "not gzip-compressed, though its name ends in .gz"),
+    "truncated gzip": (_truncated_gzip, "cut short: its gzip data ends before"),
+    "damaged gzip": (_damaged_gzip, "damaged gzip data (CRC check failed"),
+    "invalid UTF-8": (_invalid_utf8, ":5: not valid UTF-8 (byte"),
+}
+
+
+@pytest.mark.parametrize("split", ["train", "dev"])
+@pytest.mark.parametrize("name", list(BREAKS))
+def test_an_unreadable_corpus_file_is_named_and_never_passes_for_a_failed_write(
+    tmp_path: Path, split: str, name: str
+) -> None:
+    """The corpus is parsed into the run's cache while it is read: an error reading it names
+    the user's file and what is wrong with it, not the cache file as 'cannot write'."""
+    root = write_corpus(tmp_path)
+    breaks, expected = BREAKS[name]
+    broken = breaks(root / f"{split}.trg")
+    result = nmt("train", str(write_config(root / "c.yaml", tiny_config(root))), "--quiet")
+    assert result.error.startswith(f"error: {broken}"), result.error
+    assert expected in result.error
+    assert "cannot write" not in result.error and "cache" not in result.error
+
+
+def test_a_tsv_corpus_cut_short_is_named(tmp_path: Path) -> None:
+    root = write_corpus(tmp_path)
+    for split in ("train", "dev", "test"):
+        src, trg = ((root / f"{split}.{side}").read_text().splitlines() for side in ("src", "trg"))
+        tsv = root / f"{split}.tsv"
+        tsv.write_text("".join(f"{s}\t{t}\n" for s, t in zip(src, trg, strict=True)))
+    broken = _truncated_gzip(root / "train.tsv")
+    config = tiny_config(root, train=broken.name, format="tsv")
+    config["data"] |= {"dev": str(root / "dev.tsv"), "test": str(root / "test.tsv")}
+    result = nmt("train", str(write_config(root / "c.yaml", config)), "--quiet")
+    assert result.error.startswith(f"error: {broken}: cut short"), result.error
+
+
+def _commands_reading(path: Path, run: Path, tmp_path: Path) -> list[tuple[str, ...]]:
+    """Commands that read ``path``: as translate's input, eval's reference and hypotheses,
+    score's and align's source."""
+    other = tmp_path / "other.txt"
+    other.write_text("sol luna\n" * 20, encoding="utf-8")
+    model = ("-m", str(run))
+    return [
+        ("translate", *model, "-i", str(path), "-o", str(tmp_path / "out.txt")),
+        ("eval", str(other), "-r", str(path)),
+        ("eval", str(path), "-r", str(other)),
+        ("score", *model, "-i", str(path), "-t", str(other)),
+        ("align", *model, "-i", str(path), "-t", str(other)),
+    ]
+
+
+@pytest.mark.parametrize("name", list(BREAKS))
+def test_each_command_names_an_unreadable_input(run: Path, tmp_path: Path, name: str) -> None:
+    text = tmp_path / "in.txt"
+    text.write_text("sol luna\n" * 20, encoding="utf-8")
+    breaks, expected = BREAKS[name]
+    broken = breaks(text)
+    for args in _commands_reading(broken, run, tmp_path):
+        error = nmt(*args).error
+        assert error.startswith(f"error: {broken}") and expected in error, (args, error)
+        assert not (tmp_path / "out.txt").exists()
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (b"\xfd7zXZ\x00\x00\x04", "xz-compressed; nmt reads UTF-8 text, plain or gzip"),
+        (b"BZh91AY&SY\x8a", "bzip2-compressed; nmt reads UTF-8 text"),
+        (_gzip(b"sol luna\n"), "gzip-compressed, but its name does not end in .gz"),
+    ],
+)
+def test_a_compressed_input_nmt_cannot_read_says_to_decompress_it(
+    tmp_path: Path, run: Path, header: bytes, expected: str
+) -> None:
+    path = tmp_path / "in.txt"
+    path.write_bytes(header + b"sol\nluna\n")
+    error = nmt("translate", "-m", str(run), "-i", str(path)).error
+    assert error.startswith(f"error: {path}: {expected.split(';')[0]}") and expected in error
+
+
+def test_invalid_utf8_typed_line_by_line_names_the_line(run: Path) -> None:
+    """Streamed stdin (a terminal, --unbuffered) was decoded leniently and crashed the
+    tokenizer; it is the same one line as a file's."""
+    result = nmt("translate", "-m", str(run), "--unbuffered", stdin=b"sol\nd\xedas\n")
+    assert result.error.startswith("error: <stdin>:2: not valid UTF-8 (byte 2 of the line)")
+    assert len(result.out.splitlines()) == 1  # the first line was answered

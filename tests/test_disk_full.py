@@ -243,3 +243,22 @@ def test_tensorboard_s_writer_thread_failing_is_one_error_and_no_traceback(
     # Python prints an uncaught thread exception's traceback (pytest turns it into a warning,
     # an error here)
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_an_error_reading_the_input_inside_a_write_passes_unchanged(tmp_path: Path) -> None:
+    """A cache written while its input is read: the input's error (raised ``from None`` over
+    the OSError of the gzip reader) is not the cache's failed write."""
+    from nmt.errors import DataError
+
+    target = tmp_path / "cache.arrow"
+    target.write_bytes(b"before")
+
+    def write(handle: object) -> None:
+        try:
+            raise OSError("Not a gzipped file (b'CA')")
+        except OSError:
+            raise DataError("train.es.gz: not gzip-compressed") from None
+
+    with pytest.raises(DataError, match=r"^train\.es\.gz: not gzip-compressed$"):
+        files.atomic_write_bytes(target, write)
+    assert target.read_bytes() == b"before" and no_temporaries(tmp_path)

@@ -20,7 +20,7 @@ from nmt.decoding.options import SearchOptions, check_request, decoding_options
 from nmt.decoding.steering import Steering
 from nmt.decoding.translator import Translation, Translator
 from nmt.errors import ConfigError, DataError
-from nmt.files import STDIN, atomic_write_text, read_lines, write_lines
+from nmt.files import STDIN, atomic_write_text, read_lines, split_lines, write_lines
 
 
 @dataclass(frozen=True)
@@ -306,11 +306,11 @@ def _stream(job: _Job, source: TextIO, sink: TextIO) -> int:
     """Translate each line as it arrives and write its output at once (interactive use)."""
     index = 0
     while True:
-        line = source.readline()
-        if not line:
+        raw = source.buffer.readline()
+        if not raw:
             _check_count_at_end(job.steering, index)
             return index
-        line = line.rstrip("\n").rstrip("\r")
+        (line,) = split_lines(raw, "<stdin>", first=index + 1)  # invalid UTF-8: a DataError
         this = _steering_of(job.steering, index)
         search = job.request.search
         (item,) = job.translator.translate([line], job.decoding, search, steering=this)

@@ -19,18 +19,16 @@ rename) that ``datasets.Dataset.from_file`` memory-maps, so corpora larger than 
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import logging
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from nmt.errors import DataError
-from nmt.files import atomic_write_bytes
+from nmt.files import atomic_write_bytes, open_input, reading, refuse_compressed
 
 log = logging.getLogger("nmt")
 
@@ -79,31 +77,23 @@ def existing(path: Path, key: str) -> Path:
     raise DataError(f"{key}: {path}: no such file (nor {path.name}.gz); fix {key} in the config")
 
 
-def _open(path: Path) -> BinaryIO:
-    try:
-        return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")  # type: ignore[return-value]
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
-
-
 def _blocks(path: Path, progress: Progress = None) -> Iterator[bytes]:
     """The file's bytes in blocks of whole lines (each ends in ``\\n`` but perhaps the last);
-    ``progress(n)`` hears of each ``n`` bytes of the file read (compressed, for a .gz)."""
-    with _open(path) as handle:
+    ``progress(n)`` hears of each ``n`` bytes of the file read (compressed, for a .gz). An
+    error reading it is a DataError naming it (``nmt.files.reading``), also when the blocks
+    are parsed into a cache file: it never passes for a failed write of the cache."""
+    with open_input(path) as handle:
         raw = getattr(handle, "fileobj", handle)  # a GzipFile's compressed file
         rest, done = b"", 0
+        with reading(path):
+            block = handle.read(BLOCK_BYTES)
+        refuse_compressed(path, block[:16], gzipped=path.suffix == ".gz")
         while True:
-            try:
-                block = handle.read(BLOCK_BYTES)
-                if progress is not None:
+            if progress is not None:
+                with reading(path):
                     position = raw.tell()
-                    progress(position - done)
-                    done = position
-            except (OSError, EOFError, zlib.error) as exc:
-                kind = "gzip file" if path.suffix == ".gz" else "file"
-                raise DataError(
-                    f"{path}: damaged {kind} ({exc}); restore or re-create it"
-                ) from None
+                progress(position - done)
+                done = position
             if not block:
                 break
             block = rest + block
@@ -111,6 +101,8 @@ def _blocks(path: Path, progress: Progress = None) -> Iterator[bytes]:
             rest, block = block[cut:], block[:cut]
             if block:
                 yield block
+            with reading(path):
+                block = handle.read(BLOCK_BYTES)
         if rest:
             yield rest
 
