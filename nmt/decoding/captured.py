@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from nmt.config import DecodingConfig
-from nmt.decoding.ensemble import Stepper
+from nmt.decoding.ensemble import EnsembleState, Stepper
 from nmt.decoding.finished import DoneFlag, Finished
 from nmt.vocab import EOS_ID, PAD_ID
 
@@ -290,3 +290,15 @@ def capture(step: Callable[..., None]) -> Callable[[], None] | None:
     finally:
         torch.cuda.current_stream().wait_stream(side)  # the warm-up step, before what follows
     return graph.replay
+
+
+def step_as_tensor(state: Any, device: torch.device) -> Any:
+    """An ensemble's decoder states with their ``step`` a 0-d tensor (as an exported step's
+    input), which a step then advances on the device; any other stepper's state as it is."""
+    if not isinstance(state, EnsembleState):
+        return state
+    states = [
+        dataclasses.replace(member, step=torch.tensor(int(member.step), device=device))
+        for member in state.states
+    ]
+    return EnsembleState(state.memories, states, state.allowed)

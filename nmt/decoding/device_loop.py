@@ -1,6 +1,5 @@
-"""Search with its loop on the device (``decoding.device_loop``, a GPU's default): the
-searches of ``nmt.decoding.search`` (``beam_search``, and ``greedy_search`` below), the same
-scores, in fixed shapes, so that the host never waits for a step and, on a GPU, a step is
+"""Beam search with its loop on the device (``decoding.device_loop``, a GPU's default):
+``nmt.decoding.search.beam_search``'s search, the same scores, in fixed shapes, so that the host never waits for a step and, on a GPU, a step is
 one CUDA graph replayed.
 
 The plain loop reads once a step which sentences are done, to drop them; on a GPU each read
@@ -16,8 +15,8 @@ everything a step reads and writes (``_Carry``) has a fixed shape and address:
 - each sentence's finished hypotheses (``Finished`` at its full size, written in place);
 - whether each sentence is done, and the model's state (its ``step`` a 0-d tensor too).
 
-Greedy search keeps less: each row's tokens, their log-probabilities and attention, each
-(B, T), written a column a step, whether each row has ended, and the model's state.
+Greedy search has one step for both loops (``nmt.decoding.search._greedy_step``), which
+its fixed-shape loop runs through the same ``captured.run_steps``.
 
 A step writes each of these back into its own tensor (``captured.write_back``). On a GPU
 (``decoding.cuda_graphs``) the first steps run as they are, the next is captured as a CUDA
@@ -35,7 +34,6 @@ plain loop: they read the host's lists or the outputs' history at every step.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +43,7 @@ from torch import Tensor
 
 from nmt.config import DecodingConfig
 from nmt.decoding import captured
-from nmt.decoding.ensemble import EnsembleState, Stepper
+from nmt.decoding.ensemble import Stepper
 from nmt.decoding.finished import Finished
 from nmt.decoding.search import (
     _Beams,
@@ -57,7 +55,6 @@ from nmt.decoding.search import (
     coverage_penalty,
     length_penalty,
 )
-from nmt.fast.topk import row_max
 from nmt.vocab import BOS_ID, EOS_ID
 
 
@@ -154,7 +151,7 @@ def device_beam_search(
             device,
             longest=length,
         ),
-        state=_step_as_tensor(scorer.encode(src, src_lengths, repeat=beam_size), device),
+        state=captured.step_as_tensor(scorer.encode(src, src_lengths, repeat=beam_size), device),
     )
 
     def step(inputs: _Search, strict: bool = False) -> None:
@@ -170,82 +167,6 @@ def device_beam_search(
         (scores, log_probs, tokens, [a[:, :width] for a in alphas] if alphas else alphas)
         for scores, log_probs, tokens, alphas in found
     ]
-
-
-@dataclass
-class _Greedy:
-    """A greedy search's step inputs: each sentence's length limit (B,) (read only); the
-    output position () long, prev (B,), tokens (B, T), whether each row has ended (B,), the
-    state, and, once the first step has made them in the log-probabilities' dtype, the
-    scores (B, T) and attention (B, T, S)."""
-
-    limit: Tensor
-    position: Tensor
-    prev: Tensor
-    tokens: Tensor
-    ended: Tensor
-    state: Any
-    scores: Tensor | None = None
-    alphas: Tensor | None = None
-
-
-@torch.no_grad()
-def device_greedy_search(
-    scorer: Stepper[Any],
-    src: Tensor,
-    src_lengths: Tensor,
-    decoding: DecodingConfig,
-    limits: list[int],
-    keep_alphas: bool,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Greedy search of one batch (``nmt.decoding.search.greedy_search``'s, without
-    prefixes or ``no_repeat_ngram``) in fixed shapes: -> each row's tokens (B, T), the
-    log-probability of each (0 after its EOS) (B, T) and, with ``keep_alphas``, its
-    attention (B, T, S); T the longest output, every row's first EOS within it. Padded as
-    ``device_beam_search``'s batch."""
-    device, batch, width, longest = src.device, src.size(0), src.size(1), max(limits)
-    graphs = captured.captures(decoding, device)
-    src, src_lengths, limits, length = captured.shaped_batch(
-        graphs, scorer, src, src_lengths, limits, decoding
-    )
-    inputs = _Greedy(
-        limit=torch.tensor(limits, device=device),
-        position=torch.ones((), dtype=torch.long, device=device),
-        prev=torch.full((src.size(0),), BOS_ID, dtype=torch.long, device=device),
-        tokens=torch.zeros((src.size(0), length), dtype=torch.long, device=device),
-        ended=torch.zeros(src.size(0), dtype=torch.bool, device=device),
-        state=_step_as_tensor(scorer.encode(src, src_lengths), device),
-    )
-
-    def step(inputs: _Greedy, strict: bool = False) -> None:
-        """The argmax of each row (EOS at its limit), written at the position's column."""
-        log_probs, step_alphas, new_state = scorer.step(inputs.prev, inputs.state)
-        if inputs.scores is None or inputs.alphas is None:  # (B, V), (B, S)
-            inputs.scores = log_probs.new_zeros(inputs.tokens.shape)
-            inputs.alphas = step_alphas.new_zeros((*inputs.tokens.shape, src.size(1))).float()
-        best, chosen = row_max(log_probs, scorer.native_kernels)  # (B,), (B,)
-        at_limit = inputs.limit <= inputs.position
-        chosen = chosen.masked_fill(at_limit, EOS_ID)
-        best = torch.where(at_limit, log_probs[:, EOS_ID], best)
-        column = (inputs.position - 1).view(1)
-        inputs.tokens.index_copy_(1, column, chosen[:, None])
-        inputs.scores.index_copy_(1, column, best.masked_fill(inputs.ended, 0.0)[:, None])
-        if keep_alphas:
-            inputs.alphas.index_copy_(1, column, step_alphas.float()[:, None])
-        inputs.ended.logical_or_(chosen == EOS_ID)
-        inputs.prev.copy_(chosen)
-        captured.write_back(inputs.state, new_state, strict)
-        inputs.position.add_(1)
-
-    key = captured.kept_key(scorer, ("greedy", keep_alphas), graphs)
-    done = captured.run_steps(step, inputs, _greedy_done, longest, graphs, key)
-    assert done.scores is not None and done.alphas is not None
-    # the batch's own rows, outputs and source positions (clones: the kept step's tensors
-    # are the next batch's)
-    tokens = done.tokens[:batch, :longest].clone()
-    scores = done.scores[:batch, :longest].clone()
-    alphas = done.alphas[:batch, :longest, :width].clone() if keep_alphas else None
-    return tokens, scores, alphas
 
 
 def _search_step(scorer: Stepper[Any], carry: _Carry, fixed: _Fixed, strict: bool = False) -> None:
@@ -294,23 +215,6 @@ def _force_eos_on_device(log_probs: Tensor, limit: Tensor, length: Tensor, beam_
     log_probs[:, EOS_ID] = eos
 
 
-def _step_as_tensor(state: Any, device: torch.device) -> Any:
-    """An ensemble's decoder states with their ``step`` a 0-d tensor (as an exported step's
-    input), which a step then advances on the device; any other stepper's state as it is."""
-    if not isinstance(state, EnsembleState):
-        return state
-    states = [
-        dataclasses.replace(member, step=torch.tensor(int(member.step), device=device))
-        for member in state.states
-    ]
-    return EnsembleState(state.memories, states, state.allowed)
-
-
 def _search_done(inputs: _Search) -> Tensor:
     """Whether each sentence of a beam search is done (B,)."""
     return inputs.carry.done
-
-
-def _greedy_done(inputs: _Greedy) -> Tensor:
-    """Whether each row of a greedy search has ended (B,)."""
-    return inputs.ended

@@ -23,7 +23,7 @@ penalties apply where a hypothesis ends, as the length penalty always has here.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from nmt.config import DecodingConfig
+from nmt.decoding import captured
 from nmt.decoding.constraints import ConstraintState
 from nmt.decoding.ensemble import Stepper, stepper
 from nmt.decoding.finished import Finished
@@ -88,65 +89,194 @@ def greedy_search(
     runs for beam size 1.
 
     Like beam search, a sentence at its maximum length may only end (EOS is forced), and the
-    score is s(Y, x) of the output including EOS. Rows that have ended are dropped from the
-    batch (``kept_rows``); each step's results are written back into whole-batch rows. With
-    ``decoding.device_loop`` (a GPU's default) the search runs in fixed shapes, every row to
-    the end, nothing read until then (``nmt.decoding.device_loop``).
+    score is s(Y, x) of the output including EOS. One step (``_greedy_step``) and two ways
+    to run it: the plain loop drops rows that have ended from the batch (``kept_rows``) and
+    applies the host's restrictions (prefixes, ``no_repeat_ngram``); with
+    ``decoding.device_loop`` (a GPU's default) every row runs to the end in fixed shapes,
+    nothing read until then, a step a CUDA graph on a GPU (``nmt.decoding.device_loop``).
     """
     scorer = stepper(model)
-    batch = src.size(0)
-    no_repeat_ngram = decoding.no_repeat_ngram
     steering = Steering(prefixes) if prefixes is not None else None
     limits = search_limits(src_lengths, decoding.max_len_ratio, decoding.max_len_offset, steering)
     keep_alphas = return_attention or decoding.coverage_penalty > 0
     if runs_on_device(decoding, src.device, steering):
-        from nmt.decoding.device_loop import device_greedy_search  # (it imports this module)
+        found = _fixed_greedy(scorer, src, src_lengths, decoding, limits, keep_alphas)
+    else:
+        found = _plain_greedy(scorer, src, src_lengths, decoding, limits, keep_alphas, prefixes)
+    return _collect_greedy(*found, src_lengths, decoding, return_attention)
 
-        found = device_greedy_search(scorer, src, src_lengths, decoding, limits, keep_alphas)
-        return _collect_greedy(*found, src_lengths, decoding, return_attention)
-    state = scorer.encode(src, src_lengths)
-    floor = min(MIN_ROWS, scorer.row_floor) if batch > 1 else MIN_ROWS  # (tests lower MIN_ROWS)
-    prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=src.device)
-    rows = torch.arange(batch, device=src.device)  # the batch rows still stepped
-    live_limits = torch.tensor(limits, device=src.device)  # (N,) of those rows
-    live_prefixes = prefixes
-    tokens: list[Tensor] = []
-    scores: list[Tensor] = []
-    alphas: list[Tensor] = []
-    ended = torch.zeros(batch, dtype=torch.bool, device=src.device)  # (N,) rows past EOS
-    for t in range(max(limits)):
-        log_probs, alphas_t, state = scorer.step(prev, state)  # (N, V), (N, S)
-        if no_repeat_ngram and tokens:
-            history = torch.stack(tokens, dim=1)  # (B, t)
-            block_repeated_ngrams(log_probs, history[rows], no_repeat_ngram)
-        if live_prefixes is not None:
-            force_prefixes(log_probs, live_prefixes, t + 1, 1)
-        best, prev = row_max(log_probs, scorer.native_kernels)  # (N,), (N,)
-        at_limit = live_limits <= t + 1  # (N,) only EOS may follow
-        prev = prev.masked_fill(at_limit, EOS_ID)
-        best = torch.where(at_limit, log_probs[:, EOS_ID], best)
-        tokens.append(_whole(prev, rows, batch, EOS_ID))
-        scores.append(_whole(best.masked_fill(ended, 0.0), rows, batch, 0.0))
+
+@dataclass
+class _Greedy:
+    """A greedy search's step inputs: the stepped rows' length limits (N,), the output
+    position (1-based; () long on the device in the fixed loop), prev (N,), whether each stepped row has ended (N,), the state, each
+    batch row's tokens (B, T), and, once the first step has made them in the
+    log-probabilities' dtype, their log-probabilities (B, T) and attention (B, T, S);
+    ``rows`` (N,): the batch rows stepped (None: every row, in order)."""
+
+    limit: Tensor
+    position: int | Tensor
+    prev: Tensor
+    ended: Tensor
+    state: Any
+    tokens: Tensor
+    scores: Tensor | None = None
+    alphas: Tensor | None = None
+    rows: Tensor | None = None
+
+    @classmethod
+    def first(
+        cls, state: Any, limits: list[int], length: int, device: torch.device, fixed: bool
+    ) -> _Greedy:
+        """Every row at BOS, room for ``length`` output tokens; ``fixed``: the position a
+        0-d tensor on the device (else a Python int)."""
+        batch = len(limits)
+        return cls(
+            limit=torch.tensor(limits, device=device),
+            position=torch.ones((), dtype=torch.long, device=device) if fixed else 1,
+            prev=torch.full((batch,), BOS_ID, dtype=torch.long, device=device),
+            ended=torch.zeros(batch, dtype=torch.bool, device=device),
+            state=state,
+            tokens=torch.zeros((batch, length), dtype=torch.long, device=device),
+        )
+
+
+def _greedy_step(
+    scorer: Stepper[Any],
+    g: _Greedy,
+    keep_alphas: bool,
+    restrict: Callable[[Tensor], None] | None = None,
+    in_place: bool = False,
+    strict: bool = False,
+) -> None:
+    """The argmax of each stepped row (``restrict``'s bans first; EOS at its limit), written
+    at the position's column; ``in_place``: the state written back into its own tensors, as
+    the fixed-shape loop needs (``strict``: nothing replaced, as a capture needs)."""
+    log_probs, step_alphas, state = scorer.step(g.prev, g.state)  # (N, V), (N, S)
+    if g.scores is None:
+        g.scores = log_probs.new_zeros(g.tokens.shape)  # (B, T)
         if keep_alphas:
-            alphas.append(_whole(alphas_t.float(), rows, batch, 0.0))
-        ended = ended | (prev == EOS_ID)
-        if bool(ended.all()):
+            width = step_alphas.size(-1)
+            g.alphas = step_alphas.new_zeros((*g.tokens.shape, width)).float()  # (B, T, S)
+    if restrict is not None:
+        restrict(log_probs)
+    best, chosen = row_max(log_probs, scorer.native_kernels)  # (N,), (N,)
+    at_limit = g.limit <= g.position  # (N,) only EOS may follow
+    chosen = chosen.masked_fill(at_limit, EOS_ID)
+    best = torch.where(at_limit, log_probs[:, EOS_ID], best)
+    _write_column(g.tokens, g.rows, g.position, chosen)
+    _write_column(g.scores, g.rows, g.position, best.masked_fill(g.ended, 0.0))
+    if g.alphas is not None:
+        _write_column(g.alphas, g.rows, g.position, step_alphas.float())
+    g.ended.logical_or_(chosen == EOS_ID)
+    if in_place:
+        g.prev.copy_(chosen)
+        captured.write_back(g.state, state, strict)
+    else:
+        g.prev, g.state = chosen, state
+    if isinstance(g.position, Tensor):
+        g.position.add_(1)
+    else:
+        g.position += 1
+
+
+def _write_column(out: Tensor, rows: Tensor | None, position: int | Tensor, values: Tensor) -> None:
+    """values (N, ...) into out (B, T, ...) at output ``position`` (1-based; a 0-d tensor on
+    the device in the fixed loop) and ``rows`` (N,) (None: every row)."""
+    if isinstance(position, Tensor):
+        out.index_copy_(1, (position - 1).view(1), values.unsqueeze(1))
+    elif rows is None:
+        out[:, position - 1] = values
+    else:
+        out[rows, position - 1] = values
+
+
+GreedyFound = tuple[Tensor, Tensor, Tensor | None]  # tokens, log-probabilities, attention
+
+
+def _plain_greedy(
+    scorer: Stepper[Any],
+    src: Tensor,
+    src_lengths: Tensor,
+    decoding: DecodingConfig,
+    limits: list[int],
+    keep_alphas: bool,
+    prefixes: Sequence[Sequence[int]] | None,
+) -> GreedyFound:
+    """The loop on the host: ended rows leave the batch, the host's bans apply."""
+    batch = src.size(0)
+    floor = min(MIN_ROWS, scorer.row_floor) if batch > 1 else MIN_ROWS  # (tests lower MIN_ROWS)
+    g = _Greedy.first(scorer.encode(src, src_lengths), limits, max(limits), src.device, False)
+    live_prefixes = prefixes
+
+    def restrict(log_probs: Tensor) -> None:
+        length = int(g.position)  # a Python int in this loop
+        if decoding.no_repeat_ngram and length > 1:
+            history = g.tokens[:, : length - 1]  # (B, t)
+            stepped = history if g.rows is None else history[g.rows]
+            block_repeated_ngrams(log_probs, stepped, decoding.no_repeat_ngram)
+        if live_prefixes is not None:
+            force_prefixes(log_probs, live_prefixes, length, 1)
+
+    needs_host = bool(decoding.no_repeat_ngram) or live_prefixes is not None
+    for _ in range(max(limits)):
+        _greedy_step(scorer, g, keep_alphas, restrict if needs_host else None)
+        if bool(g.ended.all()):
             break
-        chosen = kept_rows(ended.tolist(), 1, floor) if rows.numel() > floor else None
+        stepped = g.prev.size(0)
+        chosen = kept_rows(g.ended.tolist(), 1, floor) if stepped > floor else None
         if chosen is not None:
             keep = torch.tensor(chosen, device=src.device)  # (N',)
-            state = scorer.select(state, keep)
-            rows, prev, live_limits, ended = rows[keep], prev[keep], live_limits[keep], ended[keep]
+            rows = g.rows if g.rows is not None else torch.arange(batch, device=src.device)
+            g.state = scorer.select(g.state, keep)
+            g.rows, g.prev, g.limit, g.ended = (
+                rows[keep],
+                g.prev[keep],
+                g.limit[keep],
+                g.ended[keep],
+            )
             if live_prefixes is not None:
                 live_prefixes = [live_prefixes[i] for i in chosen]
-    return _collect_greedy(
-        torch.stack(tokens, dim=1),
-        torch.stack(scores, dim=1),
-        torch.stack(alphas, dim=1) if alphas else None,
-        src_lengths,
-        decoding,
-        return_attention,
+    assert g.scores is not None
+    return g.tokens, g.scores, g.alphas
+
+
+def _fixed_greedy(
+    scorer: Stepper[Any],
+    src: Tensor,
+    src_lengths: Tensor,
+    decoding: DecodingConfig,
+    limits: list[int],
+    keep_alphas: bool,
+) -> GreedyFound:
+    """The loop on the device: every row to the end in fixed shapes, nothing read until
+    then; on a GPU the batch padded to a static shape and a step captured as a CUDA graph
+    (``nmt.decoding.captured``)."""
+    device, batch, width, longest = src.device, src.size(0), src.size(1), max(limits)
+    graphs = captured.captures(decoding, device)
+    src, src_lengths, limits, length = captured.shaped_batch(
+        graphs, scorer, src, src_lengths, limits, decoding
     )
+    state = captured.step_as_tensor(scorer.encode(src, src_lengths), device)
+    g = _Greedy.first(state, limits, length, device, True)
+
+    def step(inputs: _Greedy, strict: bool = False) -> None:
+        _greedy_step(scorer, inputs, keep_alphas, in_place=True, strict=strict)
+
+    key = captured.kept_key(scorer, ("greedy", keep_alphas), graphs)
+    done = captured.run_steps(step, g, _greedy_ended, longest, graphs, key)
+    assert done.scores is not None
+    # the batch's own rows, outputs and source positions (clones: the kept step's tensors
+    # are the next batch's)
+    tokens = done.tokens[:batch, :longest].clone()
+    scores = done.scores[:batch, :longest].clone()
+    alphas = done.alphas[:batch, :longest, :width].clone() if done.alphas is not None else None
+    return tokens, scores, alphas
+
+
+def _greedy_ended(inputs: _Greedy) -> Tensor:
+    """Whether each row of a greedy search has ended (B,)."""
+    return inputs.ended
 
 
 DROP_SHARE = 8  # ended sentences are dropped once they are 1/DROP_SHARE of the batch
@@ -168,15 +298,6 @@ def kept_rows(ended: Sequence[bool], width: int = 1, floor: int = MIN_ROWS) -> l
     keep = sorted(alive + filler[: max(0, wanted - len(alive))])
     dropped = len(ended) - len(keep)
     return keep if dropped > 0 and dropped * DROP_SHARE >= len(ended) else None
-
-
-def _whole(values: Tensor, rows: Tensor, batch: int, fill: float) -> Tensor:
-    """values (N, ...) of the batch rows ``rows`` (N,) -> (B, ...), ``fill`` elsewhere."""
-    if rows.numel() == batch:
-        return values
-    out = values.new_full((batch, *values.shape[1:]), fill)
-    out[rows] = values
-    return out
 
 
 def _collect_greedy(
