@@ -43,18 +43,18 @@ from torch import Tensor
 
 from nmt.config import DecodingConfig
 from nmt.decoding import captured
-from nmt.decoding.ensemble import Stepper
-from nmt.decoding.finished import Finished
-from nmt.decoding.search import (
-    _Beams,
-    _finalise,
-    _next_alive,
-    _now_done,
-    _Step,
-    _top_candidates,
+from nmt.decoding.beams import (
+    Beams,
+    Candidates,
     coverage_penalty,
     length_penalty,
+    next_alive,
+    now_done,
+    set_aside_finished,
+    top_candidates,
 )
+from nmt.decoding.ensemble import Stepper
+from nmt.decoding.finished import Finished
 from nmt.vocab import BOS_ID, EOS_ID
 
 
@@ -178,8 +178,8 @@ def _search_step(scorer: Stepper[Any], carry: _Carry, fixed: _Fixed, strict: boo
     penalty = fixed.penalties.index_select(0, column)  # lp(length), (1,) float64
     log_probs, step_alphas, state = scorer.step(carry.prev, carry.state)  # (N, V), (N, S)
     _force_eos_on_device(log_probs, fixed.limit, length, beam_size)
-    beams = _Beams(carry.scores, carry.tokens, carry.alphas, None, None)
-    top_scores, origins, top_tokens = _top_candidates(
+    beams = Beams(carry.scores, carry.tokens, carry.alphas, None, None)
+    top_scores, origins, top_tokens = top_candidates(
         beams, log_probs, beam_size, scorer.native_kernels
     )  # (B, 2K)
     kept = step_alphas.float() if carry.alphas is not None or carry.coverage is not None else None
@@ -187,10 +187,10 @@ def _search_step(scorer: Stepper[Any], carry: _Carry, fixed: _Fixed, strict: boo
     if carry.coverage is not None and kept is not None:
         summed = carry.coverage + kept
         penalties = coverage_penalty(summed, fixed.row_lengths, fixed.beta).double()
-    step = _Step(top_scores, origins, top_tokens, kept, penalties)
-    _finalise(carry.finished, beams, step, carry.done, length, penalty, column)
+    step = Candidates(top_scores, origins, top_tokens, kept, penalties)
+    set_aside_finished(carry.finished, beams, step, carry.done, length, penalty, column)
     # the next K alive hypotheses (no constraints here: the limits are not read)
-    alive_scores, picked, tokens, _ = _next_alive(beams, log_probs, step, [], 0)  # (B, K)
+    alive_scores, picked, tokens, _ = next_alive(beams, log_probs, step, [], 0)  # (B, K)
     chosen = tokens.view(-1, 1)  # (N, 1)
     flat = (fixed.first_rows + picked).view(-1)  # (N,)
     captured.write_back(carry.state, scorer.reorder(state, flat), strict)
@@ -201,7 +201,7 @@ def _search_step(scorer: Stepper[Any], carry: _Carry, fixed: _Fixed, strict: boo
         carry.coverage.copy_(carry.coverage[flat] + kept[flat])
     carry.prev.copy_(chosen.view(-1))
 
-    carry.done |= _now_done(carry.finished, alive_scores, length, fixed.limit, beam_size, penalty)
+    carry.done |= now_done(carry.finished, alive_scores, length, fixed.limit, beam_size, penalty)
     carry.scores.copy_(alive_scores.masked_fill(carry.done[:, None], -math.inf))
     carry.position += 1
 

@@ -32,18 +32,28 @@ from torch import Tensor
 
 from nmt.config import DecodingConfig
 from nmt.decoding import captured
+from nmt.decoding.beams import (
+    Beams,
+    Candidates,
+    coverage_penalty,
+    length_penalty,
+    next_alive,
+    now_done,
+    set_aside_finished,
+    top_candidates,
+)
 from nmt.decoding.constraints import ConstraintState
+from nmt.decoding.device_loop import device_beam_search
 from nmt.decoding.ensemble import Stepper, stepper
 from nmt.decoding.finished import Finished
 from nmt.decoding.floor import MIN_ROWS
 from nmt.decoding.steering import (
     Steering,
-    constrained_beams,
     forbid_early_eos,
     force_prefixes,
     search_limits,
 )
-from nmt.fast.topk import row_max, top_k
+from nmt.fast.topk import row_max
 from nmt.model import Seq2Seq
 from nmt.vocab import BOS_ID, EOS_ID
 
@@ -57,23 +67,6 @@ class Hypothesis:
     score: float
     alphas: Tensor | None = None
     log_prob: float = 0.0
-
-
-def length_penalty(length: int, alpha: float) -> float:
-    return ((5.0 + length) / 6.0) ** alpha
-
-
-def coverage_penalty(coverage: Tensor, src_lengths: Tensor, beta: float) -> Tensor:
-    """cp(x; Y) per row: coverage (N, S) summed attention, src_lengths (N,) -> (N,) float32.
-
-    A source token that no step attended to at all (local attention's zeros) would make the
-    log -inf; its coverage is raised to float32's smallest normal number first.
-    """
-    tiny = torch.finfo(torch.float32).tiny
-    capped = coverage.float().clamp(min=tiny, max=1.0).log()  # (N, S)
-    positions = torch.arange(coverage.size(1), device=coverage.device)
-    real = positions[None, :] < src_lengths[:, None]  # (N, S) padding excluded
-    return beta * capped.masked_fill(~real, 0.0).sum(dim=-1)
 
 
 @torch.no_grad()
@@ -329,112 +322,6 @@ def _collect_greedy(
     return out
 
 
-@dataclass
-class _Beams:
-    """Alive hypotheses of all sentences, flattened to (B*K)."""
-
-    scores: Tensor  # (B, K) summed log-probabilities
-    tokens: Tensor  # (B*K, t)
-    alphas: Tensor | None  # (B*K, t, S)
-    coverage: Tensor | None  # (B*K, S) summed attention, with a coverage penalty
-    constraints: list[ConstraintState | None] | None  # (B*K) with constraints
-
-    def select(self, sentences: Tensor, rows: Tensor) -> _Beams:
-        """The hypotheses of ``sentences`` (B',), whose rows are ``rows`` (B'*K,)."""
-        constraints = None
-        if self.constraints is not None:
-            constraints = [self.constraints[r] for r in rows.tolist()]
-        return _Beams(
-            self.scores[sentences],
-            self.tokens[rows],
-            self.alphas[rows] if self.alphas is not None else None,
-            self.coverage[rows] if self.coverage is not None else None,
-            constraints,
-        )
-
-
-def _top_candidates(
-    beams: _Beams, log_probs: Tensor, beam_size: int, native: bool
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(B*K, V) -> scores, source beam, token of the 2K best continuations, each (B, 2K).
-
-    A sentence's best 2K continuations are among each of its hypotheses' own best 2K
-    tokens (a hypothesis adds one score to all of its tokens), so the top-k runs per row
-    and then over the K x 2K survivors, without a (B, K, V) sum. ``native``: the row top-k
-    through the compiled kernel (``nmt.fast.topk``)."""
-    batch = beams.scores.size(0)
-    width = min(2 * beam_size, log_probs.size(-1))
-    row_best, row_tokens = top_k(log_probs, width, native)  # (B*K, 2K)
-    total = beams.scores.view(-1, 1) + row_best  # (B*K, 2K)
-    scores, flat = total.view(batch, -1).topk(2 * beam_size, dim=-1)  # (B, 2K)
-    return scores, flat // width, row_tokens.view(batch, -1).gather(1, flat)
-
-
-@dataclass
-class _Step:
-    """One step's candidates (each (B, 2K)), attention (B*K, S) and the finished
-    hypotheses' coverage penalty per row (B*K,) in float64, or None."""
-
-    scores: Tensor
-    origins: Tensor
-    tokens: Tensor
-    alphas: Tensor | None
-    penalties: Tensor | None
-
-
-def _finalise(
-    finished: Finished,
-    beams: _Beams,
-    step: _Step,
-    done: Tensor,
-    length: int | Tensor,
-    penalty: float | Tensor,
-    column: Tensor | None = None,
-) -> None:
-    """Set aside candidates that end in EOS among each open sentence's top K, with their
-    score s(Y, x) in float64, ``penalty`` lp(length). ``column``: the device loop's (1,)
-    column of this step in fixed-width beams (``nmt.decoding.device_loop``), where the
-    candidates are added without first reading whether any ended; else nothing is added
-    where none ended."""
-    beam_size = beams.scores.size(1)
-    top_scores, top_tokens = step.scores[:, :beam_size], step.tokens[:, :beam_size]
-    # finite: a top score is at most 0, or -inf (one comparison; isfinite takes four kernels)
-    is_eos = (top_tokens == EOS_ID) & (top_scores > -math.inf) & ~done[:, None]  # (N, K)
-    if column is None and not bool(is_eos.any()):
-        return
-    sentences = torch.arange(top_scores.size(0), device=top_scores.device)[:, None]
-    sources = sentences * beam_size + step.origins[:, :beam_size]  # (N, K) their rows
-    log_prob = top_scores.double()
-    score = log_prob / penalty
-    if step.penalties is not None:
-        score = score + step.penalties[sources]
-    alphas = None  # (N, K, length or T, S)
-    if beams.alphas is not None and step.alphas is not None:
-        ended = step.alphas[sources].unsqueeze(2)  # (N, K, 1, S)
-        if column is None:
-            alphas = torch.cat([beams.alphas[sources], ended], dim=2)
-        else:
-            alphas = beams.alphas[sources].index_copy_(2, column, ended)
-    finished.add(
-        score.masked_fill(~is_eos, -math.inf), log_prob, length, beams.tokens[sources], alphas
-    )
-
-
-def _now_done(
-    finished: Finished,
-    alive_scores: Tensor,
-    length: int | Tensor,
-    limit: Tensor,
-    beam_size: int,
-    penalty: float | Tensor,
-) -> Tensor:
-    """(N,) the sentences done after this step: at their length limit, or with K finished
-    of which the best scores at least the best alive hypothesis over the length penalty
-    ``penalty`` lp(length) (which only falls as log P does)."""
-    beaten = finished.best() >= alive_scores[:, 0].double() / penalty
-    return (limit <= length) | ((finished.count >= beam_size) & beaten)
-
-
 @torch.no_grad()
 def beam_search(
     model: Seq2Seq | Stepper[Any],
@@ -467,8 +354,6 @@ def beam_search(
     batch, device = src.size(0), src.device
     limits = search_limits(src_lengths, decoding.max_len_ratio, decoding.max_len_offset, steering)
     if runs_on_device(decoding, device, steering):
-        from nmt.decoding.device_loop import device_beam_search  # (it imports this module)
-
         found = device_beam_search(
             scorer, src, src_lengths, decoding, limits, n_best, return_attention
         )
@@ -482,9 +367,7 @@ def beam_search(
     for length in range(1, max(limits) + 1):
         log_probs, step_alphas, state = scorer.step(prev, state)  # (N*K, V), (N*K, S)
         _restrict(log_probs, beams, decoding, live, length)
-        scores, origins, tokens = _top_candidates(
-            beams, log_probs, beam_size, scorer.native_kernels
-        )
+        scores, origins, tokens = top_candidates(beams, log_probs, beam_size, scorer.native_kernels)
         kept = None  # this step's attention, when a hypothesis keeps it or sums it
         if beams.alphas is not None or beams.coverage is not None:
             kept = step_alphas.float()
@@ -492,10 +375,10 @@ def beam_search(
         if beams.coverage is not None and kept is not None:
             coverage = beams.coverage + kept
             penalties = coverage_penalty(coverage, row_lengths, decoding.coverage_penalty).double()
-        step = _Step(scores, origins, tokens, kept, penalties)
+        step = Candidates(scores, origins, tokens, kept, penalties)
         penalty = length_penalty(length, alpha)
-        _finalise(finished, beams, step, live.done, length, penalty)
-        alive_scores, origins, tokens, constraint_states = _next_alive(
+        set_aside_finished(finished, beams, step, live.done, length, penalty)
+        alive_scores, origins, tokens, constraint_states = next_alive(
             beams, log_probs, step, live.limits, length
         )
         present = len(live.limits)
@@ -503,7 +386,7 @@ def beam_search(
         state = scorer.reorder(state, flat)
         beams = _advance(beams, step, alive_scores, flat, tokens, constraint_states)
         prev = tokens.view(-1)
-        live.done |= _now_done(finished, alive_scores, length, live.limit, beam_size, penalty)
+        live.done |= now_done(finished, alive_scores, length, live.limit, beam_size, penalty)
         beams.scores.masked_fill_(live.done[:, None], -math.inf)
         done = live.done.tolist()
         if all(done):
@@ -579,13 +462,13 @@ def _first_beams(
     decoding: DecodingConfig,
     return_attention: bool,
     steering: Steering | None,
-) -> _Beams:
+) -> Beams:
     """One live hypothesis (the empty one) per sentence, K-1 dead slots beside it."""
     batch, beam_size, device = src.size(0), decoding.beam_size, src.device
     rows, width = batch * beam_size, src.size(1)
     scores = torch.full((batch, beam_size), -math.inf, device=device)
     scores[:, 0] = 0.0
-    return _Beams(
+    return Beams(
         scores,
         torch.empty((rows, 0), dtype=torch.long, device=device),
         src.new_empty((rows, 0, width), dtype=torch.float32) if return_attention else None,
@@ -600,7 +483,7 @@ def _first_beams(
 
 def _restrict(
     log_probs: Tensor,
-    beams: _Beams,
+    beams: Beams,
     decoding: DecodingConfig,
     live: _Live,
     length: int,
@@ -617,50 +500,21 @@ def _restrict(
         forbid_early_eos(log_probs, beams.constraints)
 
 
-def _next_alive(
-    beams: _Beams, log_probs: Tensor, step: _Step, limits: list[int], length: int
-) -> tuple[Tensor, Tensor, Tensor, list[ConstraintState | None] | None]:
-    """The next K alive hypotheses per sentence: the best non-EOS candidates, or for a
-    constrained sentence Post & Vilar's allocation. -> scores, origins, tokens (B, K), and
-    the constraint states (B*K) or None."""
-    beam_size = beams.scores.size(1)
-    scores = step.scores.masked_fill(step.tokens == EOS_ID, -math.inf)
-    alive_scores, pick = scores.topk(beam_size, dim=-1)  # (B, K) best non-EOS
-    origins, tokens = step.origins.gather(1, pick), step.tokens.gather(1, pick)
-    if beams.constraints is None:
-        return alive_scores, origins, tokens, None
-    top = (step.scores, step.origins, step.tokens)
-    chosen = constrained_beams(beams.scores, log_probs, top, beams.constraints, limits, length)
-    if chosen.sentences:
-        rows = torch.tensor(chosen.sentences, device=alive_scores.device)
-        alive_scores[rows] = torch.tensor(chosen.scores, device=alive_scores.device)
-        origins[rows] = torch.tensor(chosen.origins, device=origins.device)
-        tokens[rows] = torch.tensor(chosen.tokens, device=tokens.device)
-    states: list[ConstraintState | None] = [None] * len(beams.constraints)
-    for b, k in enumerate(origins.view(-1).tolist()):
-        states[b] = beams.constraints[(b // beam_size) * beam_size + k]
-    for b in chosen.sentences:  # their states were advanced by the allocation
-        states[b * beam_size : (b + 1) * beam_size] = chosen.states[
-            b * beam_size : (b + 1) * beam_size
-        ]
-    return alive_scores, origins, tokens, states
-
-
 def _advance(
-    beams: _Beams,
-    step: _Step,
+    beams: Beams,
+    step: Candidates,
     alive_scores: Tensor,
     flat: Tensor,
     tokens: Tensor,
     constraint_states: list[ConstraintState | None] | None,
-) -> _Beams:
+) -> Beams:
     """The alive hypotheses ``flat`` (B*K,) extended by ``tokens`` (B, K)."""
     alphas, coverage = None, None
     if beams.alphas is not None and step.alphas is not None:
         alphas = torch.cat([beams.alphas[flat], step.alphas[flat].unsqueeze(1)], dim=1)
     if beams.coverage is not None and step.alphas is not None:
         coverage = beams.coverage[flat] + step.alphas[flat]
-    return _Beams(
+    return Beams(
         alive_scores,
         torch.cat([beams.tokens[flat], tokens.view(-1, 1)], dim=1),
         alphas,
