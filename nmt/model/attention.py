@@ -21,7 +21,7 @@ functions themselves live in ``scores``, ``positional`` and ``multihead``; their
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -154,6 +154,17 @@ class Attention(nn.Module):
     shares_beams: ClassVar[bool] = False
     # the model.attention keys the constructor takes, in order, after the two sizes
     config_keys: ClassVar[tuple[str, ...]] = ()
+    # the compiled search kernel that computes this class's weights and context (None: the
+    # equations as written here); "dot": softmax over the real positions of g q^T k, k the
+    # projected keys (project_keys), g the learned ``scale`` or 1 (nmt.fast.attend). Each
+    # class declares it for itself: a subclass that does not is given None, so one that
+    # changes the math never runs its parent's kernel (__init_subclass__)
+    kernel: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kernel" not in cls.__dict__:
+            cls.kernel = None
 
     def __init__(self, query_size: int, key_size: int):
         super().__init__()

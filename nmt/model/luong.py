@@ -218,11 +218,12 @@ class LuongDecoder(Decoder):
     def _kernels_take(self, memory: Memory, state: LuongState) -> bool:
         """Whether a search step can run as ``_kernel_step``: on a CPU in float32 without
         gradients, over a folded memory (``for_search``) that the compiled kernels attend
-        (``FastPaths.search_products``) by a dot-product score, without coverage."""
+        (``FastPaths.search_products``) by a score that declares the dot kernel
+        (``Attention.kernel``), without coverage."""
         return (
             memory.folded is not None
             and memory.products is KERNEL_PRODUCTS
-            and isinstance(self.attention, DotAttention)
+            and self.attention.kernel == "dot"
             and state.coverage is None
             and state.hidden.dtype == torch.float32
             and state.hidden.device.type == "cpu"

@@ -6,6 +6,7 @@ source; a whole search takes it and finds the same outputs; float64 takes the ge
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from unittest import mock
@@ -19,7 +20,10 @@ from nmt.decoding.ensemble import Ensemble, StepTables
 from nmt.decoding.search import beam_search
 from nmt.fast import compiled
 from nmt.model import Seq2Seq, build_model
+from nmt.model.attention import Memory
 from nmt.model.luong import LuongDecoder
+from nmt.model.scores import GeneralAttention
+from nmt.vocab import BOS_ID
 
 pytestmark = pytest.mark.skipif(
     compiled.library() is None, reason="the compiled kernels need a C compiler"
@@ -156,3 +160,51 @@ def test_float64_takes_the_general_path() -> None:
             features, alphas, _ = decoder.step(prev, memory, state, table[prev], products)
     assert taken == [0]
     assert features.dtype == torch.float64 and alphas.shape == (len(ROWS), src.size(1))
+
+
+class _SharperGeneral(GeneralAttention):
+    """A score that changes the math of its parent: twice the general energies. It declares
+    no kernel, so it must not get its parent's."""
+
+    def energies(self, query: torch.Tensor, memory: Memory) -> torch.Tensor:
+        return 2.0 * super().energies(query, memory)
+
+
+def test_a_subclass_that_changes_the_math_does_not_inherit_the_kernel() -> None:
+    """Its searches take its own energies: on a CPU in float32 with the kernels' tables, the
+    same outputs as the general path; and its weights are those of a float64 reference
+    written from e = 2 q^T W_a k, with padding."""
+    assert GeneralAttention.kernel == "dot" and _SharperGeneral.kernel is None
+    model = _model("gru", 1, False, "general", "none", torch.float32)
+    general = model.decoder.attention
+    sharper = _SharperGeneral(general.query_size, general.key_size)
+    sharper.load_state_dict(general.state_dict())
+    model.decoder.attention = sharper
+    tables = StepTables(
+        model.decoder.gate_table(),
+        model.fast.product(model.generator.weight),
+        model.decoder.search_products(),
+    )
+    ensemble = Ensemble([model], tables=[tables])
+    src, lengths = pad(ROWS), torch.tensor([len(r) for r in ROWS])
+    decoding = DecodingConfig(beam_size=1, max_len_ratio=2.0)
+    with torch.no_grad():
+        with _counted() as taken:
+            found = beam_search(ensemble, src, lengths, decoding, return_attention=True)
+        with _general_path():
+            want = beam_search(ensemble, src, lengths, decoding, return_attention=True)
+        assert taken == [0]
+        assert [[h.tokens for h in hs] for hs in found] == [[h.tokens for h in hs] for hs in want]
+        # the weights at the first output position from the equation, in float64: the
+        # decoder's first hidden state h_1 (its RNN, in float64), then e = 2 h_1^T W_a k
+        wide = copy.deepcopy(model).double()
+        memory, state = wide.encode(src, lengths)
+        bos = torch.full((len(ROWS),), BOS_ID)
+        hidden = wide.decoder.step(bos, memory, state)[2].hidden[-1]  # (B, H)
+        keys = memory.values @ sharper.key_proj.weight.double().T  # (B, S, H) W_a k
+        energies = 2.0 * torch.einsum("bh,bsh->bs", hidden, keys)  # (B, S)
+        energies = energies.masked_fill(~memory.mask, float("-inf"))
+        alphas = torch.softmax(energies, dim=-1)
+    for b, hyps in enumerate(found):
+        got = hyps[0].alphas[0, : lengths[b]].double()
+        torch.testing.assert_close(got, alphas[b, : lengths[b]], atol=1e-5, rtol=1e-5)
