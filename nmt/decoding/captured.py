@@ -144,13 +144,16 @@ def run_steps(
     longest: int,
     graphs: bool,
     key: tuple[Any, ...] | None = None,
+    after: Callable[[Any], None] | None = None,
 ) -> Any:
     """At most ``longest`` steps of ``step(inputs)``, until every flag of ``done(inputs)`` (a
     flag the host never waits for) -> the inputs the steps ended in: ``inputs``, or a kept
     step's, into which they were copied. With ``graphs`` the step after the first
     EAGER_STEPS is captured, or, under ``key``, a kept one of the same shapes replayed,
-    and the rest replay it."""
-    flag = DoneFlag(done(inputs).device)
+    and the rest replay it. ``after(inputs)`` runs between steps (a loop that drops what
+    has ended, never with ``graphs``); such a loop reads its flag at once."""
+    assert after is None or not graphs, "a captured step's shapes cannot change"
+    flag = DoneFlag(done(inputs).device if after is None else torch.device("cpu"))
     replay: Callable[[], None] | None = None
     for index in range(longest):
         if replay is not None:
@@ -161,6 +164,8 @@ def run_steps(
             step(inputs)
         if flag.all_done(done(inputs)):
             break
+        if after is not None:
+            after(inputs)
     return inputs
 
 

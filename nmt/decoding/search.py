@@ -23,7 +23,7 @@ penalties apply where a hypothesis ends, as the length penalty always has here.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,30 +82,60 @@ def greedy_search(
     runs for beam size 1.
 
     Like beam search, a sentence at its maximum length may only end (EOS is forced), and the
-    score is s(Y, x) of the output including EOS. One step (``_greedy_step``) and two ways
-    to run it: the plain loop drops rows that have ended from the batch (``kept_rows``) and
-    applies the host's restrictions (prefixes, ``no_repeat_ngram``); with
-    ``decoding.device_loop`` (a GPU's default) every row runs to the end in fixed shapes,
-    nothing read until then, a step a CUDA graph on a GPU (``nmt.decoding.device_loop``).
+    score is s(Y, x) of the output including EOS. One loop (``captured.run_steps``) over
+    one step (``_greedy_step``). By default rows that have ended leave the batch
+    (``_drop_ended``, ``kept_rows``) and the host's bans apply (prefixes,
+    ``no_repeat_ngram``); with ``decoding.device_loop`` (a GPU's default) every row runs
+    to the end in fixed shapes, nothing read until then, and on a GPU the step after the
+    first few is a CUDA graph, the batch padded to a static shape (``nmt.decoding.captured``).
     """
     scorer = stepper(model)
     steering = Steering(prefixes) if prefixes is not None else None
     limits = search_limits(src_lengths, decoding.max_len_ratio, decoding.max_len_offset, steering)
     keep_alphas = return_attention or decoding.coverage_penalty > 0
-    if runs_on_device(decoding, src.device, steering):
-        found = _fixed_greedy(scorer, src, src_lengths, decoding, limits, keep_alphas)
-    else:
-        found = _plain_greedy(scorer, src, src_lengths, decoding, limits, keep_alphas, prefixes)
-    return _collect_greedy(*found, src_lengths, decoding, return_attention)
+    device, batch, width, longest = src.device, src.size(0), src.size(1), max(limits)
+    own_lengths = src_lengths  # (B,) the batch's, before any padding to a static shape
+    fixed = runs_on_device(decoding, device, steering)
+    graphs = fixed and captured.captures(decoding, device)
+    length = longest
+    if fixed:
+        src, src_lengths, limits, length = captured.shaped_batch(
+            graphs, scorer, src, src_lengths, limits, decoding
+        )
+    state = scorer.encode(src, src_lengths)
+    g = _Greedy.first(
+        captured.step_as_tensor(state, device) if fixed else state, limits, length, device
+    )
+    if fixed:
+        g.position = torch.ones((), dtype=torch.long, device=device)
+    g.prefixes = prefixes
+    host = bool(decoding.no_repeat_ngram) or prefixes is not None
+
+    def step(inputs: _Greedy, strict: bool = False) -> None:
+        bans = decoding.no_repeat_ngram if host else None
+        _greedy_step(scorer, inputs, keep_alphas, bans, in_place=fixed, strict=strict)
+
+    floor = min(MIN_ROWS, scorer.row_floor) if batch > 1 else MIN_ROWS  # (tests lower MIN_ROWS)
+    drop = None if fixed else lambda inputs: _drop_ended(scorer, inputs, floor)
+    key = captured.kept_key(scorer, ("greedy", keep_alphas), graphs)
+    done = captured.run_steps(step, g, _greedy_ended, longest, graphs, key, after=drop)
+    assert done.scores is not None
+    # the batch's own rows, outputs and source positions (clones: a kept step's tensors are
+    # the next batch's)
+    tokens = done.tokens[:batch, :longest].clone()
+    scores = done.scores[:batch, :longest].clone()
+    alphas = done.alphas[:batch, :longest, :width].clone() if done.alphas is not None else None
+    return _collect_greedy(tokens, scores, alphas, own_lengths, decoding, return_attention)
 
 
 @dataclass
 class _Greedy:
     """A greedy search's step inputs: the stepped rows' length limits (N,), the output
-    position (1-based; () long on the device in the fixed loop), prev (N,), whether each stepped row has ended (N,), the state, each
-    batch row's tokens (B, T), and, once the first step has made them in the
-    log-probabilities' dtype, their log-probabilities (B, T) and attention (B, T, S);
-    ``rows`` (N,): the batch rows stepped (None: every row, in order)."""
+    position (1-based; a 0-d tensor on the device in fixed shapes), prev (N,), whether each
+    stepped row has ended (N,), the state, each batch row's tokens (B, T), and, once the
+    first step has made them in the log-probabilities' dtype, their log-probabilities
+    (B, T) and attention (B, T, S); ``rows`` (N,): the batch rows stepped (None: every row,
+    in order), and the stepped rows' prefixes, if any."""
 
     limit: Tensor
     position: int | Tensor
@@ -116,17 +146,15 @@ class _Greedy:
     scores: Tensor | None = None
     alphas: Tensor | None = None
     rows: Tensor | None = None
+    prefixes: Sequence[Sequence[int]] | None = None
 
     @classmethod
-    def first(
-        cls, state: Any, limits: list[int], length: int, device: torch.device, fixed: bool
-    ) -> _Greedy:
-        """Every row at BOS, room for ``length`` output tokens; ``fixed``: the position a
-        0-d tensor on the device (else a Python int)."""
+    def first(cls, state: Any, limits: list[int], length: int, device: torch.device) -> _Greedy:
+        """Every row at BOS, room for ``length`` output tokens."""
         batch = len(limits)
         return cls(
             limit=torch.tensor(limits, device=device),
-            position=torch.ones((), dtype=torch.long, device=device) if fixed else 1,
+            position=1,
             prev=torch.full((batch,), BOS_ID, dtype=torch.long, device=device),
             ended=torch.zeros(batch, dtype=torch.bool, device=device),
             state=state,
@@ -138,21 +166,23 @@ def _greedy_step(
     scorer: Stepper[Any],
     g: _Greedy,
     keep_alphas: bool,
-    restrict: Callable[[Tensor], None] | None = None,
+    bans: int | None = None,
     in_place: bool = False,
     strict: bool = False,
 ) -> None:
-    """The argmax of each stepped row (``restrict``'s bans first; EOS at its limit), written
-    at the position's column; ``in_place``: the state written back into its own tensors, as
-    the fixed-shape loop needs (``strict``: nothing replaced, as a capture needs)."""
+    """The argmax of each stepped row (with ``bans``, the host's first: its prefixes'
+    forced tokens and, if ``bans`` is not 0, no repeated n-gram of that size; EOS at its
+    limit), written at the position's column; ``in_place``: the state written back into
+    its own tensors, as fixed shapes need (``strict``: nothing replaced, as a capture
+    needs)."""
     log_probs, step_alphas, state = scorer.step(g.prev, g.state)  # (N, V), (N, S)
     if g.scores is None:
         g.scores = log_probs.new_zeros(g.tokens.shape)  # (B, T)
         if keep_alphas:
             width = step_alphas.size(-1)
             g.alphas = step_alphas.new_zeros((*g.tokens.shape, width)).float()  # (B, T, S)
-    if restrict is not None:
-        restrict(log_probs)
+    if bans is not None:
+        _host_bans(log_probs, g, bans)
     best, chosen = row_max(log_probs, scorer.native_kernels)  # (N,), (N,)
     at_limit = g.limit <= g.position  # (N,) only EOS may follow
     chosen = chosen.masked_fill(at_limit, EOS_ID)
@@ -173,9 +203,34 @@ def _greedy_step(
         g.position += 1
 
 
+def _host_bans(log_probs: Tensor, g: _Greedy, no_repeat_ngram: int) -> None:
+    """The bans read from the host, in place: repeated n-grams of the outputs so far, and
+    the prefixes' forced tokens (at a Python int position: the loop that drops rows)."""
+    length = int(g.position)
+    if no_repeat_ngram and length > 1:
+        history = g.tokens[:, : length - 1]  # (B, t)
+        stepped = history if g.rows is None else history[g.rows]
+        block_repeated_ngrams(log_probs, stepped, no_repeat_ngram)
+    if g.prefixes is not None:
+        force_prefixes(log_probs, g.prefixes, length, 1)
+
+
+def _drop_ended(scorer: Stepper[Any], g: _Greedy, floor: int) -> None:
+    """Rows that have ended leave the batch (``kept_rows``: not below ``floor`` rows)."""
+    chosen = kept_rows(g.ended.tolist(), 1, floor) if g.prev.size(0) > floor else None
+    if chosen is None:
+        return
+    keep = torch.tensor(chosen, device=g.prev.device)  # (N',)
+    rows = g.rows if g.rows is not None else torch.arange(g.prev.size(0), device=keep.device)
+    g.state = scorer.select(g.state, keep)
+    g.rows, g.prev, g.limit, g.ended = rows[keep], g.prev[keep], g.limit[keep], g.ended[keep]
+    if g.prefixes is not None:
+        g.prefixes = [g.prefixes[i] for i in chosen]
+
+
 def _write_column(out: Tensor, rows: Tensor | None, position: int | Tensor, values: Tensor) -> None:
     """values (N, ...) into out (B, T, ...) at output ``position`` (1-based; a 0-d tensor on
-    the device in the fixed loop) and ``rows`` (N,) (None: every row)."""
+    the device in fixed shapes) and ``rows`` (N,) (None: every row)."""
     if isinstance(position, Tensor):
         out.index_copy_(1, (position - 1).view(1), values.unsqueeze(1))
     elif rows is None:
@@ -184,91 +239,8 @@ def _write_column(out: Tensor, rows: Tensor | None, position: int | Tensor, valu
         out[rows, position - 1] = values
 
 
-GreedyFound = tuple[Tensor, Tensor, Tensor | None]  # tokens, log-probabilities, attention
-
-
-def _plain_greedy(
-    scorer: Stepper[Any],
-    src: Tensor,
-    src_lengths: Tensor,
-    decoding: DecodingConfig,
-    limits: list[int],
-    keep_alphas: bool,
-    prefixes: Sequence[Sequence[int]] | None,
-) -> GreedyFound:
-    """The loop on the host: ended rows leave the batch, the host's bans apply."""
-    batch = src.size(0)
-    floor = min(MIN_ROWS, scorer.row_floor) if batch > 1 else MIN_ROWS  # (tests lower MIN_ROWS)
-    g = _Greedy.first(scorer.encode(src, src_lengths), limits, max(limits), src.device, False)
-    live_prefixes = prefixes
-
-    def restrict(log_probs: Tensor) -> None:
-        length = int(g.position)  # a Python int in this loop
-        if decoding.no_repeat_ngram and length > 1:
-            history = g.tokens[:, : length - 1]  # (B, t)
-            stepped = history if g.rows is None else history[g.rows]
-            block_repeated_ngrams(log_probs, stepped, decoding.no_repeat_ngram)
-        if live_prefixes is not None:
-            force_prefixes(log_probs, live_prefixes, length, 1)
-
-    needs_host = bool(decoding.no_repeat_ngram) or live_prefixes is not None
-    for _ in range(max(limits)):
-        _greedy_step(scorer, g, keep_alphas, restrict if needs_host else None)
-        if bool(g.ended.all()):
-            break
-        stepped = g.prev.size(0)
-        chosen = kept_rows(g.ended.tolist(), 1, floor) if stepped > floor else None
-        if chosen is not None:
-            keep = torch.tensor(chosen, device=src.device)  # (N',)
-            rows = g.rows if g.rows is not None else torch.arange(batch, device=src.device)
-            g.state = scorer.select(g.state, keep)
-            g.rows, g.prev, g.limit, g.ended = (
-                rows[keep],
-                g.prev[keep],
-                g.limit[keep],
-                g.ended[keep],
-            )
-            if live_prefixes is not None:
-                live_prefixes = [live_prefixes[i] for i in chosen]
-    assert g.scores is not None
-    return g.tokens, g.scores, g.alphas
-
-
-def _fixed_greedy(
-    scorer: Stepper[Any],
-    src: Tensor,
-    src_lengths: Tensor,
-    decoding: DecodingConfig,
-    limits: list[int],
-    keep_alphas: bool,
-) -> GreedyFound:
-    """The loop on the device: every row to the end in fixed shapes, nothing read until
-    then; on a GPU the batch padded to a static shape and a step captured as a CUDA graph
-    (``nmt.decoding.captured``)."""
-    device, batch, width, longest = src.device, src.size(0), src.size(1), max(limits)
-    graphs = captured.captures(decoding, device)
-    src, src_lengths, limits, length = captured.shaped_batch(
-        graphs, scorer, src, src_lengths, limits, decoding
-    )
-    state = captured.step_as_tensor(scorer.encode(src, src_lengths), device)
-    g = _Greedy.first(state, limits, length, device, True)
-
-    def step(inputs: _Greedy, strict: bool = False) -> None:
-        _greedy_step(scorer, inputs, keep_alphas, in_place=True, strict=strict)
-
-    key = captured.kept_key(scorer, ("greedy", keep_alphas), graphs)
-    done = captured.run_steps(step, g, _greedy_ended, longest, graphs, key)
-    assert done.scores is not None
-    # the batch's own rows, outputs and source positions (clones: the kept step's tensors
-    # are the next batch's)
-    tokens = done.tokens[:batch, :longest].clone()
-    scores = done.scores[:batch, :longest].clone()
-    alphas = done.alphas[:batch, :longest, :width].clone() if done.alphas is not None else None
-    return tokens, scores, alphas
-
-
 def _greedy_ended(inputs: _Greedy) -> Tensor:
-    """Whether each row of a greedy search has ended (B,)."""
+    """Whether each stepped row of a greedy search has ended (N,)."""
     return inputs.ended
 
 
