@@ -10,6 +10,7 @@ wrong type, a missing or an unknown one, and 500 for anything unexpected while d
 
 from __future__ import annotations
 
+import asyncio
 import mimetypes
 import re
 import time
@@ -45,7 +46,7 @@ from nmt.errors import NMTError
 
 __all__ = ["ServedModel", "create_app"]
 
-PAGE = Path(__file__).parent / "page"  # index.html, page.js, page.css
+PAGE = Path(__file__).parent / "page"  # index.html, page.js, page.css, favicon.svg
 PAGE_FILE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -162,6 +163,11 @@ def create_app(
     async def page(name: str) -> FileResponse:
         return _page_file(name)
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> FileResponse:
+        """The page's icon (an SVG), for a browser that asks here: no 404 in its console."""
+        return _page_file("favicon.svg")
+
     return app
 
 
@@ -238,10 +244,21 @@ def invalid_message(errors: Sequence[Any], content_type: str | None = None) -> s
     return "; ".join(parts) or "the request is not valid"
 
 
+# A body past --max-body is read and thrown away before its 413 goes out, as nginx's "lingering
+# close" does: a client that writes its whole body before it reads the reply (Python's urllib)
+# would otherwise find the connection reset and never see the 413. The discarding is bounded:
+# at most DISCARD_BYTES past the limit, for at most DISCARD_SECONDS; a body longer or slower
+# than that is cut off (its Content-Length past the bound: at once, none of it read), and such
+# a client may still see a reset.
+DISCARD_BYTES = 32 * 2**20
+DISCARD_SECONDS = 10.0
+
+
 class BodyLimit:
     """No request body over ``limits.max_body`` bytes: refused (413) by its Content-Length,
-    or, a body of unknown length (chunked), as soon as more arrives than the limit. The body
-    is read here and handed on whole."""
+    or, a body of unknown length (chunked), as soon as more arrives than the limit, in both
+    cases after the rest of the body is discarded (``DISCARD_BYTES``, ``DISCARD_SECONDS``).
+    A body within the limit is read here and handed on whole."""
 
     def __init__(self, app: ASGIApp, limits: Limits):
         self.app = app
@@ -253,9 +270,15 @@ class BodyLimit:
             return
         limit = self.limits.max_body
         headers = dict(scope["headers"])
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _error(413, self.limits.body_message(int(declared)))(scope, receive, send)
+        length = headers.get(b"content-length", b"")
+        declared = int(length) if length.isdigit() else None
+        if declared is not None and declared > limit:
+            # a client that expects 100-continue sends no body unless told to: none to read
+            waits = headers.get(b"expect", b"").lower() == b"100-continue"
+            if declared <= limit + DISCARD_BYTES and not waits:
+                if not await _discard(receive, declared):
+                    return
+            await _error(413, self.limits.body_message(declared))(scope, receive, send)
             return
         chunks, size = [], 0
         while True:
@@ -263,12 +286,15 @@ class BodyLimit:
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")
+            more = message.get("more_body", False)
             size += len(chunk)
             if size > limit:
+                if more and not await _discard(receive, limit + DISCARD_BYTES - size):
+                    return
                 await _error(413, self.limits.body_message(None))(scope, receive, send)
                 return
             chunks.append(chunk)
-            if not message.get("more_body", False):
+            if not more:
                 break
         whole: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         given = False
@@ -281,3 +307,21 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+async def _discard(receive: Receive, most: int) -> bool:
+    """Read and drop the rest of a body: until its end, ``most`` bytes or ``DISCARD_SECONDS``,
+    whichever comes first. False if the client went away meanwhile (no reply to send)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DISCARD_SECONDS
+    while most > 0:
+        try:
+            message = await asyncio.wait_for(receive(), deadline - loop.time())
+        except asyncio.TimeoutError:
+            return True
+        if message["type"] == "http.disconnect":
+            return False
+        most -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return True
+    return True

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -280,6 +284,15 @@ def test_the_page_and_its_files(
             assert missing.status_code == 404 and "error" in missing.json(), path
 
 
+def test_the_favicon(client: TestClient) -> None:
+    """/favicon.ico and the page's icon link are the page's SVG icon: no 404 in the browser."""
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+    assert icon.text.lstrip().startswith("<svg")
+    link = re.search(r'<link rel="icon"[^>]* href="([^"]+)"', client.get("/").text)
+    assert link is not None and client.get(f"/{link[1]}").content == icon.content
+
+
 # --- errors -------------------------------------------------------------------------------------
 
 TOO_LONG = "sol " * 60  # 240 characters: past LIMITS.max_chars
@@ -301,9 +314,9 @@ BAD_REQUESTS = [
     ("translate", {"sentences": [TOO_LONG]}, 413, "text: 240 characters, more than this server's limit of 200"),
     ("translate", {"sentences": ["sol"], "prefixes": [TOO_LONG]}, 413, "text: 243 characters"),
     ("translate", {"sentences": ["sol"], "beam_size": 6}, 413, "beam_size: 6, more than this server's limit of 5"),
-    ("translate", {"sentences": ["sol"], "beam_size": 0}, 400, "decoding.beam_size: got 0"),
-    ("translate", {"sentences": ["sol"], "beam_size": 2, "n_best": 3}, 400, "--n-best 3 is larger than --beam 2"),
-    ("translate", {"sentences": ["sol"], "beam_size": 1, "constraints": [["SOL"]]}, 400, "--constraints needs a beam of 2"),
+    ("translate", {"sentences": ["sol"], "beam_size": 0}, 400, "beam_size: got 0; input should be greater than or equal to 1"),
+    ("translate", {"sentences": ["sol"], "beam_size": 2, "n_best": 3}, 400, "n_best 3 is larger than beam_size 2; a beam keeps at most that many hypotheses: raise beam_size or lower n_best"),
+    ("translate", {"sentences": ["sol"], "beam_size": 1, "constraints": [["SOL"]]}, 400, "constraints needs a beam of 2 or more, got beam_size 1"),
     ("translate", {"sentences": ["sol"], "beam_size": 3, "constraints": [["\u4e2d"]]}, 400, "constraints line 1: '\u4e2d' has pieces the model's target vocabulary lacks"),
     ("translate", {"sentences": ["sol"], "beam_size": 3, "constraints": [[""]]}, 400, "an empty constraint phrase"),
     ("translate", {"sentences": ["sol", "mar"], "prefixes": ["LUNA"]}, 400, "1 prefixes for 2 sentences"),
@@ -311,8 +324,8 @@ BAD_REQUESTS = [
     ("score", {"sources": ["sol"]}, 422, "targets: Field required"),
     ("score", {"sources": ["sol"] * 5, "targets": ["SOL"] * 5}, 413, "sources: 5 given"),
     ("align", {"sources": ["sol"], "targets": ["SOL", "MAR"]}, 400, "targets: 2 for 1 sources"),
-    ("align", {"sources": ["sol"], "targets": ["SOL"], "extract": "max"}, 400, "--extract 'max'"),
-    ("align", {"sources": ["sol"], "targets": ["SOL"], "threshold": 2.0}, 400, "--threshold 2.0"),
+    ("align", {"sources": ["sol"], "targets": ["SOL"], "extract": "max"}, 400, "extract 'max': expected one of"),
+    ("align", {"sources": ["sol"], "targets": ["SOL"], "threshold": 2.0}, 400, "threshold 2.0: expected a value in (0, 1]"),
     ("models/nope/vocabulary", None, 404, "model: 'nope' is not served"),
     ("models/run/vocabulary?side=middle", None, 422, "side: Input should be 'source' or 'target'"),
     ("nowhere", None, 404, "GET /api/nowhere: no such endpoint"),
@@ -383,6 +396,49 @@ def test_the_body_limit_of_a_chunked_body(server: str) -> None:
     with httpx.Client(base_url=server, timeout=30) as http:
         again = http.post("/api/translate", json={"sentences": ["sol luna"]})
         assert again.status_code == 200
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_client_that_sends_the_whole_body_first_gets_the_413(server: str, chunked: bool) -> None:
+    """urllib writes the whole body before it reads the reply: a body past the limit, larger
+    than the sockets' buffers (5 MB), gets the 413 and its message, not a reset connection."""
+    big = json.dumps({"sentences": ["sol luna " * 555_000]}).encode()
+    pieces = (big[start : start + 65_536] for start in range(0, len(big), 65_536))
+    request = urllib.request.Request(
+        f"{server}/api/translate",
+        data=pieces if chunked else big,  # an iterator without Content-Length: chunked
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 413
+    amount = "more than" if chunked else f"{len(big)} bytes, more than"
+    assert json.load(refused.value)["error"].startswith(
+        f"request body: {amount} this server's limit of 2000 bytes"
+    )
+
+
+def _raw_post(server: str, head: str, body: bytes) -> bytes:
+    """The reply's first bytes to a POST of ``head`` and ``body``, the client then silent."""
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"POST /api/translate HTTP/1.1\r\nHost: {host}\r\n{head}\r\n".encode())
+        sock.sendall(body)
+        return sock.recv(100)
+
+
+def test_the_discarding_of_a_body_past_the_limit_is_bounded(
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body that stalls gets its 413 after DISCARD_SECONDS; one declared past DISCARD_BYTES
+    more than the limit, at once, none of it read."""
+    monkeypatch.setattr(serve_app, "DISCARD_SECONDS", 0.5)
+    started = time.monotonic()
+    stalled = _raw_post(server, "Content-Length: 100000\r\n", b"x" * 3000)
+    assert stalled.startswith(b"HTTP/1.1 413") and time.monotonic() - started < 20
+    declared = 2000 + serve_app.DISCARD_BYTES + 1
+    unread = _raw_post(server, f"Content-Length: {declared}\r\n", b"")
+    assert unread.startswith(b"HTTP/1.1 413")
 
 
 def _fail_on_boom(translator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
