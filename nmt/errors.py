@@ -1,7 +1,10 @@
 """The one error family the library raises for user-facing problems.
 
-The CLI turns any NMTError into a single line on stderr and exit status 2.
+The CLI turns any NMTError into a single line on stderr and exit status 2; ``listed`` keeps
+the lists in those lines short.
 """
+
+from collections.abc import Iterable
 
 
 class NMTError(Exception):
@@ -39,3 +42,11 @@ class WriteError(NMTError, OSError):
         self.reason = reason
         self.free = free
         self.needed: str | None = None
+
+
+def listed(items: Iterable[object], limit: int = 6) -> str:
+    """Items for a message, cut after ``limit``: ``a, b, ... and 4 more``."""
+    names = [str(item) for item in items]
+    if len(names) <= limit:
+        return ", ".join(names)
+    return f"{', '.join(names[:limit])}, ... and {len(names) - limit} more"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 import yaml
 from clirun import nmt, nmt_process, tiny_config, write_config, write_corpus
 
-from nmt import checkpoint
+from nmt import __version__, checkpoint
 
 # ----------------------------------------------------------------------------- checkpoints
 
@@ -43,6 +44,44 @@ def test_checkpoints_nmt_wrote_load_without_unpickling_code(run: Path) -> None:
     unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(run / "last.pt")
     assert set(unsafe) <= {"numpy.dtype", "numpy.ndarray", "numpy._core.multiarray._reconstruct"}
     assert checkpoint.load(run / "last.pt")["progress"]["step"] > 0
+
+
+def _newer_checkpoint(run: Path, path: Path) -> str:
+    """A checkpoint as a later nmt would write it: 14 config keys this nmt does not know, in
+    three sections, and a higher version; returns that version."""
+    state = checkpoint.load(run / "last.pt")
+    newer = f"{int(__version__.split('.')[0]) + 1}.0.0"
+    extra = {"training": "new_option_{}", "model": "fancy_{}", "decoding": "extra_{}"}
+    for (section, name), count in zip(extra.items(), (5, 5, 4), strict=True):
+        state["config"][section] |= {name.format(i): 1 for i in range(count)}
+    state["version"] = newer
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+    return newer
+
+
+def test_a_checkpoint_of_a_newer_nmt_says_so_in_one_short_line(tmp_path: Path, run: Path) -> None:
+    """It used to be one 4,000-character line, every valid key listed again after each of
+    the 14 unknown keys."""
+    newer_pt = tmp_path / "newer.pt"
+    newer = _newer_checkpoint(run, newer_pt)
+    assert checkpoint.load(run / "last.pt")["version"] == __version__  # what nmt writes
+    error = nmt("translate", "-m", str(newer_pt), stdin=b"sol luna\n").error
+    assert error == (
+        f"error: {newer_pt}: written by nmt {newer}, newer than this nmt {__version__} "
+        f"(unknown keys: model.fancy_0, model.fancy_1, ... and 12 more); "
+        f"upgrade nmt to read it"
+    )
+    assert len(error) < 300
+
+
+def test_resuming_from_a_checkpoint_of_a_newer_nmt_says_so(tmp_path: Path, run: Path) -> None:
+    shutil.copytree(run, tmp_path / "run")
+    newer = _newer_checkpoint(run, tmp_path / "run" / "last.pt")
+    config = write_config(tmp_path / "c.yaml", tiny_config(run.parent))
+    result = nmt("train", str(config), "--run-dir", str(tmp_path / "run"), "--resume", "-q")
+    assert f"written by nmt {newer}, newer than this nmt {__version__}" in result.error
+    assert len(result.error) < 300
 
 
 # ----------------------------------------------------------------------------- outputs

@@ -15,6 +15,7 @@ from nmt.config import (
     changed_keys,
     from_dict,
     load,
+    saved_config,
     to_yaml,
 )
 from nmt.errors import ConfigError
@@ -77,6 +78,50 @@ def test_unknown_key_without_close_match_lists_valid_keys() -> None:
     assert "model.encoder.zzzqqq" in message
     for key in ("rnn", "hidden_size", "bidirectional"):
         assert key in message
+
+
+def test_a_long_list_of_valid_keys_is_cut_and_points_at_the_reference() -> None:
+    message = _error({"training": {"zzzqqq": 1}})  # training has some 30 keys
+    assert message.startswith("config: training.zzzqqq: unknown key; valid keys: ")
+    assert "... and " in message and "docs/config.md" in message and len(message) < 300
+
+
+@pytest.mark.parametrize(
+    ("written_by", "newer"),
+    [("0.10.0", True), ("1.0", True), ("0.9.1rc1", True), ("0.9.0", False), ("0.8.9", False)],
+)
+def test_unknown_keys_of_a_config_saved_by_a_newer_nmt_say_to_upgrade(
+    monkeypatch: pytest.MonkeyPatch, written_by: str, newer: bool
+) -> None:
+    from nmt.config import loading
+
+    monkeypatch.setattr(loading, "__version__", "0.9.0")
+    raw = {"training": {"zq_new": 1}}
+    with pytest.raises(ConfigError) as info:
+        saved_config(raw, Path("runs/x/best.pt"), written_by)
+    expected = (
+        f"runs/x/best.pt: written by nmt {written_by}, newer than this nmt 0.9.0 (unknown "
+        f"keys: training.zq_new); upgrade nmt to read it"
+        if newer
+        else "runs/x/best.pt (saved config): training.zq_new: unknown key; valid keys: "
+    )
+    assert str(info.value).startswith(expected)
+
+
+def test_many_unknown_keys_are_one_short_problem_among_the_others() -> None:
+    """A config for a newer nmt: 14 unknown keys in 3 sections used to repeat each section's
+    valid keys after each of them (4,000 characters)."""
+    raw = {
+        "training": {f"zq_option_{i}": 1 for i in range(5)} | {"epochs": 0, "epohcs": 3},
+        "model": {f"zq_fancy_{i}": True for i in range(5)},
+        "decoding": {f"zq_extra_{i}": 0.5 for i in range(3)},
+    }
+    message = _error(raw)
+    assert "\n" not in message and len(message) < 400, message
+    assert "unknown keys model.zq_fancy_0, model.zq_fancy_1" in message
+    assert "... and 10 more" in message  # 14 unknown keys, 4 named
+    assert "did you mean training.epochs for training.epohcs?" in message
+    assert "training.epochs: got 0" in message  # the other problems are all still there
 
 
 @pytest.mark.parametrize(

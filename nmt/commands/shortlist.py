@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt import checkpoint
-from nmt.config import from_dict
+from nmt.config import saved_config
 from nmt.data.prepare import load_corpora
 from nmt.data.tokenizer import checkpoint_tokenizer
 from nmt.decoding.shortlist import Shortlist
@@ -60,7 +60,7 @@ def shortlist_command(request: ShortlistRequest) -> ShortlistResult:
     if not lacking:
         return ShortlistResult([], paths, 0.0)
     first = states[lacking[0]]
-    config = from_dict(first["config"], f"{lacking[0]} (saved config)")
+    config = saved_config(first["config"], lacking[0], first.get("version"))
     tokenizer = checkpoint_tokenizer(first, lacking[0])
     for path in lacking[1:]:
         if states[path]["tokenizer"] != first["tokenizer"]:

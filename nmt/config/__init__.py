@@ -16,7 +16,9 @@ from nmt.config.loading import (
     load,
     parse_yaml,
     read_yaml,
+    saved_config,
     to_yaml,
+    unknown_keys,
 )
 from nmt.config.model import (
     CONTENT_SCORES,
@@ -62,5 +64,7 @@ __all__ = [
     "load",
     "parse_yaml",
     "read_yaml",
+    "saved_config",
     "to_yaml",
+    "unknown_keys",
 ]

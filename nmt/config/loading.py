@@ -16,8 +16,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from nmt import __version__
 from nmt.config.schema import Config
-from nmt.errors import ConfigError
+from nmt.errors import ConfigError, listed
+
+# More unknown keys than this are one problem that names a few (most likely a config for
+# another nmt version), not a did-you-mean or a list of valid keys after each.
+FEW_UNKNOWN = 3
+VALID_SHOWN = 8  # valid keys named after an unknown key that has no close match
 
 
 def load(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -92,6 +98,48 @@ def from_dict(raw: dict[str, Any], source: str = "config") -> Config:
         raise _format_errors(exc, source) from None
 
 
+def saved_config(raw: Any, path: Path, written_by: object) -> Config:
+    """The config a checkpoint (or an export) at ``path`` holds, validated as ``from_dict``
+    does. Keys this nmt does not know, in one written by a newer nmt (``written_by``: the
+    version it records), are one short ConfigError that says so and to upgrade."""
+    try:
+        return from_dict(raw, f"{path} (saved config)")
+    except ConfigError:
+        unknown = unknown_keys(raw)
+        if not unknown or not _newer(str(written_by), __version__):
+            raise
+        raise ConfigError(
+            f"{path}: written by nmt {written_by}, newer than this nmt {__version__} "
+            f"(unknown keys: {listed(unknown, 2)}); upgrade nmt to read it"
+        ) from None
+
+
+def unknown_keys(raw: Any, model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
+    """The dotted keys of a nested dict that the schema does not have."""
+    if not isinstance(raw, dict):
+        return []
+    out = []
+    for key, value in raw.items():
+        field = model.model_fields.get(key) if isinstance(key, str) else None
+        if field is None:
+            out.append(f"{prefix}{key}")
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            out += unknown_keys(value, field.annotation, f"{prefix}{key}.")
+    return out
+
+
+def _newer(version: str, than: str) -> bool:
+    """Whether the release ``version`` comes after ``than`` (numbers compared, so 0.10 is
+    after 0.9; anything after the numbers, such as a pre-release tag, is ignored)."""
+
+    def numbers(text: str) -> tuple[int, ...] | None:
+        match = re.match(r"v?(\d+(?:\.\d+)*)", text.strip())
+        return tuple(int(part) for part in match.group(1).split(".")) if match else None
+
+    mine, theirs = numbers(than), numbers(version)
+    return mine is not None and theirs is not None and theirs > mine
+
+
 def to_yaml(config: Config) -> str:
     """The resolved config, every key included, as YAML."""
     return yaml.dump(config.model_dump(mode="json"), Dumper=_Dumper, sort_keys=False)
@@ -147,24 +195,68 @@ def parse_yaml(text: str) -> Any:
 
 
 def _format_errors(exc: ValidationError, source: str) -> ConfigError:
-    lines = [_describe(e) for e in exc.errors()]
+    """All of pydantic's errors as one line: the unknown keys first, then the other problems."""
+    errors = exc.errors()
+    unknown = [_loc(e) for e in errors if e["type"] == "extra_forbidden"]
+    lines = _many_unknown(unknown) if len(unknown) > FEW_UNKNOWN else _few_unknown(unknown)
+    lines += [_describe(e) for e in errors if e["type"] != "extra_forbidden"]
     return ConfigError(f"{source}: " + "; ".join(lines))
 
 
+def _loc(error: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(str(part) for part in error["loc"])
+
+
+def _dotted(loc: tuple[str, ...]) -> str:
+    """A dotted key for a message; a part that is not plain text (a newline) is quoted."""
+    return ".".join(p if p.isprintable() and p.strip() == p and p else repr(p) for p in loc)
+
+
+def _few_unknown(keys: list[tuple[str, ...]]) -> list[str]:
+    """Each unknown key with its closest match; those without one, a section's together,
+    with that section's valid keys (once)."""
+    lines: list[str] = []
+    unmatched: dict[tuple[str, ...], list[str]] = {}
+    for loc in keys:
+        close = difflib.get_close_matches(loc[-1], _section_fields(loc[:-1]), n=1)
+        if close:
+            lines.append(f"{_dotted(loc)}: unknown key; did you mean '{close[0]}'?")
+        else:
+            unmatched.setdefault(loc[:-1], []).append(_dotted(loc))
+    for section, names in unmatched.items():
+        known = _section_fields(section)
+        more = "; docs/config.md lists them all" if len(known) > VALID_SHOWN else ""
+        plural = "s" if len(names) > 1 else ""
+        lines.append(
+            f"{', '.join(names)}: unknown key{plural}; valid keys: "
+            f"{listed(known, VALID_SHOWN)}{more}"
+        )
+    return lines
+
+
+def _many_unknown(keys: list[tuple[str, ...]]) -> list[str]:
+    """Many unknown keys as one problem: the first few, and the closest match of some."""
+    guesses = []
+    for loc in keys:
+        close = difflib.get_close_matches(loc[-1], _section_fields(loc[:-1]), n=1)
+        if close:
+            guesses.append(f"{_dotted((*loc[:-1], close[0]))} for {_dotted(loc)}")
+    hint = f"; did you mean {listed(guesses, 2)}?" if guesses else ""
+    names = listed(map(_dotted, keys), 4)
+    return [
+        f"unknown keys {names}{hint} (docs/config.md lists the valid keys; a config written "
+        f"for a newer nmt needs that nmt)"
+    ]
+
+
 def _describe(error: Mapping[str, Any]) -> str:
-    """One pydantic error as one line: the dotted key, the value and what is wrong."""
-    loc = tuple(str(p) for p in error["loc"])
-    where = ".".join(loc)
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        known = _section_fields(loc[:-1])
-        close = difflib.get_close_matches(loc[-1], known, n=1)
-        hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(known)}"
-        return f"{where}: unknown key; {hint}"
+    """One pydantic error (not an unknown key) as one line: the dotted key, the value and
+    what is wrong."""
+    where = _dotted(_loc(error))
     message = error["msg"]
-    if kind == "value_error":
+    if error["type"] == "value_error":
         message = message.removeprefix("Value error, ")
-        return message if not where else f"{'.'.join(loc)}.{message}"
+        return message if not where else f"{where}.{message}"
     got = error.get("input")
     if isinstance(got, dict):
         return f"{where}: expected a mapping of keys; {message.lower()}"

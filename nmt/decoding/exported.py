@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nmt.config import Config, from_dict, read_yaml
+from nmt.config import Config, read_yaml, saved_config
 from nmt.data.tokenizer import Tokenizer
 from nmt.decoding.floor import MIN_ROWS
 from nmt.errors import CheckpointError, DependencyError
@@ -262,7 +262,7 @@ def load_exported(directory: Path, threads: int | None = None) -> Exported:
     checkpoint it came from is not read."""
     directory = Path(directory)
     metadata = read_metadata(directory)
-    config = from_dict(read_yaml(directory / CONFIG), str(directory / CONFIG))
+    config = saved_config(read_yaml(directory / CONFIG), directory / CONFIG, metadata.nmt_version)
     protos = [(directory / name).read_bytes() for name in metadata.tokenizer]
     try:
         tokenizer = Tokenizer(protos[0], protos[-1])

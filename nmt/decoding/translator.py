@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from nmt import checkpoint
-from nmt.config import Config, DecodingConfig, from_dict
+from nmt.config import Config, DecodingConfig, saved_config
 from nmt.data.batching import length_sorted_batches, pad
 from nmt.data.tokenizer import Tokenizer, checkpoint_tokenizer
 from nmt.decoding.ensemble import Ensemble, Stepper, StepTables
@@ -402,7 +402,7 @@ def _load_member(path: Path) -> tuple[Path, Seq2Seq, Tokenizer, Config, Shortlis
     and shortlist (None: the checkpoint has none)."""
     path = checkpoint.resolve(path)
     state = checkpoint.load(path)
-    config = from_dict(state["config"], f"{path} (saved config)")
+    config = saved_config(state["config"], path, state.get("version"))
     tokenizer = checkpoint_tokenizer(state, path)
     model = build_model(config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size)
     _check_weights(model, state["model"], tokenizer, path)

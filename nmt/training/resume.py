@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from nmt import checkpoint
-from nmt.config import Config, changed_keys, from_dict
+from nmt.config import Config, changed_keys, saved_config
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import CheckpointError, ConfigError
 from nmt.model import Seq2Seq
@@ -93,7 +93,7 @@ def read_checkpoint(
     if resume_from is None:
         return None, None
     saved = checkpoint.load(resume_from)
-    check_resume_config(from_dict(saved["config"], f"{resume_from} (saved config)"), config)
+    check_resume_config(saved_config(saved["config"], resume_from, saved.get("version")), config)
     log.info("resuming from %s (step %d)", resume_from, saved["progress"]["step"])
     return saved, Tokenizer.from_state_dict(saved["tokenizer"])
 
