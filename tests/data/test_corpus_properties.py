@@ -12,10 +12,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from nmt.errors import DataError
+from nmt.files import refuse_compressed
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -111,6 +112,15 @@ def _lines(data: bytes) -> int:
     return data.count(b"\n") + (bool(data) and not data.endswith(b"\n"))
 
 
+def _compressed(data: bytes) -> bool:
+    """The bytes start as a compressed file does, which nmt refuses to read as text."""
+    try:
+        refuse_compressed("input", data)
+    except DataError:
+        return True
+    return False
+
+
 def _utf8(data: bytes) -> bool:
     try:
         data.decode("utf-8")
@@ -126,9 +136,11 @@ def test_any_text_pair_reads_or_is_a_data_error(
 ) -> None:
     try:
         count = len(_read("text", {"train.es": src, "train.en": trg}, errors, cached)[0])
-    except DataError:  # only for a reason: unequal line counts or (strict) invalid UTF-8
+    except DataError:  # only for a reason: unequal line counts, (strict) invalid UTF-8, or
+        # a compressed file's header
         strict_failure = errors == "strict" and not (_utf8(src) and _utf8(trg))
-        assert _lines(src) != _lines(trg) or strict_failure
+        compressed = _compressed(src) or _compressed(trg)
+        assert _lines(src) != _lines(trg) or strict_failure or compressed
     else:
         assert count == _lines(src) == _lines(trg)  # a line ends at \\n and nowhere else
 
@@ -136,6 +148,7 @@ def test_any_text_pair_reads_or_is_a_data_error(
 @SETTINGS
 @given(CORPUS_BYTES, st.booleans())
 def test_text_with_replace_never_fails_on_encoding(data: bytes, cached: bool) -> None:
+    assume(not _compressed(data))  # (refused: compressed files are no text)
     sources, _ = _read("text", {"train.es": data, "train.en": data}, "replace", cached)
     assert len(sources) == _lines(data)
 
@@ -150,6 +163,8 @@ def test_any_tsv_reads_or_is_a_data_error(data: bytes, errors: str, cached: bool
     except DataError as exc:
         if "not valid UTF-8" in str(exc):
             assert errors == "strict" and not _utf8(data)
+        elif "-compressed" in str(exc):
+            assert _compressed(data)
         else:  # a line that is not blank has no tab or several
             assert "expected 2 tab-separated fields" in str(exc)
             assert any(len(f) != 2 and line.strip() for f, line in zip(fields, lines, strict=True))
@@ -209,7 +224,10 @@ JSONL_ERRORS = (
 def test_any_jsonl_reads_or_is_a_data_error(data: bytes, errors: str, cached: bool) -> None:
     try:
         src, _ = _read("jsonl", {"train.jsonl": data}, errors, cached)
-    except DataError as exc:  # names the line and what is wrong with it
+    except DataError as exc:  # names the line and what is wrong with it (or the header)
+        if _compressed(data):
+            assert "-compressed" in str(exc)
+            return
         assert re.match(r".*train\.jsonl:[0-9]+: ", str(exc)), str(exc)
         assert any(reason in str(exc) for reason in JSONL_ERRORS), str(exc)
     else:  # a pair from each line that is not blank
@@ -223,4 +241,5 @@ def test_any_gzip_member_reads_or_is_a_data_error(data: bytes, compress: bool) -
     try:
         _read("text", {"train.es.gz": payload, "train.en": data}, "replace", False)
     except DataError:
-        assert not compress  # a real gzip file of any bytes reads (errors: replace)
+        # a real gzip file of any bytes reads (errors: replace), unless they are compressed
+        assert not compress or _compressed(data)
