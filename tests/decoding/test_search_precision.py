@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from cpus import described_cpu
 
 import nmt.fast.precision as precision
 from nmt.config import DecodingConfig
@@ -27,10 +28,7 @@ AVX2 = {"fpu", "avx2", "fma"}
 @pytest.fixture
 def machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     """A CPU whose flags and matmul probe the test sets; an empty cache of its own."""
-    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))
-    for name in precision.ISA_CAPS:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(precision, "cpu_description", lambda: "model name: Test CPU")
+    described_cpu(monkeypatch, tmp_path)
 
     class Machine:
         matmul_calls = 0

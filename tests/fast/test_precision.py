@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from cpus import described_cpu
 from synthetic import luong_model_section
 
 import nmt.fast.precision as precision
@@ -53,10 +54,7 @@ class FakeProbe:
 @pytest.fixture
 def machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     """A CPU whose flags and probe the test sets; an empty cache of its own."""
-    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))
-    for name in precision.ISA_CAPS:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(precision, "cpu_description", lambda: "model name: Test CPU")
+    described_cpu(monkeypatch, tmp_path)
     precision._warned.clear()
 
     class Machine:

@@ -56,6 +56,15 @@ def _model(
     return model
 
 
+def _tables(model: Seq2Seq) -> StepTables:
+    """The search tables a CPU's Translator makes in float32 (the kernels' products)."""
+    return StepTables(
+        model.decoder.gate_table(),
+        model.fast.product(model.generator.weight),
+        model.decoder.search_products(),
+    )
+
+
 @contextmanager
 def _general_path() -> Iterator[None]:
     """The step as it runs where the kernels do not take it."""
@@ -128,12 +137,7 @@ def test_the_kernel_step_is_the_general_step_to_the_bit(
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_a_search_takes_the_kernel_step_and_finds_the_same_outputs(beam_size: int) -> None:
     model = _model("gru", 1, False, "general", "none", torch.float32)
-    tables = StepTables(
-        model.decoder.gate_table(),
-        model.fast.product(model.generator.weight),
-        model.decoder.search_products(),
-    )
-    ensemble = Ensemble([model], tables=[tables])
+    ensemble = Ensemble([model], tables=[_tables(model)])
     src, lengths = pad(ROWS), torch.tensor([len(r) for r in ROWS])
     decoding = DecodingConfig(beam_size=beam_size, max_len_ratio=2.0)
     with torch.no_grad():
@@ -180,12 +184,7 @@ def test_a_subclass_that_changes_the_math_does_not_inherit_the_kernel() -> None:
     sharper = _SharperGeneral(general.query_size, general.key_size)
     sharper.load_state_dict(general.state_dict())
     model.decoder.attention = sharper
-    tables = StepTables(
-        model.decoder.gate_table(),
-        model.fast.product(model.generator.weight),
-        model.decoder.search_products(),
-    )
-    ensemble = Ensemble([model], tables=[tables])
+    ensemble = Ensemble([model], tables=[_tables(model)])
     src, lengths = pad(ROWS), torch.tensor([len(r) for r in ROWS])
     decoding = DecodingConfig(beam_size=1, max_len_ratio=2.0)
     with torch.no_grad():
