@@ -15,12 +15,14 @@ import typer
 
 try:  # typer >= 0.20 carries its own click
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    from typer._click.globals import get_current_context
 except ImportError:  # pragma: no cover - older typer on click
     from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[assignment,no-redef]
+    from click.globals import get_current_context  # type: ignore[no-redef]
 
 from nmt import __version__
-from nmt.config import DecodingConfig, RunConfig, TrainingConfig
-from nmt.decoding.options import Backend
+from nmt.config import MAX_LENGTH, DecodingConfig, RunConfig, TrainingConfig
+from nmt.decoding.options import Backend, Naming, decoding_options
 from nmt.errors import NMTError
 from nmt.fast.allocator import limit_kernel_cache
 
@@ -148,38 +150,83 @@ TsvOption = Annotated[
     ),
 ]
 
+
+def _flag(param: Any) -> str:
+    """An option's long name (``--beam`` of ``--beam/-b``), as errors name it."""
+    return max(param.opts, key=len) if param.opts else str(param.name)
+
+
+def _decoding_value(param: typer.CallbackParam, value: Any) -> Any:
+    """A decoding flag's value (None: the run's), checked as it is parsed by the schema's rule
+    for its key (``DecodingConfig``: the bounds are declared there, once); an error names the
+    flag."""
+    if value is not None and param.name is not None:
+        decoding_options(DecodingConfig(), {param.name: value}, Naming({param.name: _flag(param)}))
+    return value
+
+
+def _range(key: str) -> str:
+    """A decoding key's bounds for its flag's help, from the schema: Above 0, at most 1000."""
+    words = {"ge": "at least", "gt": "above", "le": "at most", "lt": "below"}
+    bounds = [
+        f"{words[name]} {getattr(rule, name):g}"
+        for rule in DecodingConfig.model_fields[key].metadata
+        for name in words
+        if hasattr(rule, name)
+    ]
+    text = ", ".join(bounds)
+    return f"{text[:1].upper()}{text[1:]}."
+
+
+def _decoding_flag(key: str, *names: str, help: str) -> Any:
+    """The flag of a decoding key: the key's bounds in its help, its value checked by the
+    schema (the command's parameter is named ``key``)."""
+    return typer.Option(*names, callback=_decoding_value, help=f"{help} {_range(key)}")
+
+
 # The decoding flags, each declared once. A command's parameter for one is named after its
 # DecodingConfig key, as `_request` reads it; None keeps the run's value.
 BeamSize = Annotated[
     int | None,
-    typer.Option(
-        "--beam", "-b", min=1, help="Beam size (1: greedy); default from the run's config."
+    _decoding_flag(
+        "beam_size", "--beam", "-b", help="Beam size (1: greedy); default from the run's config."
     ),
 ]
 BatchSize = Annotated[
-    int | None, typer.Option("--batch-size", min=1, help="Sentences (or pairs) per batch.")
+    int | None, _decoding_flag("batch_size", "--batch-size", help="Sentences (or pairs) per batch.")
 ]
 MaxLenRatio = Annotated[
     float | None,
-    typer.Option("--max-len-ratio", min=0.01, help="Max output length per source piece."),
+    _decoding_flag(
+        "max_len_ratio",
+        "--max-len-ratio",
+        help="Max output length per source piece: an output is at most ratio x source "
+        f"pieces + --max-len-offset, and never over {MAX_LENGTH:,} pieces.",
+    ),
 ]
 MaxLenOffset = Annotated[
     int | None,
-    typer.Option("--max-len-offset", min=0, help="Added to the max output length."),
+    _decoding_flag("max_len_offset", "--max-len-offset", help="Added to the max output length."),
 ]
 LengthPenalty = Annotated[
     float | None,
-    typer.Option("--length-penalty", min=0.0, help="GNMT alpha of the normalised score."),
+    _decoding_flag(
+        "length_penalty", "--length-penalty", help="GNMT alpha of the normalised score."
+    ),
 ]
 CoveragePenalty = Annotated[
     float | None,
-    typer.Option(
-        "--coverage-penalty", min=0.0, help="GNMT beta: coverage penalty weight (0: off)."
+    _decoding_flag(
+        "coverage_penalty",
+        "--coverage-penalty",
+        help="GNMT beta: coverage penalty weight (0: off).",
     ),
 ]
 NoRepeatNgram = Annotated[
     int | None,
-    typer.Option("--no-repeat-ngram", min=0, help="Forbid repeating n-grams of this size."),
+    _decoding_flag(
+        "no_repeat_ngram", "--no-repeat-ngram", help="Forbid repeating n-grams of this size."
+    ),
 ]
 EnsembleAverageOption = Annotated[
     EnsembleAverage | None,
@@ -205,9 +252,11 @@ WorkersOption = Annotated[
     typer.Option(
         "--workers",
         parser=lambda value: int(value) if value.strip().isdigit() else value,
+        callback=_decoding_value,
         help="Decode this many batches at once, each in a thread: on a CPU with its share of "
         "the threads, on a GPU on its own CUDA stream (auto: on a CPU 2 where there are 2 "
-        "threads or more and batches of 16 sentences or more; on a GPU 1).",
+        "threads or more and batches of 16 sentences or more; on a GPU 1; never more than "
+        "the batches).",
     ),
 ]
 
@@ -215,13 +264,17 @@ WorkersOption = Annotated[
 def _request(kind: type[Request], parameters: dict[str, Any], **given: Any) -> Request:
     """A command's request (a dataclass of nmt.commands) from the command's parameters (its
     ``locals()``): each field from the parameter of its name, ``decoding`` from the decoding
-    flags (by their DecodingConfig keys; None keeps the run's value), and ``given`` for the
-    fields the options only imply."""
+    flags (by their DecodingConfig keys; None keeps the run's value), ``naming`` (where the
+    request has one) from the command's flags, for errors in the CLI's words, and ``given``
+    for the fields the options only imply."""
     names = {field.name for field in dataclasses.fields(kind)}
     values = {name: value for name, value in parameters.items() if name in names}
     if "decoding" in names:
         keys = DecodingConfig.model_fields
         values["decoding"] = {key: parameters[key] for key in keys if key in parameters}
+    if "naming" in names:
+        flags = get_current_context().command.params
+        values["naming"] = Naming({str(param.name): _flag(param) for param in flags})
     return kind(**{**values, **given})
 
 
@@ -625,7 +678,9 @@ BatchWindow = Annotated[
     typer.Option(
         "--batch-window-ms",
         min=0.0,
-        help="After a request arrives, wait this long for more to decode with it.",
+        max=60_000.0,
+        help="After a request arrives, wait this long for more to decode with it (at most a "
+        "minute).",
     ),
 ]
 MaxBatch = Annotated[

@@ -21,6 +21,7 @@ from nmt.decoding.alignment import (
     parse_links,
     score_alignments,
 )
+from nmt.decoding.options import KEYS, Naming
 from nmt.decoding.translator import Translator
 from nmt.errors import ConfigError, DataError
 from nmt.files import STDIN, read_lines, write_lines
@@ -34,27 +35,30 @@ class Extraction:
     """How word links are read from a model reading a translation: ``method`` (argmax,
     threshold, next, intersect or gdfa; ``nmt.decoding.alignment``), the least mass for
     threshold, and ``attention``: the attention even where the models have an alignment
-    head (which is read by default)."""
+    head (which is read by default). Errors name them ``extract``, ``threshold`` and
+    ``attention``, or as ``naming`` says (`nmt align`'s flags, a request's fields)."""
 
     method: str = "argmax"
     threshold: float = 0.5
     attention: bool = False
 
-    def check(self) -> None:
+    def check(self, naming: Naming = KEYS) -> None:
+        """A known method, and a threshold in (0, 1] (NaN is not)."""
         if self.method not in EXTRACTIONS:
             raise ConfigError(
-                f"--extract {self.method!r}: expected one of {', '.join(EXTRACTIONS)}"
+                f"{naming('extract')} {self.method!r}: expected one of {', '.join(EXTRACTIONS)}"
             )
         if not 0.0 < self.threshold <= 1.0:
-            raise ConfigError(f"--threshold {self.threshold}: expected a value in (0, 1]")
+            raise ConfigError(f"{naming('threshold')} {self.threshold}: expected a value in (0, 1]")
 
-    def check_head(self, translator: Translator) -> None:
-        """``--extract next`` reads the attention's following step; a head aligns each word
-        at its own step."""
+    def check_head(self, translator: Translator, naming: Naming = KEYS) -> None:
+        """``next`` reads the attention's following step; a head aligns each word at its own
+        step."""
         if self.method == "next" and translator.has_alignment_head and not self.attention:
             raise ConfigError(
-                "--extract next: the model's alignment head aligns each word at its own step; "
-                "use argmax or threshold, or --attention to align with the attention"
+                f"{naming('extract')} next: the model's alignment head aligns each word at its "
+                f"own step; use argmax or threshold, or {naming('attention')} to align with "
+                f"the attention"
             )
 
 
@@ -70,6 +74,7 @@ class AlignRequest:
     output: str = STDIN
     extraction: Extraction = Extraction()
     show_progress: bool = True
+    naming: Naming = KEYS  # the CLI's: its flags
 
 
 def align_pairs(
@@ -98,12 +103,12 @@ def align_pairs(
 
 def align_command(request: AlignRequest) -> int:
     """`nmt align`: one Pharaoh line per (source, target) pair (empty for an empty side)."""
-    request.extraction.check()
+    request.extraction.check(request.naming)
     read = {"-i": request.input, "-t": request.target, "--tsv": request.tsv}
     check_writes("--output", request.output, {**read, "--model": request.models.files()})
     pairs = read_pairs_given(request.input, request.target, request.tsv, None)
     translator = request.models.open()
-    request.extraction.check_head(translator)
+    request.extraction.check_head(translator, request.naming)
     texts = (request.input, request.target, request.tsv)
     enabled = request.show_progress and bool(pairs.sources)
     with progress_bar(len(pairs.sources), enabled, texts) as advance:

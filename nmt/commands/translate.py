@@ -16,7 +16,7 @@ from typing import TextIO
 from nmt.commands.common import Heatmaps, Models, check_attention_dir, check_writes, progress_bar
 from nmt.config import DecodingConfig
 from nmt.decoding.alignment import format_links, hypothesis_links
-from nmt.decoding.options import SearchOptions, check_request, decoding_options
+from nmt.decoding.options import KEYS, Naming, SearchOptions, check_request, decoding_options
 from nmt.decoding.steering import Steering
 from nmt.decoding.translator import Translation, Translator
 from nmt.errors import ConfigError, DataError
@@ -42,6 +42,7 @@ class TranslateRequest:
     alignments: Path | None = None  # a Pharaoh line per output
     unbuffered: bool = False  # translate each stdin line as it arrives
     show_progress: bool = True
+    naming: Naming = KEYS  # how errors name the options (the CLI's: its flags)
 
     @property
     def search(self) -> SearchOptions:
@@ -197,7 +198,8 @@ def translate_command(
     _check_alignments(translator, request)
     decoding = decoding_options(translator.config.decoding, request.decoding)
     beam_given = bool(request.decoding.get("beam_size"))
-    check_request(decoding, request.n_best, request.constraints is not None, beam_given)
+    constrained = request.constraints is not None
+    check_request(decoding, request.n_best, constrained, beam_given, request.naming)
     known = None if lines is None else len(lines)
     steering = read_steering(translator, request.prefix, request.constraints, known)
     heatmaps = (

@@ -8,7 +8,12 @@ from pydantic import BaseModel, ConfigDict
 MAX_WIDTH = 65_536  # embedding, hidden and output sizes, heads
 MAX_LAYERS = 64
 MAX_VOCAB = 1_000_000
-MAX_LENGTH = 100_000  # sentence lengths in pieces, positions, windows
+MAX_LENGTH = 100_000  # sentence lengths in pieces, positions, windows; the longest output
+MAX_COUNT = 2**31 - 1  # counts of steps, epochs, sentences, tokens, minutes (a C int)
+MAX_BEAM = 1_000  # beam width: each sentence scores beam x vocabulary pieces a step
+MAX_DECODING_BATCH = 10_000  # sentences a search steps at once (a GPU pads a batch to it)
+MAX_LEN_RATIO = 1_000.0  # output pieces per source piece
+MAX_NBEST_SAMPLES = 512  # segmentations sentencepiece samples among (its kMaxNBestSize)
 
 
 class Section(BaseModel):

@@ -78,7 +78,13 @@ class AttentionConfig(Section):
         "none",
         description="dot/general energies times 1, 1/sqrt(d), or a learned scalar (init 1)",
     )
-    beta: float = Field(5.0, gt=0, description="cosine: sharpening factor beta * cos(q, k)")
+    beta: float = Field(
+        5.0,
+        gt=0,
+        le=1000,
+        description="cosine: sharpening factor beta * cos(q, k) (at most 1000: fp16's range "
+        "holds the energies)",
+    )
     learn_beta: bool = Field(False, description="cosine: learn beta, starting from beta")
     max_source_length: int = Field(
         128,
@@ -106,7 +112,10 @@ class AttentionConfig(Section):
         10, ge=1, le=MAX_WIDTH, description="coverage neural: units d_c of the coverage GRU"
     )
     fertility_max: float = Field(
-        2.0, gt=0, description="coverage linguistic: N in the fertility N sigmoid(U_f h_j)"
+        2.0,
+        gt=0,
+        le=100,
+        description="coverage linguistic: N in the fertility N sigmoid(U_f h_j)",
     )
 
     @model_validator(mode="after")

@@ -10,9 +10,19 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from nmt.config.base import MAX_LENGTH, MAX_VOCAB, Section
+from nmt.config.base import (
+    MAX_BEAM,
+    MAX_COUNT,
+    MAX_DECODING_BATCH,
+    MAX_LEN_RATIO,
+    MAX_LENGTH,
+    MAX_NBEST_SAMPLES,
+    MAX_VOCAB,
+    Section,
+)
 from nmt.config.model import ModelConfig
 
 
@@ -65,7 +75,7 @@ class DataConfig(Section):
         100, ge=1, le=MAX_LENGTH, description="drop training pairs longer than this in pieces"
     )
     dev_max_sentences: int | None = Field(
-        None, ge=1, description="use only the first N dev pairs for validation BLEU"
+        None, ge=1, le=MAX_COUNT, description="use only the first N dev pairs for validation BLEU"
     )
     dev_alignment: str | None = Field(
         None,
@@ -121,12 +131,14 @@ class TokenizerConfig(Section):
     sampling_nbest: int = Field(
         -1,
         ge=-1,
+        le=MAX_NBEST_SAMPLES,
         description="unigram sampling: sample among the n best segmentations (-1: all; 1 and 0 "
-        "would not sample)",
+        "would not sample; at most 512, sentencepiece's limit)",
     )
     max_train_sentences: int = Field(
         300_000,
         ge=100,
+        le=MAX_COUNT,
         description="sentences sampled to train sentencepiece (its memory grows with them: "
         "data/README.md)",
     )
@@ -156,19 +168,21 @@ class TrainingConfig(Section):
     """Optimiser, schedule, batches, validation, precision and checkpoints."""
 
     optimizer: Literal["adam", "adamw"] = Field("adam", description="optimiser")
-    learning_rate: float = Field(1e-3, gt=0, description="peak learning rate")
-    weight_decay: float = Field(0.0, ge=0, description="weight decay")
+    learning_rate: float = Field(1e-3, gt=0, le=10, description="peak learning rate")
+    weight_decay: float = Field(0.0, ge=0, le=10, description="weight decay")
     clip_grad_norm: float | None = Field(1.0, gt=0, description="max gradient norm (null: off)")
     label_smoothing: float = Field(0.1, ge=0, lt=1, description="label smoothing epsilon")
     batch_tokens: int = Field(
         4000,
         ge=1,
+        le=MAX_COUNT,
         description="max padded tokens per batch (sentences x longest side); pairs are "
         "bucketed by their longer side, then source length",
     )
     lr_reference_tokens: int | None = Field(
         None,
         ge=1,
+        le=MAX_COUNT,
         description="the padded tokens per update (batch_tokens x accumulate x processes) "
         "that learning_rate was chosen for: with more or fewer, the peak rate is scaled by "
         "the square root of the ratio (Adam's square-root rule; null: learning_rate as "
@@ -181,7 +195,7 @@ class TrainingConfig(Section):
         "(Chen et al. 2016)",
     )
     guided_alignment_weight: float = Field(
-        0.5, ge=0, description="weight of the guided-alignment cross-entropy in the loss"
+        0.5, ge=0, le=100, description="weight of the guided-alignment cross-entropy in the loss"
     )
     accumulate: int = Field(
         1,
@@ -191,16 +205,19 @@ class TrainingConfig(Section):
         "batches (per rank) are summed and applied as one update on their union, "
         "normalised by all their target tokens; an epoch's last update may take fewer",
     )
-    epochs: int = Field(10, ge=1, description="passes over the training data")
-    max_steps: int | None = Field(None, ge=1, description="stop after this many updates")
+    epochs: int = Field(10, ge=1, le=MAX_COUNT, description="passes over the training data")
+    max_steps: int | None = Field(
+        None, ge=1, le=MAX_COUNT, description="stop after this many updates"
+    )
     max_minutes: float | None = Field(
         None,
         gt=0,
+        le=MAX_COUNT,
         description="stop after this wall-clock time, data preparation included, summed over "
         "every --resume of the run",
     )
-    validate_every: int = Field(500, ge=1, description="updates between validations")
-    log_every: int = Field(50, ge=1, description="updates between log lines")
+    validate_every: int = Field(500, ge=1, le=MAX_COUNT, description="updates between validations")
+    log_every: int = Field(50, ge=1, le=MAX_COUNT, description="updates between log lines")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto",
         description="auto: bf16 on a GPU with native bf16, else fp16 with loss scaling; on a "
@@ -221,21 +238,27 @@ class TrainingConfig(Section):
         "the last 20%)",
     )
     warmup_steps: int = Field(
-        0, ge=0, description="updates of linear warmup from 0 (before any schedule)"
+        0, ge=0, le=MAX_COUNT, description="updates of linear warmup from 0 (before any schedule)"
     )
-    plateau_patience: int = Field(2, ge=1, description="validations without improvement to halve")
+    plateau_patience: int = Field(
+        2, ge=1, le=MAX_COUNT, description="validations without improvement to halve"
+    )
     patience: int | None = Field(
-        None, ge=1, description="stop after this many validations without improvement"
+        None, ge=1, le=MAX_COUNT, description="stop after this many validations without improvement"
     )
     best_metric: Literal["bleu", "loss"] = Field(
         "bleu", description="dev metric for the best model"
     )
     keep_last: int = Field(
-        1, ge=1, description="checkpoints kept besides the best (over 1: as step-N.pt files)"
+        1,
+        ge=1,
+        le=MAX_COUNT,
+        description="checkpoints kept besides the best (over 1: as step-N.pt files)",
     )
     save_every: int | None = Field(
         None,
         ge=1,
+        le=MAX_COUNT,
         description="updates between checkpoints (last.pt, and step-N.pt with keep_last over "
         "1) besides those of the validations, e.g. for nmt average (null: at validations only)",
     )
@@ -298,17 +321,37 @@ class TrainingConfig(Section):
 class DecodingConfig(Section):
     """Search settings used by validation BLEU, `nmt translate` and `nmt eval`."""
 
-    beam_size: int = Field(5, ge=1, description="beam width (1: greedy)")
-    length_penalty: float = Field(1.0, ge=0, description="GNMT alpha in ((5+|Y|)/6)^alpha")
-    max_len_ratio: float = Field(1.5, gt=0, description="max output length per source piece")
-    max_len_offset: int = Field(10, ge=0, description="added to the max output length")
-    batch_size: int = Field(64, ge=1, description="sentences per decoding batch")
+    beam_size: int = Field(5, ge=1, le=MAX_BEAM, description="beam width (1: greedy)")
+    length_penalty: float = Field(
+        1.0,
+        ge=0,
+        le=5,
+        description="GNMT alpha in ((5+|Y|)/6)^alpha (at most 5, which keeps the longest "
+        "output's normalised score a float32 number)",
+    )
+    max_len_ratio: float = Field(
+        1.5,
+        gt=0,
+        le=MAX_LEN_RATIO,
+        description="max output length per source piece: an output is at most ratio x source "
+        "pieces + max_len_offset, and never over 100,000 pieces",
+    )
+    max_len_offset: int = Field(
+        10, ge=0, le=MAX_LENGTH, description="added to the max output length"
+    )
+    batch_size: int = Field(
+        64, ge=1, le=MAX_DECODING_BATCH, description="sentences per decoding batch"
+    )
     no_repeat_ngram: int = Field(
-        0, ge=0, description="forbid repeating any n-gram of this size in an output (0: off)"
+        0,
+        ge=0,
+        le=MAX_LENGTH,
+        description="forbid repeating any n-gram of this size in an output (0: off)",
     )
     coverage_penalty: float = Field(
         0.0,
         ge=0,
+        le=10,
         description="GNMT beta in beta * sum_i log(min(sum_j a_ij, 1)), added to a finished "
         "hypothesis's length-normalised score (0: off)",
     )
@@ -347,18 +390,17 @@ class DecodingConfig(Section):
         description="batches decoded at once, each in a thread: on a CPU with its share of "
         "torch's threads, on a GPU on its own CUDA stream (auto: on a CPU 2 where torch has 2 "
         "threads or more and the batches hold 16 sentences or more on average, else 1; on a "
-        "GPU 1)",
+        "GPU 1; never more than the batches)",
     )
 
-    @model_validator(mode="before")
+    @field_validator("workers", mode="before")
     @classmethod
-    def _workers(cls, data: object) -> object:
+    def _workers(cls, value: object) -> object:
         """One message for workers' two forms, not one per member of the union."""
-        value = data.get("workers", "auto") if isinstance(data, dict) else "auto"
         if value == "auto" or (type(value) is int and value >= 1):
-            return data
-        raise ValueError(
-            f"workers: got {value!r}; expected a number of threads (1 or more), or auto"
+            return value
+        raise PydanticCustomError(
+            "workers", "expected a number of threads (1 or more), or auto", {}
         )
 
 
@@ -367,7 +409,9 @@ class RunConfig(Section):
 
     dir: str = Field("runs/default", description="run directory (checkpoints, logs, tokenizer)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda if available")
-    threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: all)")
+    threads: int | None = Field(
+        None, ge=1, le=1024, description="CPU threads for torch (default: all)"
+    )
     fast_kernels: bool = Field(
         True,
         description="CPU training: nmt's speed paths (nmt/fast) and malloc settings, glibc's "

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from nmt.config import MAX_LENGTH
 from nmt.decoding.constraints import Candidate, ConstraintState, allocate
 from nmt.vocab import EOS_ID
 
@@ -63,9 +64,10 @@ class Steering:
 def search_limits(
     src_lengths: Tensor, ratio: float, offset: int, steering: Steering | None
 ) -> list[int]:
-    """Longest output per sentence, EOS included: ceil(ratio * |x|) + offset (at least 1),
-    plus the sentence's forced tokens."""
-    limits = (src_lengths.float() * ratio).ceil().long().add(offset).clamp(min=1).tolist()
+    """Longest output per sentence, EOS included: ceil(ratio * |x|) + offset (at least 1, at
+    most ``MAX_LENGTH`` pieces), plus the sentence's forced tokens."""
+    scaled = (src_lengths.float() * ratio).ceil().clamp(max=MAX_LENGTH).long()
+    limits = scaled.add(offset).clamp(min=1, max=MAX_LENGTH).tolist()
     if steering is None:
         return limits
     return [limit + steering.forced_tokens(b) for b, limit in enumerate(limits)]

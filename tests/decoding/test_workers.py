@@ -198,5 +198,5 @@ def test_the_workers_option(run: Path, tmp_path: Path) -> None:
     error = nmt(
         "translate", "-m", str(run), "-i", str(source), "-o", str(refused), "--workers", "0"
     )
-    assert "decoding.workers: got 0; expected a number of threads" in error.error
+    assert "--workers: got 0; expected a number of threads" in error.error
     assert not refused.exists()

@@ -33,7 +33,7 @@ from nmt.commands.translate import format_translation, given_steering, output_li
 from nmt.config import DecodingConfig
 from nmt.data.tokenizer import Tokenizer, piece_words
 from nmt.decoding.alignment import format_links, output_words
-from nmt.decoding.options import SearchOptions, check_request, decoding_options
+from nmt.decoding.options import Naming, SearchOptions, check_request, decoding_options
 from nmt.decoding.steering import Steering
 from nmt.decoding.translator import Translation
 from nmt.errors import DataError
@@ -46,6 +46,10 @@ DECODING_KEYS = (
     "max_len_ratio",
     "no_repeat_ngram",
 )
+
+# Errors name a request's fields: the options' own keys (beam_size, n_best, extract), but for
+# the one field named otherwise.
+ALIGN_FIELDS = Naming({"attention": "use_attention"})
 
 
 @dataclass(frozen=True)
@@ -232,8 +236,8 @@ def align_job(model: ServedModel, body: AlignBody, limits: Limits) -> Job:
     """An align request, checked, as a job of its own."""
     _check_pairs(body.sources, body.targets, limits)
     extraction = Extraction(body.extract, body.threshold, body.use_attention)
-    extraction.check()
-    extraction.check_head(model.translator)
+    extraction.check(ALIGN_FIELDS)
+    extraction.check_head(model.translator, ALIGN_FIELDS)
     return Job(None, len(body.sources), AlignWork(model, body, extraction), align_each)
 
 
