@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 from nmt.data.corpus import read_pairs, source_files
+from nmt.data.sampling import SAMPLER_VERSION
 from nmt.data.stages import Stages, on_terminal
 from nmt.data.store import (
     STORE_VERSION,
@@ -123,7 +124,7 @@ class EpochSampler:
         prepared, built = prepare_split(
             self.store,
             f"sampled{epoch}",
-            {"family": self.family, "epoch": epoch},
+            {"family": self.family, "epoch": epoch, "sampler": SAMPLER_VERSION},
             lambda: self.source.rows().select(self.kept),
             Encode(self.tokenizer, None, keep_text=False, sampling=sampling),
             self.config.data.num_proc,

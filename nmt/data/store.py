@@ -22,7 +22,11 @@ manifest, written last, and the directory renamed into place whole: a killed pre
 leaves nothing that looks finished, and two runs preparing at once never see half an entry
 (the first to rename wins; the other removes its own and uses the winner's, once checked).
 A failed write (a full disk) is a ``DataError`` naming the file, with the temporary directory
-removed.
+removed. The process building an entry holds a lock in its temporary directory until it ends;
+the temporary directory of one killed outright (SIGKILL, a machine's reboot) is removed by the
+next preparation in the store, once its lock shows its builder gone (``nmt.data.scratch``).
+Directories and files get the permissions the umask gives (a cache shared by a group is
+readable by the group under umask 002), not ``mkdtemp``'s private 0700.
 
 Before an entry is used, ``Store.find`` checks it against its manifest: the key, every file
 present with its size (each time), and its checksum (once per process and entry: a disk that
@@ -42,7 +46,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -54,6 +57,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from nmt.data import scratch
 from nmt.data.batching import Batch, make_batch
 from nmt.data.guidance import guide_matrix, parse_pharaoh, word_link_cells
 from nmt.data.stages import Stages
@@ -338,7 +342,7 @@ class Store:
 
     def remove(self, path: Path) -> None:
         """Remove an entry: renamed aside first, so that no process sees part of it."""
-        aside = self.prepared / f".{path.name}.{uuid.uuid4().hex[:8]}.removed"
+        aside = self.prepared / f".{path.name}.{uuid.uuid4().hex[:8]}{scratch.REMOVED}"
         path.rename(aside)
         shutil.rmtree(aside, ignore_errors=True)
 
@@ -359,15 +363,23 @@ class Store:
 
     @contextmanager
     def building(self, name: str) -> Iterator[Path]:
-        """A temporary directory to build an entry in, gone afterwards (published or removed);
-        a failed write in it becomes a ``DataError`` naming the file."""
-        tmp = self.scratch(name)
+        """A temporary directory to build an entry in, held by this process while it builds
+        and gone afterwards (published or removed); what killed preparations left is removed
+        first (``nmt.data.scratch``). A failed write in it becomes a ``DataError`` naming the
+        file."""
+        with writing(self.prepared):
+            self.prepared.mkdir(parents=True, exist_ok=True)
+            left = scratch.sweep(self.prepared)
+            tmp, lock = scratch.hold(self.prepared, name)
+        if left:
+            log.info("%s: removed %d folders left by killed preparations", self.prepared, len(left))
         try:
             yield tmp
         except OSError as exc:
             raise DataError(write_error(tmp, exc)) from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+            scratch.release(lock)
 
     def publish(
         self, tmp: Path, name: str, key: str, manifest: dict[str, Any]
@@ -391,6 +403,7 @@ class Store:
                 return final, found
             with writing(final):  # the twin's entry was damaged and is gone: ours replaces it
                 tmp.rename(final)
+        (final / scratch.LOCK).unlink(missing_ok=True)  # still held: the lock came along
         _verified.add(manifest_stamp(final))  # its files were checksummed just now
         return final, manifest
 
@@ -409,11 +422,6 @@ class Store:
                     self.remove(path)
                 except OSError:
                     continue  # another process removed it, or the store is read-only
-
-    def scratch(self, name: str) -> Path:
-        with writing(self.prepared):
-            self.prepared.mkdir(parents=True, exist_ok=True)
-            return Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=self.prepared))
 
 
 def read_manifest(path: Path, key: str) -> tuple[dict[str, Any] | None, str | None]:

@@ -13,6 +13,7 @@ from typing import Any, BinaryIO
 
 import sentencepiece as spm
 
+from nmt.data.sampling import Sampler, read_model
 from nmt.errors import CheckpointError, DataError
 from nmt.files import atomic_write_bytes
 from nmt.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -94,6 +95,7 @@ class Tokenizer:
     def __post_init__(self) -> None:
         self.src = _load_proto(self.src_proto)
         self.trg = self.src if self.joint else _load_proto(self.trg_proto)
+        self._samplers: dict[bytes, Sampler] = {}  # by model: made when first sampled
 
     def __getstate__(self) -> dict[str, bytes]:  # the processors are rebuilt from the bytes
         return self.state_dict()
@@ -125,17 +127,26 @@ class Tokenizer:
     def sample(
         self, side: str, lines: Sequence[str], seeds: Sequence[int], alpha: float, nbest: int
     ) -> list[list[int]]:
-        """Sampled segmentations (subword regularisation): sentencepiece's sampling for a
-        unigram model (``alpha`` smooths, ``nbest`` -1 samples from all segmentations), and
+        """Sampled segmentations (subword regularisation): unigram sampling for a unigram
+        model (``alpha`` smooths, ``nbest`` -1 samples from all segmentations), and
         BPE-dropout for a BPE model (``alpha`` drops merges). Each line's sample is a function
-        of its seed alone; source ids end in EOS like ``encode_src``'s."""
-        processor = self.src if side == "src" else self.trg
+        of the model, the line and its seed alone, in any process (``nmt.data.sampling``:
+        sentencepiece's own generator is salted per process); source ids end in EOS like
+        ``encode_src``'s."""
+        sampler = self._sampler(side)
         out = []
         for line, seed in zip(lines, seeds, strict=True):
-            spm.set_random_generator_seed(seed)
-            ids = processor.encode(line, enable_sampling=True, alpha=alpha, nbest_size=nbest)
-            out.append(ids + [EOS_ID] if side == "src" else list(ids))
+            ids = sampler.sample(line, seed, alpha, nbest)
+            out.append(ids + [EOS_ID] if side == "src" else ids)
         return out
+
+    def _sampler(self, side: str) -> Sampler:
+        """The side's sampler, made on first use (the joint model's one serves both)."""
+        proto = self.src_proto if side == "src" else self.trg_proto
+        if proto not in self._samplers:
+            processor = self.src if side == "src" else self.trg
+            self._samplers[proto] = Sampler(read_model(proto), processor.normalize)
+        return self._samplers[proto]
 
     def decode_trg(self, ids: Sequence[Sequence[int]]) -> list[str]:
         return [self.trg.decode([int(i) for i in seq]) for seq in ids]
