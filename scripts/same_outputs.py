@@ -12,7 +12,7 @@ folder, then compares:
 the demo corpus) into ``OUT/models/<config>``, and the demo config ``--demo-updates`` updates
 into ``OUT/<label>/demo`` (its checkpoint's parameters are compared bit for bit). Without
 ``--train`` a label reuses the models and trains only its own demo run. Each label then
-writes, per config, ``nmt translate`` (beam 5, with --scores and --alignments), ``nmt score
+writes, per config, ``nmt translate`` (beam 5, with --scores and --alignments to a file), ``nmt score
 --tokens`` and ``nmt align`` of the first ``--lines`` lines of the test split, in fp32.
 ``--compare`` lists every file that differs and exits 1 if any does.
 """
@@ -65,8 +65,8 @@ def outputs(model: Path, src: Path, trg: Path, into: Path, log: Path) -> None:
     common = ["--model", str(model), "--input", str(src)]
     fp32 = ["--precision", "fp32", "--device", "cpu"]
     run(
-        ["translate", *common, *fp32, "--beam", "5", "--scores", "--alignments"]
-        + ["--output", str(into / "translate.txt")],
+        ["translate", *common, *fp32, "--beam", "5", "--scores"]
+        + ["--alignments", str(into / "links.txt"), "--output", str(into / "translate.txt")],
         log,
     )
     run(
