@@ -1,8 +1,8 @@
-"""What both loops of beam search share (``nmt.decoding.search``'s plain loop and
-``nmt.decoding.device_loop``'s fixed one): the alive hypotheses (``Beams``), a step's best
-continuations (``top_candidates``), setting aside those that end (``set_aside_finished``),
-the next alive hypotheses (``next_alive``) and the stopping rule (``now_done``). The scores
-they compute are ``nmt.decoding.search``'s s(Y, x)."""
+"""The parts of beam search's step (``nmt.decoding.search._beam_step``): the alive
+hypotheses (``Beams``), a step's best continuations (``top_candidates``), setting aside
+those that end (``set_aside_finished``), the next alive hypotheses (``next_alive``) and the
+stopping rule (``now_done``). The scores they compute are ``nmt.decoding.search``'s
+s(Y, x)."""
 
 from __future__ import annotations
 
@@ -38,11 +38,12 @@ def coverage_penalty(coverage: Tensor, src_lengths: Tensor, beta: float) -> Tens
 
 @dataclass
 class Beams:
-    """Alive hypotheses of all sentences, flattened to (B*K)."""
+    """Alive hypotheses of all sentences, flattened to (B*K), their outputs T wide (zeros
+    past the output position)."""
 
     scores: Tensor  # (B, K) summed log-probabilities
-    tokens: Tensor  # (B*K, t)
-    alphas: Tensor | None  # (B*K, t, S)
+    tokens: Tensor  # (B*K, T)
+    alphas: Tensor | None  # (B*K, T, S)
     coverage: Tensor | None  # (B*K, S) summed attention, with a coverage penalty
     constraints: list[ConstraintState | None] | None  # (B*K) with constraints
 
@@ -95,19 +96,19 @@ def set_aside_finished(
     step: Candidates,
     done: Tensor,
     length: int | Tensor,
-    penalty: float | Tensor,
-    column: Tensor | None = None,
+    penalty: Tensor,
+    column: Tensor,
 ) -> None:
     """Set aside candidates that end in EOS among each open sentence's top K, with their
-    score s(Y, x) in float64, ``penalty`` lp(length). ``column``: the device loop's (1,)
-    column of this step in fixed-width beams (``nmt.decoding.device_loop``), where the
-    candidates are added without first reading whether any ended; else nothing is added
-    where none ended."""
+    score s(Y, x) in float64, ``penalty`` lp(length) (1,) float64; ``column`` (1,): this
+    step's in the beams' outputs. At a Python int ``length`` (a loop that reads the device
+    at every step) nothing is added where none ended; in fixed shapes the candidates are
+    added without reading that."""
     beam_size = beams.scores.size(1)
     top_scores, top_tokens = step.scores[:, :beam_size], step.tokens[:, :beam_size]
     # finite: a top score is at most 0, or -inf (one comparison; isfinite takes four kernels)
     is_eos = (top_tokens == EOS_ID) & (top_scores > -math.inf) & ~done[:, None]  # (N, K)
-    if column is None and not bool(is_eos.any()):
+    if isinstance(length, int) and not bool(is_eos.any()):
         return
     sentences = torch.arange(top_scores.size(0), device=top_scores.device)[:, None]
     sources = sentences * beam_size + step.origins[:, :beam_size]  # (N, K) their rows
@@ -115,13 +116,10 @@ def set_aside_finished(
     score = log_prob / penalty
     if step.penalties is not None:
         score = score + step.penalties[sources]
-    alphas = None  # (N, K, length or T, S)
+    alphas = None  # (N, K, T, S)
     if beams.alphas is not None and step.alphas is not None:
         ended = step.alphas[sources].unsqueeze(2)  # (N, K, 1, S)
-        if column is None:
-            alphas = torch.cat([beams.alphas[sources], ended], dim=2)
-        else:
-            alphas = beams.alphas[sources].index_copy_(2, column, ended)
+        alphas = beams.alphas[sources].index_copy_(2, column, ended)
     finished.add(
         score.masked_fill(~is_eos, -math.inf), log_prob, length, beams.tokens[sources], alphas
     )
@@ -133,7 +131,7 @@ def now_done(
     length: int | Tensor,
     limit: Tensor,
     beam_size: int,
-    penalty: float | Tensor,
+    penalty: Tensor,
 ) -> Tensor:
     """(N,) the sentences done after this step: at their length limit, or with K finished
     of which the best scores at least the best alive hypothesis over the length penalty
@@ -143,10 +141,11 @@ def now_done(
 
 
 def next_alive(
-    beams: Beams, log_probs: Tensor, step: Candidates, limits: list[int], length: int
+    beams: Beams, log_probs: Tensor, step: Candidates, limit: Tensor, length: int | Tensor
 ) -> tuple[Tensor, Tensor, Tensor, list[ConstraintState | None] | None]:
     """The next K alive hypotheses per sentence: the best non-EOS candidates, or for a
-    constrained sentence Post & Vilar's allocation. -> scores, origins, tokens (B, K), and
+    constrained sentence Post & Vilar's allocation (which reads the length limits (B,)
+    on the host). -> scores, origins, tokens (B, K), and
     the constraint states (B*K) or None."""
     beam_size = beams.scores.size(1)
     scores = step.scores.masked_fill(step.tokens == EOS_ID, -math.inf)
@@ -155,7 +154,8 @@ def next_alive(
     if beams.constraints is None:
         return alive_scores, origins, tokens, None
     top = (step.scores, step.origins, step.tokens)
-    chosen = constrained_beams(beams.scores, log_probs, top, beams.constraints, limits, length)
+    limits, position = limit.tolist(), int(length)
+    chosen = constrained_beams(beams.scores, log_probs, top, beams.constraints, limits, position)
     if chosen.sentences:
         rows = torch.tensor(chosen.sentences, device=alive_scores.device)
         alive_scores[rows] = torch.tensor(chosen.scores, device=alive_scores.device)

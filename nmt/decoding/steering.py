@@ -1,6 +1,9 @@
-"""What a user may impose on the search, per sentence: a target prefix that every output
-starts with, and constraint phrases that every output contains (``constraints``). Search
-calls these between computing a step's log-probabilities and choosing the next beam.
+"""What may be imposed on the search: per sentence, a target prefix that every output
+starts with and constraint phrases that every output contains (``constraints``); for every
+sentence, its length limit and ``decoding.no_repeat_ngram``. Search applies them as
+``Restriction``s between computing a step's log-probabilities and choosing from them; a
+restriction says whether it reads the host at every step, and a search with one keeps its
+loop on the host (``nmt.decoding.search.runs_on_device``).
 
 Forced tokens do not eat the source-based length budget: a sentence's longest output is
 ceil(ratio * |x|) + offset plus the tokens of its prefix and of its constraint phrases.
@@ -9,13 +12,15 @@ ceil(ratio * |x|) + offset plus the tokens of its prefix and of its constraint p
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from nmt.config import MAX_LENGTH
+from nmt.config import MAX_LENGTH, DecodingConfig
 from nmt.decoding.constraints import Candidate, ConstraintState, allocate
 from nmt.vocab import EOS_ID
 
@@ -71,6 +76,104 @@ def search_limits(
     if steering is None:
         return limits
     return [limit + steering.forced_tokens(b) for b, limit in enumerate(limits)]
+
+
+class Stepped(Protocol):
+    """What a restriction reads of the rows a search steps (``nmt.decoding.search``'s
+    greedy and beam inputs): the output position being chosen (1-based; a 0-d tensor on
+    the device in fixed shapes), each stepped sentence's length limit (B',), its rows
+    (``width``: K, or 1), its steering and its hypotheses' constraint states (N,) or None."""
+
+    @property
+    def position(self) -> int | Tensor: ...
+    @property
+    def limit(self) -> Tensor: ...
+    @property
+    def width(self) -> int: ...
+    @property
+    def steering(self) -> Steering | None: ...
+    @property
+    def constraints(self) -> list[ConstraintState | None] | None: ...
+
+    def history(self) -> Tensor:
+        """(N, position - 1) each stepped row's outputs so far."""
+        ...
+
+
+@dataclass(frozen=True)
+class Restriction:
+    """A ban on tokens, applied in place to a step's log-probabilities (N, V) before search
+    chooses from them. ``host``: it reads the host at every step (a sentence's lists, the
+    outputs' history), so that a loop with it cannot stay on the device."""
+
+    apply: Callable[[Tensor, Stepped], None]
+    host: bool
+
+
+def restrictions(decoding: DecodingConfig, steering: Steering | None) -> list[Restriction]:
+    """A search's restrictions, in the order they apply: no repeated n-gram, the prefixes'
+    forced tokens, EOS at the length limit, no EOS before the constraints are met."""
+    found = []
+    if decoding.no_repeat_ngram:
+        found.append(Restriction(partial(_no_repeats, n=decoding.no_repeat_ngram), host=True))
+    if steering is not None and steering.prefixes is not None:
+        found.append(Restriction(_prefixes, host=True))
+    found.append(Restriction(_eos_at_limit, host=False))
+    if steering is not None and steering.constraints is not None:
+        found.append(Restriction(_constraints_unmet, host=True))
+    return found
+
+
+def _no_repeats(log_probs: Tensor, rows: Stepped, n: int) -> None:
+    if int(rows.position) > 1:
+        block_repeated_ngrams(log_probs, rows.history(), n)
+
+
+def _prefixes(log_probs: Tensor, rows: Stepped) -> None:
+    assert rows.steering is not None and rows.steering.prefixes is not None
+    force_prefixes(log_probs, rows.steering.prefixes, int(rows.position), rows.width)
+
+
+def _eos_at_limit(log_probs: Tensor, rows: Stepped) -> None:
+    """Rows of sentences at their length limit may only end: every other token gets -inf.
+    A loop that may read the device skips the step where none is at its limit."""
+    at_limit = rows.limit <= rows.position  # (B',)
+    if isinstance(rows.position, int) and not bool(at_limit.any()):
+        return
+    if rows.width > 1:
+        at_limit = at_limit[:, None].expand(-1, rows.width).reshape(-1)  # (N,)
+    eos = log_probs[:, EOS_ID].clone()
+    log_probs.masked_fill_(at_limit[:, None], -math.inf)
+    log_probs[:, EOS_ID] = eos
+
+
+def _constraints_unmet(log_probs: Tensor, rows: Stepped) -> None:
+    if rows.constraints is not None:
+        forbid_early_eos(log_probs, rows.constraints)
+
+
+def block_repeated_ngrams(log_probs: Tensor, history: Tensor, n: int) -> None:
+    """Give -inf to every token that would repeat an n-gram already in the hypothesis.
+
+    log_probs: (N, V), changed in place; history: (N, t) tokens output so far. The last n-1
+    tokens are matched against every earlier (n-1)-gram; the token that followed a match is
+    banned (Paulus et al. 2018, section 2.5; OpenNMT's block_ngram_repeat).
+    """
+    if n < 1 or history.size(1) < n - 1:
+        return
+    if n == 1:
+        banned = torch.zeros_like(log_probs, dtype=torch.bool)
+        banned.scatter_(1, history, True)
+        log_probs.masked_fill_(banned, -math.inf)
+        return
+    if history.size(1) < n:
+        return
+    windows = history.unfold(1, n, 1)  # (N, W, n) every n-gram so far
+    prefix = history[:, history.size(1) - n + 1 :]  # (N, n-1) the n-gram being completed
+    match = (windows[:, :, :-1] == prefix[:, None, :]).all(dim=-1)  # (N, W)
+    counts = torch.zeros_like(log_probs, dtype=torch.int32)
+    counts.scatter_add_(1, windows[:, :, -1], match.to(torch.int32))
+    log_probs.masked_fill_(counts > 0, -math.inf)
 
 
 def force_prefixes(

@@ -16,7 +16,7 @@ import torch
 from searchref import enumerate_outputs, sequence_log_probs, source
 
 from nmt.config import Config, DecodingConfig, from_dict
-from nmt.decoding import captured, device_loop
+from nmt.decoding import captured, search
 from nmt.decoding.ensemble import Ensemble, EnsembleState
 from nmt.decoding.finished import DoneFlag, Finished
 from nmt.decoding.search import beam_search, greedy_search, length_penalty, runs_on_device
@@ -251,13 +251,14 @@ def test_the_device_loop_reads_nothing_until_the_end(monkeypatch: pytest.MonkeyP
     assert plain_reads > 10  # at least one a step
 
 
-def _carried_tensors(carry: Any) -> list[torch.Tensor]:
+def _carried_tensors(inputs: Any) -> list[torch.Tensor]:
     """Every tensor a step reads and writes, the state's included (memory aside)."""
     out = []
-    for value in (*vars(carry).values(), *vars(carry.finished).values()):
+    fields = (*vars(inputs).values(), *vars(inputs.beams).values())
+    for value in (*fields, *vars(inputs.finished).values()):
         if isinstance(value, torch.Tensor):
             out.append(value)
-    for member in carry.state.states:
+    for member in inputs.state.states:
         out += [v for v in vars(member).values() if isinstance(v, torch.Tensor)]
     return out
 
@@ -270,18 +271,18 @@ def test_after_the_first_steps_a_step_replaces_nothing(
     (``strict``: a replacement is an error) writes into the same tensors at the same
     addresses, and the search still gives the plain loop's hypotheses."""
     addresses: list[list[int]] = []
-    search_step = device_loop._search_step
+    beam_step = search._beam_step
 
-    def noted(scorer, carry, fixed, strict=False):  # each strict step's tensors' addresses
-        search_step(scorer, carry, fixed, strict)
+    def noted(scorer, inputs, bans, in_place=False, strict=False):  # each strict step's
+        beam_step(scorer, inputs, bans, in_place, strict)  # tensors' addresses
         if strict:
-            addresses.append([t.data_ptr() for t in _carried_tensors(carry)])
+            addresses.append([t.data_ptr() for t in _carried_tensors(inputs)])
 
     def emulated(step):  # the capture's warm-up, then "replays" that replace nothing
         step()
         return lambda: step(strict=True)
 
-    monkeypatch.setattr(device_loop, "_search_step", noted)
+    monkeypatch.setattr(search, "_beam_step", noted)
     monkeypatch.setattr(captured, "captures", lambda decoding, device: True)
     # the batch as it is, for the plain loop's float64 results to the bit (the static
     # shapes that captured steps take are tested below)

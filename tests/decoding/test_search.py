@@ -15,8 +15,8 @@ from searchref import sequence_log_probs
 from searchref import source as _source
 
 from nmt.data.tokenizer import BOS_ID, EOS_ID
-from nmt.decoding.search import block_repeated_ngrams, length_penalty
-from nmt.decoding.steering import search_limits
+from nmt.decoding.search import length_penalty
+from nmt.decoding.steering import block_repeated_ngrams, search_limits
 from nmt.model import Seq2Seq
 
 VOCAB = 6  # PAD UNK BOS EOS + two words
