@@ -1,6 +1,7 @@
-"""A search step replayed on a GPU (``nmt.decoding.device_loop``'s): captured once as a CUDA
-graph (``capture``), its inputs written back in place (``write_back``), and kept for later
-batches of the same static shape.
+"""The loop of a search (``run_steps``: ``nmt.decoding.search``'s greedy and beam loops) and
+its step replayed on a GPU: in fixed shapes, captured once as a CUDA graph (``capture``),
+its inputs written back in place (``write_back``), and kept for later batches of the same
+static shape.
 
 A capture costs tens of milliseconds, as much as a batch's replays, so a captured step is
 kept (``kept_graphs``: each thread's own, its last ``GRAPH_CACHE``): with graphs
@@ -200,7 +201,6 @@ def _signature(value: Any) -> Any:
     if isinstance(value, Finished):
         return (
             "finished",
-            value.fixed,
             len(value.sentences),
             len(value.archive),
             tuple(_signature(t) for t in value.tensors()),
@@ -225,7 +225,7 @@ def captures(decoding: DecodingConfig, device: torch.device) -> bool:
 
 def write_back(into: Any, new: Any, strict: bool = False) -> Any:
     """``new``'s tensors written into ``into``'s own, field by field (dataclasses, lists,
-    dicts, a fixed ``Finished``; equal plain values stay): -> ``into``. A field whose tensor
+    dicts, a ``Finished``; equal plain values stay): -> ``into``. A field whose tensor
     is new (a first coverage vector) or is not a tensor (a step count) is set instead,
     except with ``strict`` (a graph being captured, whose inputs must stay where they are):
     then a ValueError."""
@@ -233,7 +233,7 @@ def write_back(into: Any, new: Any, strict: bool = False) -> Any:
         if into is not new:
             into.copy_(new)
         return into
-    if isinstance(into, Finished) and isinstance(new, Finished) and into.fixed and new.fixed:
+    if isinstance(into, Finished) and isinstance(new, Finished):
         for mine, theirs in zip(into.tensors(), new.tensors(), strict=True):
             write_back(mine, theirs, strict)
         return into

@@ -36,19 +36,16 @@ class Finished:
         width: int,
         attention: bool,
         device: Any,
-        longest: int | None = None,
+        longest: int,
     ):
-        """``width``: the source positions S; ``longest``: with a length T, every tensor is
-        made at its full size at once and written in place (``fixed``: what a CUDA graph
-        replays), else the tokens and attention grow with the output."""
-        self.fixed = longest is not None
-        steps = longest or 0
+        """``width``: the source positions S; ``longest``: the output length T. Every tensor
+        is made at its full size at once and written in place (what a CUDA graph replays)."""
         self.scores = torch.full((batch, slots), -math.inf, dtype=torch.float64, device=device)
         self.log_probs = torch.zeros((batch, slots), dtype=torch.float64, device=device)
         self.lengths = torch.zeros((batch, slots), dtype=torch.long, device=device)
-        self.tokens = torch.zeros((batch, slots, steps), dtype=torch.long, device=device)
+        self.tokens = torch.zeros((batch, slots, longest), dtype=torch.long, device=device)
         self.alphas = (
-            torch.zeros((batch, slots, steps, width), device=device) if attention else None
+            torch.zeros((batch, slots, longest, width), device=device) if attention else None
         )
         self.count = torch.zeros(batch, dtype=torch.long, device=device)
         self.sentences = list(range(batch))  # the batch index of each row
@@ -67,8 +64,8 @@ class Finished:
         alphas: Tensor | None,
     ) -> None:
         """Candidates (B, K): ``scores`` s(Y, x) (-inf: not finished), ``log_probs``, their
-        length (EOS included; a 0-d tensor when fixed), tokens before EOS (B, K, length-1,
-        or T when fixed, zeros after) and attention (B, K, length or T, S)."""
+        length (EOS included; a 0-d tensor in fixed shapes), tokens before EOS (B, K, T,
+        zeros after) and attention (B, K, T, S)."""
         slots = self.scores.size(1)
         # finished: scores are sums of log-probabilities (at most 0), or -inf; one comparison
         # where isfinite takes four kernels
@@ -83,15 +80,12 @@ class Finished:
             "scores": (merged, order),
             "log_probs": (torch.cat([self.log_probs, log_probs], dim=1), order),
             "lengths": (torch.cat([self.lengths, lengths], dim=1), order),
-            "tokens": _both(_widened(self.tokens, tokens.size(2)), tokens, order),
+            "tokens": _both(self.tokens, tokens, order),
         }
         if self.alphas is not None and alphas is not None:
-            sources["alphas"] = _both(_widened(self.alphas, alphas.size(2)), alphas, order)
-        for name, (both, index) in sources.items():
-            if self.fixed:  # written in place: straight into the field
-                torch.gather(both, 1, index, out=getattr(self, name))
-            else:
-                setattr(self, name, both.gather(1, index))
+            sources["alphas"] = _both(self.alphas, alphas, order)
+        for name, (both, index) in sources.items():  # written in place, into the field
+            torch.gather(both, 1, index, out=getattr(self, name))
 
     def select(self, keep: list[int]) -> None:
         """Keep the rows ``keep``; the others (done sentences) go to the archive."""
@@ -125,7 +119,7 @@ class Finished:
         """Per sentence of the batch, in its first order: the ``n_best`` best scores,
         log-probabilities, token lists and attention ((length, S) each, or None), fewer
         where fewer finished; the rows still held are copied to the host once."""
-        held = [_to_host(field, self.fixed) for field in self._fields()]
+        held = [_to_host(field) for field in self._fields()]
         for row, sentence in enumerate(self.sentences):
             self.archive[sentence] = tuple(f[row] if f is not None else None for f in held)
         out = []
@@ -147,20 +141,10 @@ class Finished:
         return out
 
 
-def _to_host(field: Tensor | None, fixed: bool) -> Tensor | None:
-    """A field in host memory; a fixed store's always copied, since a CUDA graph kept for
-    later batches writes its tensors again (``nmt.decoding.captured``)."""
-    if field is None:
-        return None
-    return field.to("cpu", copy=True) if fixed else field.cpu()
-
-
-def _widened(kept: Tensor, width: int) -> Tensor:
-    """(B, F, W, ...) zero-padded along its third axis to ``width`` (>= W)."""
-    if kept.size(2) >= width:
-        return kept
-    pad = kept.new_zeros((*kept.shape[:2], width - kept.size(2), *kept.shape[3:]))
-    return torch.cat([kept, pad], dim=2)
+def _to_host(field: Tensor | None) -> Tensor | None:
+    """A field in host memory, always a copy, since a CUDA graph kept for later batches
+    writes its tensors again (``nmt.decoding.captured``)."""
+    return field.to("cpu", copy=True) if field is not None else None
 
 
 def _both(kept: Tensor, new: Tensor, order: Tensor) -> tuple[Tensor, Tensor]:

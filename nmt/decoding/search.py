@@ -342,14 +342,8 @@ def beam_search(
     state = scorer.encode(src, src_lengths, repeat=beam_size)
     if fixed:
         state = captured.step_as_tensor(state, device)
-    finished = Finished(  # at its full size in fixed shapes, else growing
-        src.size(0),
-        max(beam_size, n_best),
-        src.size(1),
-        return_attention,
-        device,
-        longest=length if fixed else None,
-    )
+    slots = max(beam_size, n_best)
+    finished = Finished(src.size(0), slots, src.size(1), return_attention, device, length)
     inputs = _Beam.first(state, src, src_lengths, limits, length, decoding, steering, finished)
     if fixed:
         inputs.position = torch.ones((), dtype=torch.long, device=device)

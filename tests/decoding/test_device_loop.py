@@ -186,10 +186,10 @@ def test_the_exhaustive_beam_through_the_device_loop() -> None:
 
 
 def test_the_finished_store_keeps_the_earlier_of_equal_scores() -> None:
-    store = Finished(batch=2, slots=3, width=0, attention=False, device="cpu")
+    store = Finished(batch=2, slots=3, width=0, attention=False, device="cpu", longest=2)
     inf = float("-inf")
     first = torch.tensor([[-1.0, inf], [-2.0, -2.0]], dtype=torch.float64)
-    store.add(first, first, 2, torch.tensor([[[5]], [[6]]]).expand(2, 2, 1), None)
+    store.add(first, first, 2, torch.tensor([[[5, 0]], [[6, 0]]]).expand(2, 2, 2), None)
     second = torch.tensor([[-1.0, -0.5], [-2.0, inf]], dtype=torch.float64)
     store.add(second, second, 3, torch.tensor([[[7, 8]], [[9, 10]]]).expand(2, 2, 2), None)
     assert store.count.tolist() == [3, 3]
@@ -199,9 +199,10 @@ def test_the_finished_store_keeps_the_earlier_of_equal_scores() -> None:
 
 
 def test_a_dropped_sentence_keeps_its_finished_hypotheses() -> None:
-    store = Finished(batch=3, slots=2, width=0, attention=False, device="cpu")
+    store = Finished(batch=3, slots=2, width=0, attention=False, device="cpu", longest=2)
     scores = torch.tensor([[-1.0, -3.0], [-2.0, -4.0], [-0.5, -9.0]], dtype=torch.float64)
-    store.add(scores, scores, 2, torch.tensor([[[4]], [[5]], [[6]]]).expand(3, 2, 1), None)
+    tokens = torch.tensor([[[4, 0]], [[5, 0]], [[6, 0]]]).expand(3, 2, 2)
+    store.add(scores, scores, 2, tokens, None)
     store.select([0, 2])  # sentence 1 is done
     later = torch.tensor([[-0.125, float("-inf")], [float("-inf"), float("-inf")]]).double()
     store.add(later, later, 3, torch.tensor([[[7, 8]], [[9, 9]]]).expand(2, 2, 2), None)
