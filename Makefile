@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # CPU build of torch first (a GPU machine may set TORCH_SPEC to its own build or to "").
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup test test-slow lint demo bench bench-data synthetic corpus align-baseline attention-table clean
+.PHONY: setup test test-slow lint docs demo bench bench-data synthetic corpus align-baseline attention-table clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,13 @@ lint:
 	$(BIN)/ruff format --check nmt tests scripts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The documentation site (mkdocs.yml), offline and strict, into site/; docs/cli.md and
+# docs/config.md are regenerated first from the code.
+docs:
+	$(BIN)/python scripts/cli_reference.py
+	$(BIN)/python scripts/config_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 demo:
 	$(BIN)/nmt train configs/demo.yaml
@@ -58,4 +65,4 @@ corpus:
 	$(BIN)/python scripts/build_corpus.py --out data/bible
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

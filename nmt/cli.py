@@ -525,7 +525,7 @@ def export(
         ),
     ] = None,
 ) -> None:
-    """Export a trained model for inference without its checkpoint (README: Export to ONNX)."""
+    """Export a trained model for inference without its checkpoint (docs/guide/export.md)."""
     from nmt.commands.export import ExportRequest, export_command
 
     metadata = export_command(_request(ExportRequest, locals()))
@@ -545,7 +545,7 @@ def shortlist(
     ],
 ) -> None:
     """Build the lexical shortlist for a run trained without one, from its training data,
-    and add it to its checkpoints (README: Decoding)."""
+    and add it to its checkpoints (docs/guide/translating.md)."""
     from nmt.commands.shortlist import ShortlistRequest, shortlist_command
 
     result = shortlist_command(_request(ShortlistRequest, locals()))

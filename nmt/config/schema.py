@@ -140,7 +140,7 @@ class TokenizerConfig(Section):
         ge=100,
         le=MAX_COUNT,
         description="sentences sampled to train sentencepiece (its memory grows with them: "
-        "data/README.md)",
+        "docs/guide/data.md)",
     )
 
     def sampling_problems(self) -> list[str]:
