@@ -415,7 +415,7 @@ class RunConfig(Section):
     fast_kernels: bool = Field(
         True,
         description="CPU training: nmt's speed paths (nmt/fast) and malloc settings, glibc's "
-        "tcache off included; false: torch's plain path, e.g. to compare (docs/benchmarks.md)",
+        "tcache off included; false: torch's plain path, e.g. to compare (docs/guide/speed.md)",
     )
 
 

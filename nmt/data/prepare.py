@@ -151,7 +151,7 @@ def sample_text(rows: Any, pairs: int, seed: int) -> tuple[list[str], list[str]]
     """The text of at most ``pairs`` pairs with both sides non-empty: all of them in order
     when the split is that small, else a seeded random sample of blocks of 64 consecutive
     pairs. Blocks, not single pairs, so that the sample reads a few pages of the
-    memory-mapped corpus per block instead of nearly every page (docs/benchmarks.md);
+    memory-mapped corpus per block instead of nearly every page;
     only the sample is held in memory."""
     if len(rows) > pairs:
         blocks = len(rows) // SAMPLE_BLOCK

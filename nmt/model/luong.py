@@ -69,9 +69,9 @@ class LuongDecoder(Decoder):
         (W_cc h_s) + W_ch h_t, so W_cc multiplies each sentence's values once here
         (``Memory.folded``), not each row's context at every step
         (``FastPaths.folded_context``): over a memory a beam search's beams share, and for a
-        greedy search (``greedy``) on a CPU, where it measured 1.08x faster (one row per
-        sentence, the fold costs about what the steps save in FLOPs, and the steps read a
-        memory a third smaller; docs/benchmarks.md). Not over a memory copied per beam.
+        greedy search (``greedy``) on a CPU (one row per sentence: the fold costs about what
+        the steps save in FLOPs, and the steps read a memory a third smaller). Not over a
+        memory copied per beam.
 
         Past the fold a search reads no other values, so the folded ones stand in for them
         (``values`` is ``folded``): dropping finished sentences then copies a memory half
@@ -236,10 +236,9 @@ class LuongDecoder(Decoder):
         """``step`` as ``_recur`` and ``_attend`` take it over a folded memory, with the same
         bits, in the fewest Python operations: the RNN's gates and the attention each in one
         compiled kernel, the products prepared (``search_products``). On a CPU a step of
-        greedy search at batch 64 is a few milliseconds of arithmetic, and the general
-        path's layers of calls, each reached with the caches emptied by the step's weights
-        and memory, added a tenth to a sixth to it (docs/benchmarks.md). None where the attention
-        kernel does not take the tensors (the general path then runs)."""
+        greedy search is little arithmetic, and the general path's layers of calls, each
+        reached with the caches emptied by the step's weights and memory, weigh on it. None
+        where the attention kernel does not take the tensors (the general path then runs)."""
         assert products.combine_hidden is not None
         feed = state.feed.unsqueeze(1) if state.feed is not None else None  # (B, 1, H)
         output, rnn_state = cells.rnn_step(
