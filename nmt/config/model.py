@@ -1,7 +1,8 @@
 """The model section of the config: embeddings, encoder, decoder and attention, and the rules
 between their sizes and score functions.
 
-Valid names come from the model's registry (nmt.model.registry), and so do the rules each score
+Valid names come from the model's registry (nmt.model.registry), read when a config is validated
+(a score registered later is a valid name without an edit here), and so do the rules each score
 class declares; this module only reads them.
 """
 
@@ -15,7 +16,7 @@ from nmt.config.base import MAX_LAYERS, MAX_LENGTH, MAX_WIDTH, Section
 from nmt.model.registry import DECODERS, content_scores
 from nmt.model.registry import SCORES as SCORE_CLASSES
 
-SCORES = tuple(SCORE_CLASSES)  # every name model.attention.score takes, aliases included
+SCORES = tuple(SCORE_CLASSES)  # the shipped names model.attention.score takes, aliases included
 CONTENT_SCORES = tuple(content_scores())  # those usable as model.attention.local_score
 DECODER_STYLES = tuple(DECODERS)
 
@@ -121,12 +122,15 @@ class AttentionConfig(Section):
     @model_validator(mode="after")
     def _known_names(self) -> AttentionConfig:
         problems = []
-        if self.score not in SCORES:
-            problems.append(f"score: got {self.score!r}, expected one of {', '.join(SCORES)}")
-        if self.local_score not in CONTENT_SCORES:
+        if self.score not in SCORE_CLASSES:  # as registered now
+            problems.append(
+                f"score: got {self.score!r}, expected one of {', '.join(SCORE_CLASSES)}"
+            )
+        content = content_scores()
+        if self.local_score not in content:
             problems.append(
                 f"local_score: got {self.local_score!r}, expected one of "
-                f"{', '.join(CONTENT_SCORES)} (a score of one query and one key)"
+                f"{', '.join(content)} (a score of one query and one key)"
             )
         if problems:  # the caller prefixes the first with "model.attention."
             raise ValueError("; model.attention.".join(problems))

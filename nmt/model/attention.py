@@ -14,14 +14,15 @@ step indices of the T queries (0-based); only Luong's local-m attention reads th
 
 The weights are computed in (at least) float32 whatever the autocast dtype, and a float64
 module stays float64 end to end, so references can be checked to round-off. The score
-functions themselves live in ``scores``, ``positional`` and ``multihead``; their names in
-``registry``.
+functions themselves live in ``scores``, ``positional`` and ``multihead``; each takes its config
+names by ``register_score``, into ``SCORES``, which the config validates against.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -210,3 +211,22 @@ class Attention(nn.Module):
         the coverage after the last query. A score without coverage returns None for it."""
         context, alphas = self(query, memory, positions)
         return context, alphas, None
+
+
+SCORES: dict[str, type[Attention]] = {}  # model.attention.score's names (aliases too) -> class
+A = TypeVar("A", bound=type[Attention])
+
+
+def register_score(*names: str) -> Callable[[A], A]:
+    """A class decorator: ``model.attention.score`` takes each of ``names`` for the class.
+    A new score is its class, so decorated, and its test; the config validates against
+    ``SCORES`` as it is when a config is read."""
+
+    def register(cls: A) -> A:
+        for name in names:
+            if name in SCORES:
+                raise ValueError(f"score {name!r} is already {SCORES[name].__name__}'s name")
+            SCORES[name] = cls
+        return cls
+
+    return register

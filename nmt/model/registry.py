@@ -1,9 +1,11 @@
 """The names the config gives to score functions and decoders: one table each.
 
-A name maps to its class; aliases map to the same class. The config schema reads these tables
-(valid names and, from each class's attributes, the rules that apply to it), and
-``build_attention`` / ``build_decoder`` turn a validated config into modules. A new score or
-decoder is its class plus one line here (docs/architecture.md).
+A name maps to its class; aliases map to the same class. A score class takes its names by
+``register_score`` where it is written (``SCORES`` lives beside ``Attention``); importing
+this module registers every shipped one. The config schema reads these tables (valid names
+and, from each class's attributes, the rules that apply to it), and ``build_attention`` /
+``build_decoder`` turn a validated config into modules. A new decoder is its class plus one
+line here (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nmt.fast import FastPaths
-from nmt.model.attention import Attention
+from nmt.model import scores  # noqa: F401  (its classes register their names)
+from nmt.model.attention import SCORES, Attention, register_score
 from nmt.model.bahdanau import BahdanauDecoder
 from nmt.model.decoder import Decoder
 from nmt.model.luong import LuongDecoder
@@ -22,32 +25,15 @@ from nmt.model.positional import (
     LocalPredictiveAttention,
     LocationAttention,
 )
-from nmt.model.scores import (
-    AdditiveAttention,
-    CosineAttention,
-    DotAttention,
-    GeneralAttention,
-    ScaledDotAttention,
-)
 
 if TYPE_CHECKING:
     from nmt.config import AttentionConfig, ModelConfig
 
-SCORES: dict[str, type[Attention]] = {
-    "additive": AdditiveAttention,
-    "concat": AdditiveAttention,
-    "mlp": AdditiveAttention,
-    "dot": DotAttention,
-    "general": GeneralAttention,
-    "bilinear": GeneralAttention,
-    "multiplicative": GeneralAttention,
-    "scaled_dot": ScaledDotAttention,
-    "cosine": CosineAttention,
-    "location": LocationAttention,
-    "multihead": MultiHeadAttention,
-    "local-m": LocalMonotonicAttention,
-    "local-p": LocalPredictiveAttention,
-}
+register_score("location")(LocationAttention)
+register_score("multihead")(MultiHeadAttention)
+register_score("local-m")(LocalMonotonicAttention)
+register_score("local-p")(LocalPredictiveAttention)
+__all__ = ["SCORES", "DECODERS", "build_attention", "build_decoder", "content_scores"]
 
 DECODERS: dict[str, type[Decoder]] = {
     "bahdanau": BahdanauDecoder,

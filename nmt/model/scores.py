@@ -1,6 +1,6 @@
 """Content scores: the energy of one query q (a decoder state) and one key k (an encoder state).
 
-Each reads as its paper's equation; ``registry`` gives them their config names.
+Each reads as its paper's equation and takes its config names by ``register_score``.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ import torch
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths
-from nmt.model.attention import Attention, Memory, masked_softmax, wide
+from nmt.model.attention import Attention, Memory, masked_softmax, register_score, wide
 from nmt.model.coverage import Coverage
 
 if TYPE_CHECKING:
     from nmt.config import AttentionConfig
 
 
+@register_score("additive", "concat", "mlp")
 class AdditiveAttention(Attention):
     """Bahdanau et al. (2015), eq. 6 / appendix A.1.2: e = v^T tanh(W_q q + W_k k + b); Luong
     et al. (2015), eq. 8 'concat'. With ``coverage`` (Tu et al. 2016, eq. 5), the term
@@ -94,6 +95,7 @@ def _scale(kind: str, size: int) -> tuple[float, nn.Parameter | None]:
     return fixed, (nn.Parameter(torch.ones(())) if kind == "learned" else None)
 
 
+@register_score("dot")
 class DotAttention(Attention):
     """Luong et al. (2015), eq. 8 'dot': e = g q^T k.
 
@@ -129,17 +131,7 @@ class DotAttention(Attention):
         return super().forward(query, memory, positions)
 
 
-class ScaledDotAttention(DotAttention):
-    """Vaswani et al. (2017), eq. 1: e = q^T k / sqrt(d), d the query size."""
-
-    prescaled = True
-    config_keys = ()
-    kernel = "dot"  # the fixed scale is in the keys
-
-    def __init__(self, query_size: int, key_size: int):
-        super().__init__(query_size, key_size, "fixed")
-
-
+@register_score("general", "bilinear", "multiplicative")
 class GeneralAttention(DotAttention):
     """Luong et al. (2015), eq. 8 'general' (bilinear): e = g q^T W_a k, the dot score of the
     keys W_a k, precomputed.
@@ -158,12 +150,25 @@ class GeneralAttention(DotAttention):
         return super().project_keys(self.key_proj(values))  # (B, S, Hq)
 
 
+@register_score("scaled_dot")
+class ScaledDotAttention(DotAttention):
+    """Vaswani et al. (2017), eq. 1: e = q^T k / sqrt(d), d the query size."""
+
+    prescaled = True
+    config_keys = ()
+    kernel = "dot"  # the fixed scale is in the keys
+
+    def __init__(self, query_size: int, key_size: int):
+        super().__init__(query_size, key_size, "fixed")
+
+
 def _unit(x: Tensor, eps: float) -> Tensor:
     """x / max(||x||, eps) along the last axis, the norm in float32 (fp16 would underflow)."""
     w = wide(x)
     return (w / torch.linalg.vector_norm(w, dim=-1, keepdim=True).clamp(min=eps)).to(x.dtype)
 
 
+@register_score("cosine")
 class CosineAttention(Attention):
     """Content-based addressing of Neural Turing Machines (Graves et al. 2014, eq. 5-6):
     e = beta * cos(q, k) = beta * q^T k / (||q|| ||k||), each norm clamped below at ``eps``
