@@ -95,6 +95,8 @@ static inline float tanh_approx(float x) { return 2.0f * sigmoid(2.0f * x) - 1.0
     }
 
 #define NOINLINE __attribute__((noinline))
+/* The search rows' bfloat16 variants, which nothing calls yet. */
+#define MAYBE_UNUSED __attribute__((unused))
 
 /* h' (H) in the matmul dtype, for the next step's matmul. */
 #define STORE_ROW(SUFFIX, MM)                                                                  \
@@ -122,18 +124,58 @@ STORE_ROW(f32, float)
 #define STATE_IN STRIDED(const float *, h), STRIDED(const float *, keep)
 #define STATE_OUT(MM) STRIDED(float *, h_out), STRIDED(MM *, prev_out), SIZES
 
+/* ---------------------------------------------------------------------------------- cells */
+
+/* One unit of each cell from its pre-activations, the one definition every row loop below calls
+ * (training's forward rows and search's, in any matmul dtype: the loads are the caller's).
+ * GRU: a_r, a_z the sums W_i x + b_i + W_h h + b_h (as the matmul or the caller added them),
+ * x_n = W_in x + b_in, h_n = W_hn h + b_hn, and h before the step. */
+typedef struct {
+    float n, h; /* n, and h' = n + z (h - n), that is (1 - z) n + z h */
+} gru_unit;
+
+static inline gru_unit gru_cell(float a_r, float a_z, float x_n, float h_n, float h_prev) {
+    float r = sigmoid(a_r);
+    float z = sigmoid(a_z);
+    float n = tanh_approx(x_n + r * h_n);
+    return (gru_unit){n, n + z * (h_prev - n)};
+}
+
+/* LSTM: a_i, a_f, a_g, a_o the sums W_i x + b_i + W_h h + b_h, and c before the step. */
+typedef struct {
+    float i, f, g, o, c, tanh_c, h; /* the gates, c' = f c + i g, tanh(c'), h' = o tanh(c') */
+} lstm_unit;
+
+static inline lstm_unit lstm_cell(float a_i, float a_f, float a_g, float a_o, float c_prev) {
+    lstm_unit u = {sigmoid(a_i), sigmoid(a_f), tanh_approx(a_g), sigmoid(a_o), 0.0f, 0.0f, 0.0f};
+    u.c = u.f * c_prev + u.i * u.g;
+    u.tanh_c = tanh_approx(u.c);
+    u.h = u.o * u.tanh_c;
+    return u;
+}
+
 /* ------------------------------------------------------------------------------------ GRU */
 
 #define GRU(SUFFIX, MM)                                                                        \
+    /* A search step's row, without gradients: gx (3H) W_i x + b_i, gh (3H) W_h h + b_h in the \
+     * matmul dtype, hp (H) h -> ho (H) h'. */                                                 \
+    static NOINLINE MAYBE_UNUSED void gru_cell_row_##SUFFIX(                                   \
+        const float *restrict gx, const MM *restrict gh, const float *restrict hp,             \
+        float *restrict ho, int64_t H) {                                                       \
+        for (int64_t j = 0; j < H; j++)                                                        \
+            ho[j] = gru_cell(gx[j] + LOAD_##SUFFIX(gh, j), gx[H + j] + LOAD_##SUFFIX(gh, H + j), \
+                             gx[2 * H + j], LOAD_##SUFFIX(gh, 2 * H + j), hp[j])               \
+                        .h;                                                                    \
+    }                                                                                          \
+                                                                                               \
     static NOINLINE void gru_forward_row_##SUFFIX(                                             \
         const MM *restrict a, const float *restrict x, const float *restrict hp,               \
         int going, float *restrict n, float *restrict ho, MM *restrict po, int64_t H) {        \
         for (int64_t j = 0; j < H; j++) {                                                      \
-            float r = sigmoid(LOAD_##SUFFIX(a, j));                                            \
-            float z = sigmoid(LOAD_##SUFFIX(a, H + j));                                        \
-            float nj = tanh_approx(x[j] + r * LOAD_##SUFFIX(a, 2 * H + j));                    \
-            n[j] = nj;                                                                         \
-            ho[j] = going ? nj + z * (hp[j] - nj) : hp[j];                                     \
+            gru_unit u = gru_cell(LOAD_##SUFFIX(a, j), LOAD_##SUFFIX(a, H + j), x[j],          \
+                                  LOAD_##SUFFIX(a, 2 * H + j), hp[j]);                         \
+            n[j] = u.n;                                                                        \
+            ho[j] = going ? u.h : hp[j];                                                       \
         }                                                                                      \
         if (po != NULL) store_row_##SUFFIX(po, ho, H);                                         \
     }                                                                                          \
@@ -171,7 +213,7 @@ STORE_ROW(f32, float)
      * updated in place; rec (D, B, H) mm, contiguous: the part that does (W_h^T times the     \
      * next step's gate gradients; zeros at the last step); grad_out: dL/dh' from the outputs; \
      * pre, n, h_prev as the forward step had them -> grad_gates (D, B, 3H) mm: the gradients  \
-     * at a_r, a_z (pre-activations) and at a_n; grad_n_in (D, B, H) mm: at n_in. */            \
+     * at a_r, a_z (pre-activations) and at a_n; grad_n_in (D, B, H) mm: at n_in. */           \
     void nmt_gru_backward_##SUFFIX(float *carry, const MM *rec, STRIDED(const float *, grad_out), \
                                    STRIDED(const float *, keep), const MM *pre,                \
                                    STRIDED(const float *, n), STRIDED(const float *, h_prev),  \
@@ -190,24 +232,35 @@ GRU(f32, float)
 /* ----------------------------------------------------------------------------------- LSTM */
 
 #define LSTM(SUFFIX, MM)                                                                       \
+    /* A search step's row, as the GRU's: gx, gh (4H), cp (H) c -> ho (H) h', co (H) c'. */    \
+    static NOINLINE MAYBE_UNUSED void lstm_cell_row_##SUFFIX(                                  \
+        const float *restrict gx, const MM *restrict gh, const float *restrict cp,             \
+        float *restrict ho, float *restrict co, int64_t H) {                                   \
+        for (int64_t j = 0; j < H; j++) {                                                      \
+            lstm_unit u = lstm_cell(gx[j] + LOAD_##SUFFIX(gh, j),                              \
+                                    gx[H + j] + LOAD_##SUFFIX(gh, H + j),                      \
+                                    gx[2 * H + j] + LOAD_##SUFFIX(gh, 2 * H + j),              \
+                                    gx[3 * H + j] + LOAD_##SUFFIX(gh, 3 * H + j), cp[j]);      \
+            co[j] = u.c;                                                                       \
+            ho[j] = u.h;                                                                       \
+        }                                                                                      \
+    }                                                                                          \
+                                                                                               \
     static NOINLINE void lstm_forward_row_##SUFFIX(                                            \
         const MM *restrict a, const float *restrict cp, const float *restrict hp, int going,   \
         float *restrict act, float *restrict tc, float *restrict co, float *restrict ho,       \
         MM *restrict po, int64_t H) {                                                          \
         for (int64_t j = 0; j < H; j++) {                                                      \
-            float gi = sigmoid(LOAD_##SUFFIX(a, j));                                           \
-            float gf = sigmoid(LOAD_##SUFFIX(a, H + j));                                       \
-            float gg = tanh_approx(LOAD_##SUFFIX(a, 2 * H + j));                               \
-            float go = sigmoid(LOAD_##SUFFIX(a, 3 * H + j));                                   \
-            float cn = gf * cp[j] + gi * gg;                                                   \
-            float t = tanh_approx(cn);                                                         \
-            act[j] = gi;                                                                       \
-            act[H + j] = gf;                                                                   \
-            act[2 * H + j] = gg;                                                               \
-            act[3 * H + j] = go;                                                               \
-            tc[j] = t;                                                                         \
-            co[j] = going ? cn : cp[j];                                                        \
-            ho[j] = going ? go * t : hp[j];                                                    \
+            lstm_unit u = lstm_cell(LOAD_##SUFFIX(a, j), LOAD_##SUFFIX(a, H + j),              \
+                                    LOAD_##SUFFIX(a, 2 * H + j), LOAD_##SUFFIX(a, 3 * H + j),  \
+                                    cp[j]);                                                    \
+            act[j] = u.i;                                                                      \
+            act[H + j] = u.f;                                                                  \
+            act[2 * H + j] = u.g;                                                              \
+            act[3 * H + j] = u.o;                                                              \
+            tc[j] = u.tanh_c;                                                                  \
+            co[j] = going ? u.c : cp[j];                                                       \
+            ho[j] = going ? u.h : hp[j];                                                       \
         }                                                                                      \
         if (po != NULL) store_row_##SUFFIX(po, ho, H);                                         \
     }                                                                                          \
@@ -537,46 +590,22 @@ void nmt_attend_f32(const float *q, const float *keys, const float *values, cons
  * throughout, one direction:
  *   gx (B, G*H), W_i x + b_i; gh (B, G*H), W_h h + b_h; h (B, H) (and the LSTM's c), the
  *   state before the step, all contiguous
- * -> h_out (B, H) (and c_out), contiguous, apart from h and c: the state after the step.
- * GRU: r = s(x_r + h_r)  z = s(x_z + h_z)  n = tanh(x_n + r * h_n)  h' = n + z (h - n)
- * LSTM: i, f, o = s(x + h)  g = tanh(x_g + h_g)  c' = f c + i g  h' = o tanh(c')          */
-
-static NOINLINE void gru_cell_row(const float *restrict gx, const float *restrict gh,
-                                  const float *restrict hp, float *restrict ho, int64_t H) {
-    for (int64_t j = 0; j < H; j++) {
-        float r = sigmoid(gx[j] + gh[j]);
-        float z = sigmoid(gx[H + j] + gh[H + j]);
-        float n = tanh_approx(gx[2 * H + j] + r * gh[2 * H + j]);
-        ho[j] = n + z * (hp[j] - n);
-    }
-}
+ * -> h_out (B, H) (and c_out), contiguous, apart from h and c: the state after the step, by
+ * the cells above (gru_cell, lstm_cell) of x + h for each gate but the GRU's n (x_n, h_n). */
 
 void nmt_gru_cell_f32(const float *gx, const float *gh, const float *h, float *h_out, int64_t B,
                       int64_t H, int32_t threads) {
     _Pragma("omp parallel for schedule(static) num_threads(threads) if (B * H >= MIN_PARALLEL)")
     for (int64_t b = 0; b < B; b++)
-        gru_cell_row(gx + b * 3 * H, gh + b * 3 * H, h + b * H, h_out + b * H, H);
-}
-
-static NOINLINE void lstm_cell_row(const float *restrict gx, const float *restrict gh,
-                                   const float *restrict cp, float *restrict ho,
-                                   float *restrict co, int64_t H) {
-    for (int64_t j = 0; j < H; j++) {
-        float i = sigmoid(gx[j] + gh[j]);
-        float f = sigmoid(gx[H + j] + gh[H + j]);
-        float g = tanh_approx(gx[2 * H + j] + gh[2 * H + j]);
-        float o = sigmoid(gx[3 * H + j] + gh[3 * H + j]);
-        float c = f * cp[j] + i * g;
-        co[j] = c;
-        ho[j] = o * tanh_approx(c);
-    }
+        gru_cell_row_f32(gx + b * 3 * H, gh + b * 3 * H, h + b * H, h_out + b * H, H);
 }
 
 void nmt_lstm_cell_f32(const float *gx, const float *gh, const float *c, float *h_out,
                        float *c_out, int64_t B, int64_t H, int32_t threads) {
     _Pragma("omp parallel for schedule(static) num_threads(threads) if (B * H >= MIN_PARALLEL)")
     for (int64_t b = 0; b < B; b++)
-        lstm_cell_row(gx + b * 4 * H, gh + b * 4 * H, c + b * H, h_out + b * H, c_out + b * H, H);
+        lstm_cell_row_f32(gx + b * 4 * H, gh + b * 4 * H, c + b * H, h_out + b * H, c_out + b * H,
+                          H);
 }
 
 /* One direction of an encoder's RNN layer through a batch in a pass without gradients (search's
@@ -589,7 +618,7 @@ void nmt_lstm_cell_f32(const float *gx, const float *gh, const float *c, float *
  *   its recurrent gates W_h h + b_h by the BLAS's sgemm (blas: a Fortran sgemm_ with 32-bit
  *   integers, MKL's), w_t (H, G*H) = W_h transposed, bias (G*H) or NULL, as torch.addmm(b, h,
  *   w_t) (the bias copied in, then beta 1) or h @ w_t (beta 0) calls it: the same bits;
- *   the cell as gru_cell_row/lstm_cell_row above.
+ *   the cells as a search step's (gru_cell_row_f32, lstm_cell_row_f32).
  * -> out[(b * S + p) * out_stride + j], j < H: the state after step t at the position it read,
  *   and 0 at each position past the row's end; h_final (B, H) (and c_final) the state after
  *   each row's last step (0 for a row of length 0).
@@ -619,9 +648,9 @@ static void direction_cells(const direction_t *d, int64_t t, int64_t rows, const
         const float *x = d->table != NULL ? d->table + d->ids[b * S + p] * GH
                                           : d->gates_x + (b * S + p) * GH;
         if (d->lstm)
-            lstm_cell_row(x, gh + b * GH, cp + b * H, ho + b * H, co + b * H, H);
+            lstm_cell_row_f32(x, gh + b * GH, cp + b * H, ho + b * H, co + b * H, H);
         else
-            gru_cell_row(x, gh + b * GH, hp + b * H, ho + b * H, H);
+            gru_cell_row_f32(x, gh + b * GH, hp + b * H, ho + b * H, H);
         memcpy(d->out + (b * S + p) * d->out_stride, ho + b * H, (size_t)H * sizeof(float));
         if (d->lengths[b] == t + 1) { /* the row's last step */
             memcpy(d->h_final + b * H, ho + b * H, (size_t)H * sizeof(float));
