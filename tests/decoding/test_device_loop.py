@@ -20,7 +20,7 @@ from nmt.decoding import captured, search
 from nmt.decoding.ensemble import Ensemble, EnsembleState
 from nmt.decoding.finished import DoneFlag, Finished
 from nmt.decoding.search import beam_search, greedy_search, length_penalty, runs_on_device
-from nmt.decoding.steering import Steering
+from nmt.decoding.steering import Steering, restrictions
 from nmt.decoding.translator import Translator
 from nmt.model import Seq2Seq, build_model
 from nmt.model.decoder import DecoderState
@@ -219,6 +219,10 @@ def test_when_the_loop_stays_on_the_device() -> None:
     assert not runs_on_device(DecodingConfig(device_loop=False), cuda, None)
     assert not runs_on_device(DecodingConfig(), cuda, Steering([[4]]))  # read every step
     assert not runs_on_device(DecodingConfig(no_repeat_ngram=2), cuda, None)
+    assert not runs_on_device(DecodingConfig(), cuda, Steering(None, [[]]))  # lists read
+    # asked of the restrictions, in the order they apply: only EOS at the limit needs no host
+    bans = restrictions(DecodingConfig(no_repeat_ngram=2), Steering([[4]], [[[5]]]))
+    assert [ban.host for ban in bans] == [True, True, False, True]
 
 
 def test_the_device_loop_reads_nothing_until_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
