@@ -23,6 +23,7 @@ from nmt.commands.common import Models
 from nmt.commands.translate import given_steering
 from nmt.config import Config
 from nmt.decoding.options import Backend, SearchOptions, check_request, decoding_options
+from nmt.decoding.plan import DecodingPlan
 from nmt.decoding.translator import Translator
 from nmt.errors import ConfigError, DataError
 
@@ -56,7 +57,7 @@ def load(
 ) -> Model:
     """A run directory (its best.pt) or checkpoint, or several of them (an ensemble), ready
     to translate and score. ``precision`` auto: decided by the hardware (``nmt.fast.precision``); the
-    choice and its reason are ``model.translator.precision`` and ``.precision_reason``.
+    choice and its reason are in ``model.plan`` and ``model.precision``.
     ``backend="onnxruntime"``: one directory that `nmt export` wrote, which translates
     without the checkpoint (score and align need the checkpoint)."""
     paths = [model] if isinstance(model, (str, Path)) else list(model)
@@ -76,7 +77,14 @@ class Model:
     @property
     def precision(self) -> str:
         """What the models decode in and why, e.g. ``fp32 (auto: this CPU has no native bf16 matmuls)``."""
-        return self.translator.decoded_in
+        return f"{self.translator.precision} ({self.translator.precision_reason})"
+
+    @property
+    def plan(self) -> DecodingPlan:
+        """The decoding plan of the last translate or score call (before any: of a call of
+        full batches under the run's decoding section); ``.line()`` says it in one line."""
+        translator = self.translator
+        return translator.last_plan or translator.plan(translator.config.decoding)
 
     @property
     def config(self) -> Config:

@@ -423,7 +423,7 @@ def score(
     from nmt.commands.score import ScoreRequest, score_command
 
     models = Models(model, device, precision)
-    score_command(_request(ScoreRequest, locals(), models=models))
+    score_command(_request(ScoreRequest, locals(), models=models), _say)
 
 
 @app.command()
@@ -464,7 +464,7 @@ def align(
 
     extraction = Extraction(extract, threshold, attention)
     models = Models(model, device, precision)
-    align_command(_request(AlignRequest, locals(), models=models, extraction=extraction))
+    align_command(_request(AlignRequest, locals(), models=models, extraction=extraction), _say)
 
 
 @app.command()

@@ -77,15 +77,15 @@ class Report:
             ("bleu", "chrf", "ter").
         n_segments: The number of lines scored.
         significance: The paired test that produced the p-values, if any.
-        decoding_precision: How the hypotheses were decoded (``nmt eval --model``): the
-            precision and why it was chosen.
+        decoding_plan: How the hypotheses were decoded (``nmt eval --model``): the
+            decoding plan's fields and its line (``nmt.decoding.plan``).
     """
 
     systems: list[SystemScore]
     signatures: dict[str, str]
     n_segments: int
     significance: str | None = None
-    decoding_precision: str | None = None
+    decoding_plan: dict[str, object] | None = None
 
     def to_json(self) -> str:
         """The report as JSON with sorted keys and two-space indentation."""
@@ -109,8 +109,8 @@ class Report:
                 f"against the baseline {self.systems[0].name}"
             )
         lines.append(f"Segments: {self.n_segments}")
-        if self.decoding_precision:
-            lines.append(f"Decoded in: {self.decoding_precision}")
+        if self.decoding_plan:
+            lines.append(str(self.decoding_plan["line"]))
         lines += [f"{_HEADERS[m]} signature: {self.signatures[m]}" for m in names]
         return "\n".join(lines)
 

@@ -251,3 +251,18 @@ def test_align_gives_the_cli_links(run: Path, tmp_path: Path) -> None:
 def test_the_model_says_what_precision_it_decodes_in(model: Model, run: Path) -> None:
     assert model.precision.startswith("fp32 (auto: ")  # a model this small: fp32 on any CPU
     assert nmt_api.load(run, precision="fp32").precision == "fp32 (--precision: fp32)"
+
+
+def test_the_model_says_its_decoding_plan(run: Path) -> None:
+    """Before any call, the plan of full batches under the run's decoding section; after
+    one, what that call ran: a search's workers and shortlist, scoring's forced pass."""
+    model = nmt_api.load(run, device="cpu", precision="fp32")
+    assert model.plan.precision == "fp32" and model.plan.reason == "--precision: fp32"
+    model.translate(["sol luna", "agua"], shortlist="off", workers=1)
+    ran = model.plan
+    assert (ran.loop, ran.workers, ran.shortlist, ran.backend) == ("host", 1, False, "torch")
+    assert ran.line().startswith("Decoding plan: fp32 (--precision: fp32), ")
+    model.translate(["sol luna", "agua"], shortlist="on")
+    assert model.plan.shortlist
+    model.score(["sol luna"], ["SOL"])
+    assert (model.plan.loop, model.plan.workers, model.plan.shortlist) == ("forced", 1, False)

@@ -130,25 +130,55 @@ def test_eval_split_of_the_run(trained: Path) -> None:
     assert saved.read_text(encoding="utf-8") == beam.stdout
     by_file = nmt("eval", str(saved), "--ref", str(trained / "test.trg"))
     assert by_file.stdout.splitlines()[2].split() == ["split.hyp", *scores]
-    assert lines[4] == "Segments: 40" and lines[5].startswith("Decoded in: ")
+    assert lines[4] == "Segments: 40" and lines[5].startswith("Decoding plan: ")
     assert lines[6:] == by_file.stdout.splitlines()[5:]  # the same signatures
-    # --precision auto, decided for the model (too small for bf16, or a CPU without it)
-    assert "Decoded in: fp32 (auto: " in result.stdout
+    # --precision auto, decided for the model (too small for bf16, or a CPU without it); a
+    # CPU's loop on the host over the shortlist nmt train built for the run, in torch
+    kernels = "compiled kernels" if native.library() is not None else "torch ops"
+    plan = re.fullmatch(
+        rf"Decoding plan: fp32 \(auto: .+\), {kernels}, host loop, ([12]) workers?, "
+        r"shortlist on, torch",
+        lines[5],
+    )
+    assert plan is not None, lines[5]
     forced = nmt("eval", "--model", str(trained / "run"), "--split", "test", "--precision", "fp32")
-    assert "Decoded in: fp32 (--precision: fp32)" in forced.stdout, forced.stderr
-    # translate says the same on stderr, after its output; at auto its text is fp32's here
-    decoded = [line for line in beam.stderr.splitlines() if line.startswith("Decoded in: ")]
-    assert decoded == [f"Decoded in: {result.stdout.split('Decoded in: ')[1].splitlines()[0]}"]
+    assert "Decoding plan: fp32 (--precision: fp32), " in forced.stdout, forced.stderr
+    # translate says the same on stderr, after its output, for the same batches
+    planned = [line for line in beam.stderr.splitlines() if line.startswith("Decoding plan: ")]
+    assert planned == [lines[5]]
     fp32 = nmt("translate", "-m", str(trained / "run"), "-i", str(trained / "test.src"), "-b", "3",
-               "--precision", "fp32")  # fmt: skip
-    assert fp32.stdout == beam.stdout and "Decoded in: fp32 (--precision: fp32)" in fp32.stderr
+               "--precision", "fp32", "--workers", "2", "--batch-size", "8")  # fmt: skip
+    assert fp32.stdout == beam.stdout  # 5 batches of 8, 2 at a time: the same outputs
+    assert (
+        f"Decoding plan: fp32 (--precision: fp32), {kernels}, host loop, 2 workers" in fp32.stderr
+    )
+
+
+def test_score_and_align_say_their_forced_pass(trained: Path) -> None:
+    """nmt score and nmt align print the plan they ran by on stderr: a forced pass over the
+    whole output layer, one batch at a time."""
+    kernels = "compiled kernels" if native.library() is not None else "torch ops"
+    want = (
+        f"Decoding plan: fp32 (--precision: fp32), {kernels}, forced pass, 1 worker, "
+        f"shortlist off, torch"
+    )
+    pair = ["-m", str(trained / "run"), "-i", str(trained / "test.src")]
+    pair += ["-t", str(trained / "test.trg"), "--precision", "fp32"]
+    for command in ("score", "align"):
+        result = nmt(command, *pair)
+        assert result.returncode == 0, result.stderr
+        assert len(result.stdout.splitlines()) == 40
+        assert result.stderr.splitlines()[-1] == want, command
 
 
 def test_eval_split_named_in_eval_splits_scores_its_files(trained: Path) -> None:
     result = nmt("eval", "--model", str(trained / "run"), "--split", "held", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["decoding_precision"].startswith("fp32 (auto: ")
+    plan = report["decoding_plan"]
+    assert plan["precision"] == "fp32" and plan["reason"].startswith("auto: ")
+    assert plan["loop"] == "host" and plan["backend"] == "torch" and plan["shortlist"] is True
+    assert plan["line"].startswith("Decoding plan: fp32 (auto: ")
     by_name = report["systems"][0]
     hyp = trained / "held.hyp"
     translated = nmt(

@@ -101,8 +101,9 @@ def align_pairs(
     return links
 
 
-def align_command(request: AlignRequest) -> int:
-    """`nmt align`: one Pharaoh line per (source, target) pair (empty for an empty side)."""
+def align_command(request: AlignRequest, say: Callable[[str], None] = lambda message: None) -> int:
+    """`nmt align`: one Pharaoh line per (source, target) pair (empty for an empty side);
+    ``say`` hears, at the end, the decoding plan's line (``nmt.decoding.plan``)."""
     request.extraction.check(request.naming)
     read = {"-i": request.input, "-t": request.target, "--tsv": request.tsv}
     check_writes("--output", request.output, {**read, "--model": request.models.files()})
@@ -115,6 +116,8 @@ def align_command(request: AlignRequest) -> int:
         links = align_pairs(translator, pairs.sources, pairs.targets, request.extraction, advance)
     lines = [format_links(row) for row in links]
     write_lines(request.output, lines)
+    decoding = translator.config.decoding
+    say((translator.last_plan or translator.plan(decoding, forced=True)).line())
     return len(lines)
 
 

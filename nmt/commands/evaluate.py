@@ -95,7 +95,8 @@ def evaluate_split(models: Models, request: EvalRequest) -> evaluate.Report:
         atomic_write_text(out, "".join(h + "\n" for h in hyps))
     name = f"{'+'.join(Path(m).name for m in models.paths)}:{split} (beam {decoding.beam_size})"
     report = evaluate.score({name: hyps}, [references])
-    return dataclasses.replace(report, decoding_precision=translator.decoded_in)
+    plan = translator.last_plan or translator.plan(decoding, [])
+    return dataclasses.replace(report, decoding_plan=plan.as_dict())
 
 
 def _read_split(data: DataConfig, where: str, key: str) -> tuple[list[str], list[str]]:

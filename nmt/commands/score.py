@@ -3,7 +3,7 @@ and n-best rescoring (the TSV of `nmt translate --n-best` with a score column ad
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,9 +166,10 @@ def _reference_links(
     return links
 
 
-def score_command(request: ScoreRequest) -> int:
+def score_command(request: ScoreRequest, say: Callable[[str], None] = lambda message: None) -> int:
     """`nmt score`: one line per pair (or the n-best rows with a score column), written only
-    when every pair is scored; with ``align_ref``, the heatmaps outline its links."""
+    when every pair is scored; with ``align_ref``, the heatmaps outline its links. ``say``
+    hears, at the end, the decoding plan's line (``nmt.decoding.plan``)."""
     if request.tokens and request.n_best is not None:
         raise ConfigError(
             "--tokens does not apply to --n-best rescoring, which adds one score column"
@@ -206,6 +207,7 @@ def score_command(request: ScoreRequest) -> int:
             links = references[index] if references is not None else None
             _heatmap(heatmaps, index, pairs, result, links)
     write_lines(request.output, out)
+    say((translator.last_plan or translator.plan(decoding, forced=True)).line())
     return len(out)
 
 

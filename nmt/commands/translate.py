@@ -186,8 +186,8 @@ def translate_command(
     gets an empty output line and a call of ``warn``. Line by line (each output written and
     flushed as its line arrives): ``unbuffered``, or input from a terminal. ``alignments``:
     a file for the word alignment of each output (Pharaoh, from its attention), written at
-    the end. ``say`` hears, at the end, what the search ran in (the "Decoded in" line of
-    ``nmt eval``).
+    the end. ``say`` hears, at the end, the decoding plan the search ran by (its line,
+    as ``nmt eval`` prints it: ``nmt.decoding.plan``).
     """
     streaming = request.input == STDIN and (request.unbuffered or sys.stdin.isatty())
     if request.unbuffered and request.output != STDIN:
@@ -209,7 +209,7 @@ def translate_command(
     count = _stream(job, sys.stdin, sys.stdout) if lines is None else _translate_all(job, lines)
     if request.alignments is not None:
         atomic_write_text(request.alignments, "".join(line + "\n" for line in job.links))
-    say(f"Decoded in: {translator.decoded_in}")
+    say((translator.last_plan or translator.plan(decoding, [], steering)).line())
     return count
 
 

@@ -20,13 +20,14 @@ from nmt.data.batching import length_sorted_batches, pad
 from nmt.data.tokenizer import Tokenizer, checkpoint_tokenizer
 from nmt.decoding.ensemble import Ensemble, Stepper, StepTables
 from nmt.decoding.exported import load_exported
-from nmt.decoding.options import SearchOptions
+from nmt.decoding.options import Backend, SearchOptions
+from nmt.decoding.plan import DecodingPlan, kernels_run, shortlist_used
 from nmt.decoding.scoring import Scored, score_ids
-from nmt.decoding.search import Hypothesis, beam_search
+from nmt.decoding.search import Hypothesis, beam_search, runs_on_device
 from nmt.decoding.search_precision import choose_search_precision
 from nmt.decoding.shortlist import Columns, Shortlist, batch_columns, forced_pieces
 from nmt.decoding.steering import Steering
-from nmt.decoding.workers import in_workers, worker_count, worker_stream
+from nmt.decoding.workers import AUTO_WORKERS, in_workers, worker_count, worker_stream
 from nmt.errors import CheckpointError, ConfigError, DataError
 from nmt.fast import compiled
 from nmt.fast.precision import choose_precision
@@ -84,6 +85,7 @@ class Translator:
         self.precision_reason = precision_reason or f"as given: {precision}"
         # each model's lexical shortlist of its training data; None: a model has none
         self.shortlists = list(shortlists) if shortlists is not None else None
+        self.last_plan: DecodingPlan | None = None  # what the last search or scoring ran
 
     @classmethod
     def from_checkpoint(
@@ -155,9 +157,47 @@ class Translator:
         return cls([], exported.tokenizer, exported.config, cpu, "fp32", reason, exported.model)
 
     @property
-    def decoded_in(self) -> str:
-        """The precision and why, as the commands print it: ``fp32 (auto: ...)``."""
-        return f"{self.precision} ({self.precision_reason})"
+    def backend_name(self) -> Backend:
+        """What runs the search: the models in torch, or the exported graphs."""
+        return "torch" if self.backend is None else "onnxruntime"
+
+    def plan(
+        self,
+        decoding: DecodingConfig,
+        sizes: Sequence[int] | None = None,
+        steering: Steering | None = None,
+        forced: bool = False,
+    ) -> DecodingPlan:
+        """What a search of batches of ``sizes`` sentences (None: full batches, as many as
+        workers take) under ``decoding`` and ``steering`` runs here; ``forced``: a forced
+        pass (scoring, alignment), one batch at a time over the whole output layer.
+        ``decode_ids`` and ``score`` run by it and keep it as ``last_plan``."""
+        kernels = kernels_run(
+            self.backend_name, self.device, self.precision, self.stepper_native_kernels()
+        )
+        if forced:
+            return DecodingPlan(
+                self.precision, self.precision_reason, kernels, "forced", 1, False, "torch"
+            )
+        if sizes is None:  # as many full batches as the workers could take
+            many = decoding.workers if decoding.workers != "auto" else AUTO_WORKERS
+            sizes = [decoding.batch_size] * max(2, many)
+        has = self.shortlists is not None
+        return DecodingPlan(
+            self.precision,
+            self.precision_reason,
+            kernels,
+            "device" if runs_on_device(decoding, self.device, steering) else "host",
+            worker_count(decoding.workers, self.device, sizes),
+            shortlist_used(decoding, self.device, self.backend_name, has),
+            self.backend_name,
+        )
+
+    def stepper_native_kernels(self) -> bool:
+        """Whether the stepper takes nmt's compiled kernels (``FastPaths.native_kernels``)."""
+        if self.backend is not None:
+            return bool(self.backend.native_kernels)
+        return all(model.fast.native_kernels for model in self.models)
 
     def ensemble(self, decoding: DecodingConfig) -> Ensemble:
         """The models stepped as one, averaged as ``decoding.ensemble_average`` says."""
@@ -228,11 +268,11 @@ class Translator:
         entry per sequence. ``progress`` hears of each batch as it is done."""
         out: list[list[Hypothesis]] = [[] for _ in src_ids]
         lengths = [len(s) for s in src_ids]
-        scorer = self.stepper(decoding)  # made here: its tables once, before any thread
-        shortlists = self.decoding_shortlists(decoding)
         batches = length_sorted_batches(lengths, decoding.batch_size, search.batch_tokens)
-        sizes = [len(index) for index in batches]
-        workers = worker_count(decoding.workers, self.device, sizes)
+        plan = self.last_plan = self.plan(decoding, [len(index) for index in batches], steering)
+        scorer = self.stepper(decoding)  # made here: its tables once, before any thread
+        shortlists = self.shortlists if plan.shortlist else None
+        workers = plan.workers
         if workers > 1 and scorer.native_kernels:
             compiled.library()  # built (on a first run) and loaded once, not by each thread
 
@@ -269,27 +309,12 @@ class Translator:
         return out
 
     def decoding_shortlists(self, decoding: DecodingConfig) -> list[Shortlist] | None:
-        """The shortlist search uses under ``decoding.shortlist``: auto takes the models' where
-        they have one, the models (not exported graphs) decode and the device is a CPU; on
-        insists. On a GPU the whole output layer is the faster (an H200 decoded beam 5 at
-        batch 64 at 947 sentences/s over the whole vocabulary, 743 over the shortlist's
-        columns: see docs/benchmarks.md)."""
-        if decoding.shortlist == "off":
-            return None
-        if decoding.shortlist == "on":
-            if self.backend is not None:
-                raise ConfigError(
-                    "--shortlist on: the exported graphs compute the whole output layer; "
-                    "decode with --backend torch, or give --shortlist off"
-                )
-            if self.shortlists is None:
-                raise ConfigError(
-                    "--shortlist on: a model's checkpoint has no shortlist (runs trained "
-                    "before nmt built one with the run); give --shortlist off, or auto"
-                )
-        if decoding.shortlist == "auto" and self.device.type != "cpu":
-            return None
-        return self.shortlists if self.backend is None else None
+        """The shortlists search uses under ``decoding.shortlist`` (``plan.shortlist_used``);
+        None: the whole output layer."""
+        has = self.shortlists is not None
+        if shortlist_used(decoding, self.device, self.backend_name, has):
+            return self.shortlists
+        return None
 
     def _shortlisted(
         self,
@@ -358,9 +383,11 @@ class Translator:
         trg_ids = self.tokenizer.encode_trg([targets[i] for i in keep])
         if progress is not None and len(keep) < len(sources):
             progress(len(sources) - len(keep))
+        ensemble = self.ensemble(decoding)
+        self.last_plan = self.plan(decoding, forced=True)
         with eval_modes(self.models), autocast(self.device, self.precision):
             scored = score_ids(
-                self.ensemble(decoding),
+                ensemble,
                 src_ids,
                 trg_ids,
                 decoding,

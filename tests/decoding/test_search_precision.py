@@ -144,8 +144,10 @@ def test_a_real_search_decides_and_the_outputs_are_fp32_s(
     machine.set(NATIVE, FAST_MATMULS)
     monkeypatch.setattr(precision, "MIN_WEIGHT", 1)  # the tiny model's matmuls are probed
     translator = Translator.from_checkpoints([run], "cpu", "auto")
-    assert translator.precision == "fp32", translator.decoded_in
-    assert translator.decoded_in.startswith("fp32 (auto: this model's search ran at ")
+    assert translator.precision == "fp32", translator.precision_reason
+    assert translator.precision_reason.startswith("auto: this model's search ran at ")
+    line = translator.plan(translator.config.decoding).line()
+    assert line.startswith("Decoding plan: fp32 (auto: this model's search ran at ")
     fp32 = Translator.from_checkpoints([run], "cpu", "fp32")
     lines = read_lines(str(corpus / "test.src"))
     decoding = fp32.config.decoding

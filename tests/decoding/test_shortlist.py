@@ -1,7 +1,7 @@
 """The lexical shortlist in search: the restricted step against the log-softmax over the
 columns written in float64, greedy search against a plain float64 reference over the
 columns, every column equal to the whole vocabulary to the bit, steering mapped through the
-columns, the batch's columns, the checks of a saved shortlist and when one is used."""
+columns, the batch's columns, the checks of a saved shortlist (when one is used: test_plan.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from nmt.decoding.shortlist import (
 )
 from nmt.decoding.steering import Steering
 from nmt.decoding.translator import Translator
-from nmt.errors import CheckpointError, ConfigError
+from nmt.errors import CheckpointError
 
 VOCAB = 12
 
@@ -262,36 +262,6 @@ def test_a_saved_shortlist_reads_back() -> None:
     again = Shortlist.from_state_dict(shortlist.state_dict(), 2, 12, Path("best.pt"))
     assert torch.equal(again.frequent, shortlist.frequent)
     assert torch.equal(again.table, shortlist.table)
-
-
-def test_when_a_shortlist_is_used() -> None:
-    """auto: the models' when they have one, none for exported graphs; on: an error without
-    one or with exported graphs; off: none."""
-    m = model(VOCAB, seed=1)
-    shortlist = Shortlist(torch.tensor([4]), torch.full((VOCAB, 1), 5))
-    cpu = torch.device("cpu")
-    tokenizer = None  # not read by the choice
-    config = Config()
-
-    def decoding(mode: str):
-        return config.decoding.model_copy(update={"shortlist": mode})
-
-    having = Translator(m, tokenizer, config, cpu, shortlists=[shortlist])  # type: ignore[arg-type]
-    lacking = Translator(m, tokenizer, config, cpu)  # type: ignore[arg-type]
-    exported = Translator([], tokenizer, config, cpu, backend=Ensemble([m]))  # type: ignore[arg-type]
-    assert having.decoding_shortlists(decoding("auto")) == [shortlist]
-    assert having.decoding_shortlists(decoding("on")) == [shortlist]
-    assert having.decoding_shortlists(decoding("off")) is None
-    assert lacking.decoding_shortlists(decoding("auto")) is None
-    assert exported.decoding_shortlists(decoding("auto")) is None
-    having.device = torch.device("cuda")  # the choice reads the device alone
-    assert having.decoding_shortlists(decoding("auto")) is None  # a GPU: the whole layer
-    assert having.decoding_shortlists(decoding("on")) == [shortlist]
-    having.device = cpu
-    with pytest.raises(ConfigError, match="--shortlist on: a model's checkpoint has no shortlist"):
-        lacking.decoding_shortlists(decoding("on"))
-    with pytest.raises(ConfigError, match="--shortlist on: the exported graphs"):
-        exported.decoding_shortlists(decoding("on"))
 
 
 def test_a_translation_does_not_depend_on_its_batch() -> None:

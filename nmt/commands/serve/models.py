@@ -10,7 +10,7 @@ from typing import Any
 
 from nmt import checkpoint
 from nmt.commands.common import Models
-from nmt.commands.serve.schemas import ModelInfo, TrainingFigures, VocabularySizes
+from nmt.commands.serve.schemas import ModelInfo, PlanInfo, TrainingFigures, VocabularySizes
 from nmt.config import Config
 from nmt.data.tokenizer import Tokenizer
 from nmt.decoding.translator import Translator
@@ -46,7 +46,7 @@ class ServedModel:
             path=str(self.path),
             device=str(translator.device),
             precision=translator.precision,
-            decoded_in=translator.decoded_in,
+            decoding_plan=PlanInfo(**translator.plan(translator.config.decoding).as_dict()),
             alignment_head=translator.has_alignment_head,
             summary=summary(translator.config, tokenizer),
             config=translator.config.model_dump(mode="json"),

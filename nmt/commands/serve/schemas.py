@@ -143,12 +143,26 @@ class TrainingFigures(BaseModel):
     dev_loss: float | None = None
 
 
+class PlanInfo(BaseModel):
+    """The decoding plan of a request of full batches under the run's decoding section
+    (``nmt.decoding.plan``; a request of fewer batches may take fewer workers)."""
+
+    precision: str
+    reason: str = Field(description="why that precision")
+    kernels: str = Field(description="compiled, torch or onnxruntime")
+    loop: str = Field(description="host or device")
+    workers: int = Field(description="batches decoded at once")
+    shortlist: bool
+    backend: str
+    line: str = Field(description="the plan in one line, as nmt eval prints it")
+
+
 class ModelInfo(BaseModel):
     name: str
     path: str
     device: str
     precision: str
-    decoded_in: str = Field(description="the precision and why, as nmt eval prints it")
+    decoding_plan: PlanInfo
     alignment_head: bool
     summary: str
     config: dict[str, Any]

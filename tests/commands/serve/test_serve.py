@@ -34,6 +34,7 @@ from nmt.commands.serve.app import ServedModel, create_app  # noqa: E402
 from nmt.commands.serve.batching import Batching  # noqa: E402
 from nmt.commands.serve.limits import Limits  # noqa: E402
 from nmt.decoding.options import SearchOptions  # noqa: E402
+from nmt.decoding.workers import worker_count  # noqa: E402
 
 SOURCES = ["sol luna", "", "mar rio casa", "agua fuego"]
 TARGETS = ["LUNA SOL", "X", "CASA RIO MAR", ""]
@@ -239,7 +240,13 @@ def test_health_models_vocabulary_and_docs(client: TestClient, run: Path) -> Non
     assert [m["name"] for m in models] == ["run", "run-2"]
     info = models[0]
     assert info["path"] == str(run) and info["device"] == "cpu" and info["precision"] == "fp32"
-    assert info["decoded_in"].startswith("fp32 (auto: ")  # the line nmt eval prints
+    plan = info["decoding_plan"]  # of full batches under the run's decoding section
+    assert plan["precision"] == "fp32" and plan["reason"].startswith("auto: ")
+    assert plan["loop"] == "host" and plan["backend"] == "torch" and plan["shortlist"] is True
+    decoding = info["config"]["decoding"]  # two full batches: auto's rule on this CPU
+    full = [decoding["batch_size"]] * 2
+    assert plan["workers"] == worker_count(decoding["workers"], torch.device("cpu"), full)
+    assert plan["line"].startswith("Decoding plan: fp32 (auto: ")  # as nmt eval prints it
     assert info["alignment_head"] is False
     assert info["summary"] == "Luong general attention, input feeding; bi-GRU 8, GRU 8; 40 pieces"
     assert info["config"]["model"]["attention"]["score"] == "general"

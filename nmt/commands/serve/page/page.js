@@ -159,7 +159,7 @@ function modelLine(info) {
     info.alignment_head ? "alignment head" : null,
   ].filter(Boolean);
   const shown = el("span", "facts", facts.join(" · "));
-  shown.title = `decoded in ${info.decoded_in}`;
+  shown.title = info.decoding_plan.line;
   line.append(shown);
   line.title = info.path;
   return line;
