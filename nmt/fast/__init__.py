@@ -1,53 +1,54 @@
 """nmt's speed paths, each behind one seam of ``FastPaths``, each beside its plain PyTorch path.
 
-A model is built with one ``FastPaths`` (``nmt.model.build_model(..., fast=...)``); its modules
-keep it and call its seams, never a global switch. Its fields are the choices:
+A model is built with one ``FastPaths``
+(``nmt.model.build_model(..., fast=...)``); its modules keep it and call its seams, never a
+global switch. It is a few named choices, made once when the model is built; each seam
+reads the choice it belongs to and what it is given (the device, training or search, the
+dtype), and ``FastPaths.plain()`` turns every one off for the reference:
 
-- ``cpu_kernels`` (the config's ``run.fast_kernels``): nmt's own CPU training paths. They run
-  for CPU tensors in a module's training mode, where their gain is (the backward pass);
-  evaluation and search take the plain path, but for ``native_kernels``' search kernels.
-- ``native_kernels``: whether those CPU paths run the RNN's time steps and the loss's softmax,
-  and search its log-softmax, top-k, decoder RNN's gates and dot-product attention, as nmt's
-  compiled C kernels
-  (``fast.compiled``; torch ops where no C compiler works). Its
-  default is on unless the environment says ``NMT_NATIVE_KERNELS=0``, read when the
-  ``FastPaths`` is made, i.e. when the model is built; no other code decides by that
-  variable (``compiled.status()`` reports the default for the run's record).
+- ``cpu_kernels`` (the config's ``run.fast_kernels``): training's CPU paths. They run for
+  CPU tensors in a module's training mode, where their gain is (the backward pass);
+  evaluation and search take the plain path.
+- ``native_kernels``: whether nmt's compiled C kernels (``fast.compiled``; torch ops where no
+  C compiler works) run the CPU paths' time steps and the loss's softmax, and search's
+  log-softmax, top-k, decoder RNN's gates and dot-product attention. Its default is on
+  unless the environment says ``NMT_NATIVE_KERNELS=0``, read when the ``FastPaths`` is made,
+  i.e. when the model is built; no other code decides by that variable
+  (``compiled.status()`` reports the default for the run's record; a search's decoding plan,
+  ``nmt.decoding.plan``, says whether they ran).
 - ``fused``: autograd rearranged so that a step-by-step decoder's shared tensors get their
   gradient once per batch, and the output layer's loss never holds a float32 (N, V) tensor.
-  On every device; ``FastPaths.plain()`` turns it off for the reference.
-- ``input_gates``: search looks the embedding's part of a step-by-step decoder's first RNN
-  gates up in a table (``fast.cells.input_gate_table``) instead of multiplying it, on every
-  device; so does the encoder's first RNN layer on a CPU, whose loop over time search then
-  runs through compiled kernels (``fast.source_tables``). A Translator makes the tables once
-  for its models, in float32.
-- ``folded_context``: a beam search with a Luong decoder over a memory its beams share
-  multiplies W_c's context half into the values once per batch
-  (``LuongDecoder.for_search``), not into every hypothesis's context at every step.
-- ``prepared_products``: search's products by fixed weights on a CPU (the output layer's
-  W_o, the decoder's W_hh and Luong's W_c) multiply from layouts prepared once for oneDNN
-  (``fast.packed.Product``), where torch has oneDNN; a Translator makes them once for its
-  models, a shortlist takes its rows of W_o.
-- ``graphs``: the teacher-forced unroll of a step-by-step decoder is graph-ready: its RNN steps
-  through matmuls (``fast.cells``), and the model captures CUDA graphs (``fast.graphs``) on a
-  GPU: with ``whole_graphs``, of the whole training loss where the encoder is a GRU
-  (``Seq2Seq.static_loss``), else of the unroll. Set for CUDA training by
-  ``training.cuda_graphs`` and ``training.cuda_graphs_scope``.
+  On every device.
+- ``search_tables``: what search makes once per model instead of at every step. The
+  embedding's part of a step-by-step decoder's first RNN gates is looked up in a table
+  (``fast.cells.input_gate_table``), on every device; so is the encoder's first RNN layer's
+  on a CPU, whose loop over time search then runs through compiled kernels
+  (``fast.source_tables``). A beam search with a Luong decoder over a memory its beams share
+  multiplies W_c's context half into the values once per batch (``folded_context``,
+  ``LuongDecoder.for_search``). Search's products by fixed weights on a CPU (the output
+  layer's W_o, the decoder's W_hh and Luong's W_c) multiply from layouts prepared once for
+  oneDNN (``fast.packed.Product``) where torch has oneDNN. A Translator makes the tables
+  once for its models, in float32; a shortlist takes its rows of W_o.
+- ``graphs``: ``"off"``, or training's CUDA graphs on a GPU (``training.cuda_graphs``):
+  the teacher-forced unroll of a step-by-step decoder is graph-ready (its RNN steps through
+  matmuls, ``fast.cells``) and the model captures it (``fast.graphs``): ``"loss"``, the
+  whole training loss where the encoder is a GRU (``Seq2Seq.static_loss``), else the
+  unroll; ``"unroll"``, the unroll alone (``training.cuda_graphs_scope``).
 
 | seam | fast path | plain path | when |
 | --- | --- | --- | --- |
 | ``recurrence`` | ``fast.recurrence.run_rnn`` (compiled step kernels: native_kernels) | the module, packed; for a static batch (a captured training step) ``fast.recurrence.unpacked_rnn``, each direction over the padded rows | cpu_kernels, training, CPU |
 | ``dropout`` | ``fast.dropout.FastDropout`` (16-bit masks) | ``nn.Dropout`` | cpu_kernels, training, CPU |
 | ``additive_energies`` | ``fast.additive.RecomputedEnergies`` | broadcast v^T tanh(q + k) | cpu_kernels, training, CPU |
-| ``step_products`` | ``fast.sinks.SinkProducts`` (with graphs, a step's ``linear`` too: Bahdanau's W_q) | ``fast.sinks.Products`` | fused, training |
+| ``step_products`` | ``fast.sinks.SinkProducts`` (with graphs on, a step's ``linear`` too: Bahdanau's W_q) | ``fast.sinks.Products`` | fused, training |
 | ``search_products`` | ``fast.attend.KernelProducts``: a dot-product score's energies, mask, softmax and context as ``fast.compiled.attend`` | ``fast.sinks.Products`` | native_kernels, search without gradients, CPU, float32 |
 | ``step_linear`` | ``fast.sinks.WeightSink`` | the ``nn.Linear`` | fused, training |
-| ``step_rnn`` | ``fast.cells.rnn_step`` (capturable; each layer's gates as torch's fused cell on a GPU) | the module's call | graphs, training |
-| ``teacher_steps`` | ``fast.cells.teacher_steps``: the embedding's first-layer input gates of every position in one product, each step's W_ih and W_hh (with their biases) behind ``fast.sinks.WeightSink`` | each step multiplies its whole input | graphs, fused, training |
-| ``input_gate_table`` | ``fast.cells.input_gate_table``, then ``step_rnn``'s ``rnn_step`` (each layer's gates as ``fast.compiled.rnn_cell``: native_kernels, evaluation without gradients, CPU, float32) | the module's call | input_gates, a Translator's search in float32 |
-| ``source_tables`` | ``fast.source_tables.SourceTables.run``: the encoder's first-layer input gates looked up, each direction's loop in one call (``fast.compiled.rnn_direction``, native_kernels and MKL) or each step's gates as ``fast.compiled.cell_steps`` (native_kernels) | the module, packed | input_gates, a Translator's search in float32 on a CPU |
+| ``step_rnn`` | ``fast.cells.rnn_step`` (capturable; each layer's gates as torch's fused cell on a GPU) | the module's call | graphs on, training |
+| ``teacher_steps`` | ``fast.cells.teacher_steps``: the embedding's first-layer input gates of every position in one product, each step's W_ih and W_hh (with their biases) behind ``fast.sinks.WeightSink`` | each step multiplies its whole input | graphs on, fused, training |
+| ``input_gate_table`` | ``fast.cells.input_gate_table``, then ``step_rnn``'s ``rnn_step`` (each layer's gates as ``fast.compiled.rnn_cell``: native_kernels, evaluation without gradients, CPU, float32) | the module's call | search_tables, a Translator's search in float32 |
+| ``source_tables`` | ``fast.source_tables.SourceTables.run``: the encoder's first-layer input gates looked up, each direction's loop in one call (``fast.compiled.rnn_direction``, native_kernels and MKL) or each step's gates as ``fast.compiled.cell_steps`` (native_kernels) | the module, packed | search_tables, a Translator's search in float32 on a CPU |
 | ``output_loss`` | ``fast.loss.OutputLayerLoss`` (compiled kernel: cpu_kernels, native_kernels, training, CPU) | ``F.cross_entropy`` | fused |
-| ``product`` | ``fast.packed.Product`` from oneDNN's prepared layout (two rows or more) | the weight transposed, contiguous | prepared_products, a Translator's search in float32 on a CPU |
+| ``product`` | ``fast.packed.Product`` from oneDNN's prepared layout (two rows or more) | the weight transposed, contiguous | search_tables, a Translator's search in float32 on a CPU |
 | ``log_softmax`` | ``fast.compiled.log_softmax_`` (in place, the mask inside) | ``masked_fill``, ``F.log_softmax`` | native_kernels, evaluation, CPU, float32 |
 
 Search's top-k (``fast.topk``) takes the compiled kernel too where the stepper's
@@ -61,6 +62,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -79,31 +81,28 @@ from nmt.fast import (
 )
 from nmt.fast.dropout import FastDropout
 
+Graphs = Literal["off", "unroll", "loss"]
+
 
 @dataclass(frozen=True)
 class FastPaths:
     """Which speed paths a model takes; see the module docstring."""
 
     cpu_kernels: bool = True
-    fused: bool = True
     native_kernels: bool = field(default_factory=compiled.enabled_by_default)
-    graphs: bool = False
-    whole_graphs: bool = True
-    input_gates: bool = True
-    folded_context: bool = True
-    prepared_products: bool = True
+    fused: bool = True
+    search_tables: bool = True
+    graphs: Graphs = "off"
 
     @classmethod
     def plain(cls) -> FastPaths:
         """Plain PyTorch everywhere: the reference the fast paths are tested against."""
-        return cls(
-            cpu_kernels=False,
-            fused=False,
-            native_kernels=False,
-            input_gates=False,
-            folded_context=False,
-            prepared_products=False,
-        )
+        return cls(cpu_kernels=False, native_kernels=False, fused=False, search_tables=False)
+
+    @property
+    def folded_context(self) -> bool:
+        """Luong's W_c folded into a beam search's shared memory: a search table."""
+        return self.search_tables
 
     def _cpu(self, tensor: Tensor, training: bool) -> bool:
         return self.cpu_kernels and training and tensor.device.type == "cpu"
@@ -161,7 +160,7 @@ class FastPaths:
                 input_products=input_products,
             )
         assert inputs is not None
-        if self.graphs and training:
+        if self.graphs != "off" and training:
             return cells.rnn_step(rnn, inputs, state)
         return recurrence.plain_rnn(rnn, inputs, None, state)
 
@@ -172,29 +171,29 @@ class FastPaths:
         fused, training): its RNN's first-layer input gates of every position's embedding
         (B, T, E) in one product, and each layer's other products behind weight sinks
         (``cells.teacher_steps``); None: each step multiplies its whole input."""
-        if not (self.graphs and self.fused and training):
+        if not (self.graphs != "off" and self.fused and training):
             return None
         return cells.teacher_steps(rnn, embedded)
 
     def input_gate_table(self, embed: nn.Embedding, rnn: nn.RNNBase) -> Tensor | None:
         """A step-by-step decoder's first-layer input gates of every target piece's
         embedding (V, G*H), for search to look up (``cells.input_gate_table``), or None."""
-        return cells.input_gate_table(embed, rnn) if self.input_gates else None
+        return cells.input_gate_table(embed, rnn) if self.search_tables else None
 
     def source_tables(
         self, embed: nn.Embedding, rnn: nn.RNNBase
     ) -> source_tables.SourceTables | None:
         """An encoder's tables for search on a CPU: its first layer's input gates of every
         source piece, and its products (``fast.source_tables``), or None."""
-        if not self.input_gates:
+        if not self.search_tables:
             return None
         return source_tables.source_tables(embed, rnn, self.native_kernels)
 
     def product(self, weight: Tensor, bias: Tensor | None = None) -> packed.Product:
         """Search's product x W^T + b by a fixed float32 weight W (O, I) on a CPU
-        (``fast.packed``): from oneDNN's prepared layout where ``prepared_products`` and
+        (``fast.packed``): from oneDNN's prepared layout where ``search_tables`` and
         oneDNN are there, else by W transposed."""
-        return packed.Product(weight, self.prepared_products and packed.available(), bias)
+        return packed.Product(weight, self.search_tables and packed.available(), bias)
 
     def dropout(self, p: float) -> nn.Module:
         """A dropout module with probability p."""
@@ -209,7 +208,7 @@ class FastPaths:
         step-by-step decoder."""
         if not (self.fused and training):
             return sinks.PLAIN_PRODUCTS
-        return sinks.SinkProducts(weights=self.graphs)
+        return sinks.SinkProducts(weights=self.graphs != "off")
 
     def search_products(self) -> sinks.Products:
         """How a search's steps multiply the attention memory: a dot-product score's whole

@@ -55,11 +55,9 @@ class Seq2Seq(nn.Module):
         self.fast = fast
         # CUDA graphs in training (FastPaths.graphs): of the whole loss, forward and backward,
         # for a GRU encoder (``static_loss``), else of a step-by-step decoder's unroll
-        self.whole_graphs = (
-            fast.graphs and fast.whole_graphs and isinstance(self.encoder.rnn, nn.GRU)
-        )
+        self.whole_graphs = fast.graphs == "loss" and isinstance(self.encoder.rnn, nn.GRU)
         captured = self.whole_graphs or self.decoder.stepwise
-        self.graphs = StepGraphs() if fast.graphs and captured else None
+        self.graphs = StepGraphs() if fast.graphs != "off" and captured else None
 
     def encode(
         self,

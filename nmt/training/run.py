@@ -235,11 +235,8 @@ def allocate_model(
     with ``training.cuda_graphs`` on one GPU: ``uses_cuda_graphs``); a model too large for its
     memory is an NMTError naming the sizes to lower, not an allocator's traceback."""
     graphs = uses_cuda_graphs(config, device, distributed)
-    fast = FastPaths(
-        cpu_kernels=config.run.fast_kernels,
-        graphs=graphs,
-        whole_graphs=config.training.cuda_graphs_scope == "loss",
-    )
+    scope = config.training.cuda_graphs_scope
+    fast = FastPaths(cpu_kernels=config.run.fast_kernels, graphs=scope if graphs else "off")
     try:
         return build_model(
             config.model, tokenizer.src_vocab_size, tokenizer.trg_vocab_size, fast

@@ -128,7 +128,7 @@ def _models(style: str, feeding: bool, rnn: str, score: str, coverage: str):
     with torch.no_grad():
         for param in plain.parameters():
             param.add_(0.3 * torch.randn_like(param))
-    ready = build_model(config, SRC_VOCAB, TRG_VOCAB, FastPaths(graphs=True)).double().train()
+    ready = build_model(config, SRC_VOCAB, TRG_VOCAB, FastPaths(graphs="loss")).double().train()
     ready.load_state_dict(plain.state_dict())
     return plain, ready
 
@@ -218,7 +218,7 @@ def test_graphs_are_kept_for_the_whole_loss_of_a_gru_encoder_or_a_stepwise_unrol
             "decoder": {"style": "luong", "hidden_size": 4, "input_feeding": feeding},
         }
         config = from_dict({"model": raw}).model
-        model = build_model(config, 7, 7, FastPaths(graphs=True))
+        model = build_model(config, 7, 7, FastPaths(graphs="loss"))
         assert (model.graphs is not None) is kept
         assert model.whole_graphs is whole
         assert build_model(config, 7, 7, FastPaths()).graphs is None

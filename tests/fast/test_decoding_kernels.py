@@ -246,14 +246,14 @@ def test_search_gives_the_same_translations_with_the_kernels_and_without(
 ) -> None:
     """Beam search (3 best of beam 4) and greedy search of a float32 model, with a shortlist's
     columns and without: the compiled log-softmax and top-k, and with a table the prepared
-    products (W_o, W_hh, W_c) and the probed row floor, against torch's ops (``FastPaths(native_kernels=False,
-    prepared_products=False)``, the same weights) give the same tokens, and the scores to
-    float32's round-off."""
+    products (W_o, W_hh, W_c) and the probed row floor, against torch's ops without search's
+    tables (``native_kernels=False, search_tables=False``, the same weights) give the same
+    tokens, and the scores to float32's round-off."""
     monkeypatch.setattr(topk, "NATIVE_MIN", 0)  # the kernel for this tiny model's rows too
     vocab = 30
     fast = model(vocab, seed=11, style="luong", feeding=False, rnn=rnn)
     slow = model(vocab, seed=11, style="luong", feeding=False, rnn=rnn)
-    slow.fast = replace(slow.fast, native_kernels=False, prepared_products=False)
+    slow.fast = replace(slow.fast, native_kernels=False, search_tables=False)
     for module in slow.modules():
         if hasattr(module, "fast"):
             module.fast = slow.fast

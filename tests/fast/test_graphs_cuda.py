@@ -49,7 +49,7 @@ def _model(style: str, feeding: bool, rnn: str, score: str, coverage: str, dropo
     }
     config = from_dict({"model": raw}).model
     torch.manual_seed(0)
-    model = build_model(config, SRC_VOCAB, TRG_VOCAB, FastPaths(graphs=True)).cuda().train()
+    model = build_model(config, SRC_VOCAB, TRG_VOCAB, FastPaths(graphs="loss")).cuda().train()
     assert model.graphs is not None
     return model
 

@@ -34,7 +34,7 @@ def _model(score: str, feeding: bool, folded: bool = True) -> Seq2Seq:
     with torch.no_grad():
         for param in model.parameters():
             param.add_(0.3 * torch.randn_like(param))
-    model.decoder.fast = replace(model.decoder.fast, folded_context=folded)
+    model.decoder.fast = replace(model.decoder.fast, search_tables=folded)
     return model
 
 

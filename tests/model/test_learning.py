@@ -118,7 +118,7 @@ def test_learns_to_reverse(name: str, model_cfg: dict) -> None:
     ],
 )
 def test_the_graph_ready_unroll_learns_under_bf16_autocast(name, decoder, score) -> None:
-    """The unroll a GPU captures (FastPaths(graphs=True): the RNN through matmuls, the
+    """The unroll a GPU captures (FastPaths(graphs="loss"): the RNN through matmuls, the
     embedding's input gates in one product, the step's weights behind sinks, each added in
     float32 to its bf16 product) learns to reverse under bf16 autocast, run on the CPU."""
     model_cfg = {
@@ -127,7 +127,7 @@ def test_the_graph_ready_unroll_learns_under_bf16_autocast(name, decoder, score)
         "decoder": {**RECURRENT, **decoder},
         "attention": {"score": score},
     }
-    fast = FastPaths(graphs=True)
+    fast = FastPaths(graphs="loss")
     model = train_reverse(model_cfg, steps=180, fast=fast, autocast=torch.bfloat16)
     test = reverse_batch(np.random.default_rng(7), 100)
     greedy = exact_match(model, test, beam=1)
@@ -154,7 +154,7 @@ def test_the_whole_loss_a_gpu_captures_learns_under_bf16_autocast(name, decoder,
         "decoder": {**RECURRENT, **decoder},
         "attention": {"score": score},
     }
-    fast = FastPaths(cpu_kernels=False, graphs=True)
+    fast = FastPaths(cpu_kernels=False, graphs="loss")
     model = train_reverse(model_cfg, steps=180, fast=fast, autocast=torch.bfloat16, static=True)
     test = reverse_batch(np.random.default_rng(7), 100)
     greedy = exact_match(model, test, beam=1)

@@ -213,7 +213,7 @@ def test_a_model_with_graphs_keeps_its_gradients_and_steps_the_same() -> None:
     config = from_dict({"training": {"accumulate": 2, "learning_rate": 0.01}})
     weights = []
     for keep in (True, False):
-        model = _model(FastPaths(graphs=True)).double().train()
+        model = _model(FastPaths(graphs="loss")).double().train()
         assert model.graphs is not None  # on a CPU nothing is captured: the unroll is eager
         if not keep:
             model.graphs = None
