@@ -136,14 +136,19 @@ def _prefixes(log_probs: Tensor, rows: Stepped) -> None:
 
 def _eos_at_limit(log_probs: Tensor, rows: Stepped) -> None:
     """Rows of sentences at their length limit may only end: every other token gets -inf.
-    A loop that may read the device skips the step where none is at its limit."""
+    The host's loop (a Python int position) bans only the rows at their limit, found on the
+    host; in fixed shapes every row is masked, nothing read."""
     at_limit = rows.limit <= rows.position  # (B',)
-    if isinstance(rows.position, int) and not bool(at_limit.any()):
-        return
     if rows.width > 1:
         at_limit = at_limit[:, None].expand(-1, rows.width).reshape(-1)  # (N,)
-    eos = log_probs[:, EOS_ID].clone()
-    log_probs.masked_fill_(at_limit[:, None], -math.inf)
+    index = at_limit.nonzero().view(-1) if isinstance(rows.position, int) else None
+    if index is not None and index.numel() == 0:
+        return
+    eos = log_probs[:, EOS_ID].clone()  # (N,)
+    if index is not None:
+        log_probs.index_fill_(0, index, -math.inf)
+    else:
+        log_probs.masked_fill_(at_limit[:, None], -math.inf)
     log_probs[:, EOS_ID] = eos
 
 
