@@ -33,7 +33,14 @@ import torch
 from nmt import __version__
 from nmt.config import Config, DecodingConfig
 from nmt.fast import compiled
-from nmt.fast.precision import SPEEDUP_NEEDED, Precision, Probe, cached, emulated_bf16
+from nmt.fast.precision import (
+    SPEEDUP_NEEDED,
+    Precision,
+    Probe,
+    cached,
+    choose_precision,
+    emulated_bf16,
+)
 from nmt.vocab import EOS_ID
 
 SEARCH_STEPS = 8  # output positions the probe searches (EOS included)
@@ -46,6 +53,24 @@ class Searcher(Protocol):
     """What the probe searches with: a Translator in one precision."""
 
     def decode_ids(self, src_ids: Sequence[list[int]], decoding: DecodingConfig) -> Any: ...
+
+
+def search_precision(
+    asked: str,
+    device: torch.device,
+    make: Callable[[str], Searcher],
+    config: Config,
+    models: Sequence[torch.nn.Module],
+    src_vocab_size: int,
+) -> Precision:
+    """The precision a command's search of ``models`` (of ``config``) runs in on ``device``
+    under ``--precision asked``: a CPU's auto by timing the search
+    (``choose_search_precision``), else as ``nmt.fast.precision`` chooses for a search
+    step's rows (a batch's sentences x beams)."""
+    if asked == "auto" and device.type == "cpu":
+        return choose_search_precision(make, config, len(models), src_vocab_size)
+    rows = config.decoding.batch_size * config.decoding.beam_size
+    return choose_precision(asked, device, models[0], rows, source="--precision")
 
 
 def choose_search_precision(

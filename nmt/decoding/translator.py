@@ -24,13 +24,12 @@ from nmt.decoding.options import Backend, SearchOptions
 from nmt.decoding.plan import DecodingPlan, kernels_run, shortlist_used
 from nmt.decoding.scoring import Scored, score_ids
 from nmt.decoding.search import Hypothesis, beam_search, runs_on_device
-from nmt.decoding.search_precision import choose_search_precision
+from nmt.decoding.search_precision import search_precision
 from nmt.decoding.shortlist import Columns, Shortlist, batch_columns, forced_pieces
 from nmt.decoding.steering import Steering
 from nmt.decoding.workers import AUTO_WORKERS, in_workers, worker_count, worker_stream
 from nmt.errors import CheckpointError, ConfigError, DataError
 from nmt.fast import compiled
-from nmt.fast.precision import choose_precision
 from nmt.model import Seq2Seq, build_model
 from nmt.runtime import allow_tf32, autocast, choose_device, eval_mode
 from nmt.vocab import UNK_ID
@@ -123,13 +122,8 @@ class Translator:
                 )
             return made[name]
 
-        if precision == "auto" and target.type == "cpu":
-            vocab = first_tokenizer.src_vocab_size
-            chosen = choose_search_precision(make, first_config, len(models), vocab)
-        else:
-            decoding = first_config.decoding  # the rows of a search step: sentences x beams
-            rows = decoding.batch_size * decoding.beam_size
-            chosen = choose_precision(precision, target, models[0], rows, source="--precision")
+        vocab = first_tokenizer.src_vocab_size
+        chosen = search_precision(precision, target, make, first_config, models, vocab)
         allow_tf32(target, chosen.name)
         translator = make(chosen.name)
         translator.precision_reason = chosen.reason
