@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-from nmt.fast import FastPaths, cells, compiled
-from nmt.fast.attend import KERNEL_PRODUCTS
+from nmt.fast import FastPaths
 from nmt.fast.packed import StepProducts
 from nmt.model.attention import Attention, Memory
 from nmt.model.decoder import Decoder, DecoderState, split_rnn_state
 from nmt.model.encoder import stacked_rnn
-from nmt.model.scores import DotAttention
 
 if TYPE_CHECKING:
     from nmt.config import ModelConfig
@@ -193,10 +191,6 @@ class LuongDecoder(Decoder):
         gates of the embedding (``Decoder.gate_table``), or None to multiply; ``products``:
         the step's products (``search_products``), or None for the modules' own."""
         assert isinstance(state, LuongState)
-        if gates is not None and products is not None and self._kernels_take(memory, state):
-            stepped = self._kernel_step(gates, memory, state, products)
-            if stepped is not None:
-                return stepped
         embedded = None
         if gates is None:
             embedded = self.embedding_dropout(self.embed(prev.unsqueeze(1)))  # (B, 1, E)
@@ -214,52 +208,6 @@ class LuongDecoder(Decoder):
                 products.combine_hidden,
             )
         return attentional.squeeze(1), alphas.squeeze(1), state
-
-    def _kernels_take(self, memory: Memory, state: LuongState) -> bool:
-        """Whether a search step can run as ``_kernel_step``: on a CPU in float32 without
-        gradients, over a folded memory (``for_search``) that the compiled kernels attend
-        (``FastPaths.search_products``) by a score that declares the dot kernel
-        (``Attention.kernel``), without coverage."""
-        return (
-            memory.folded is not None
-            and memory.products is KERNEL_PRODUCTS
-            and self.attention.kernel == "dot"
-            and state.coverage is None
-            and state.hidden.dtype == torch.float32
-            and state.hidden.device.type == "cpu"
-            and not (self.training or torch.is_grad_enabled())
-        )
-
-    def _kernel_step(
-        self, gates: Tensor, memory: Memory, state: LuongState, products: StepProducts
-    ) -> tuple[Tensor, Tensor, LuongState] | None:
-        """``step`` as ``_recur`` and ``_attend`` take it over a folded memory, with the same
-        bits, in the fewest Python operations: the RNN's gates and the attention each in one
-        compiled kernel, the products prepared (``search_products``). On a CPU a step of
-        greedy search is little arithmetic, and the general path's layers of calls, each
-        reached with the caches emptied by the step's weights and memory, weigh on it. None
-        where the attention kernel does not take the tensors (the general path then runs)."""
-        assert products.combine_hidden is not None
-        feed = state.feed.unsqueeze(1) if state.feed is not None else None  # (B, 1, H)
-        output, rnn_state = cells.rnn_step(
-            self.rnn, feed, state.rnn_state(), gates, native=True, hidden_products=products.hidden
-        )
-        query = output.view(output.size(0), -1)  # (B, H)
-        scale = cast(DotAttention, self.attention).scale  # (a learned one, or None)
-        found = compiled.attend(
-            query,
-            memory.keys,
-            memory.values,
-            memory.mask,
-            1.0 if scale is None else float(scale),
-        )
-        if found is None:
-            return None
-        context, alphas = found  # (B, H) the folded values' sum, (B, S)
-        attentional = torch.tanh_(products.combine_hidden(query).add_(context))  # (B, H)
-        hidden, cell = split_rnn_state(rnn_state)
-        next_feed = attentional if self.input_feeding else None
-        return attentional, alphas, LuongState(hidden, cell, state.step + 1, None, next_feed)
 
     def search_products(self) -> StepProducts | None:
         """The RNN's W_hh products (``Decoder.search_products``), W_c's, and W_ch's alone
