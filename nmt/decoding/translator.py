@@ -166,9 +166,8 @@ class Translator:
         workers take) under ``decoding`` and ``steering`` runs here; ``forced``: a forced
         pass (scoring, alignment), one batch at a time over the whole output layer.
         ``decode_ids`` and ``score`` run by it and keep it as ``last_plan``."""
-        kernels = kernels_run(
-            self.backend_name, self.device, self.precision, self.stepper_native_kernels()
-        )
+        native = self.stepper(decoding).native_kernels
+        kernels = kernels_run(self.backend_name, self.device, self.precision, native)
         if forced:
             return DecodingPlan(
                 self.precision, self.precision_reason, kernels, "forced", 1, False, "torch"
@@ -186,12 +185,6 @@ class Translator:
             shortlist_used(decoding, self.device, self.backend_name, has),
             self.backend_name,
         )
-
-    def stepper_native_kernels(self) -> bool:
-        """Whether the stepper takes nmt's compiled kernels (``FastPaths.native_kernels``)."""
-        if self.backend is not None:
-            return bool(self.backend.native_kernels)
-        return all(model.fast.native_kernels for model in self.models)
 
     def ensemble(self, decoding: DecodingConfig) -> Ensemble:
         """The models stepped as one, averaged as ``decoding.ensemble_average`` says."""
