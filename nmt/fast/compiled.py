@@ -419,62 +419,6 @@ def rnn_cell(
     return h_out, c_out
 
 
-class CellSteps:
-    """A GRU's or LSTM's steps through time without gradients, one direction, as kernels.c's
-    cell kernels, over buffers checked once (``cell_steps``): the input gates of every step
-    (S, B, G*H) and the states after each (S, B, H) (the LSTM's cells beside them). Step t
-    runs its first ``rows`` rows from the states after step t - 1 (zeros before the first)."""
-
-    def __init__(self, lib: ctypes.CDLL, gates_x: Tensor, h_all: Tensor, c_all: Tensor | None):
-        self.lib, self.gates_x, self.h_all, self.c_all = lib, gates_x, h_all, c_all
-        steps, batch, width = gates_x.shape
-        self.hidden = h_all.size(-1)
-        self.zeros = torch.zeros(batch, self.hidden)  # the state before the first step
-        self.x_stride = batch * width * 4  # bytes from one step's gates to the next
-        self.h_stride = batch * self.hidden * 4
-        self.threads = torch.get_num_threads()
-
-    def step(self, t: int, rows: int, gates_h: Tensor) -> None:
-        """Step t over the first ``rows`` rows, gates_h (rows, G*H) float32 contiguous, the
-        recurrent product W_h h + b_h of those rows' states before it."""
-        width = self.gates_x.size(2)
-        assert tuple(gates_h.shape) == (rows, width) and gates_h.is_contiguous()
-        assert gates_h.dtype == torch.float32 and gates_h.device.type == "cpu"
-        assert 0 < rows <= self.gates_x.size(1) and 0 <= t < self.gates_x.size(0)
-        x = self.gates_x.data_ptr() + t * self.x_stride
-        h_out = self.h_all.data_ptr() + t * self.h_stride
-        h = self.zeros.data_ptr() if t == 0 else h_out - self.h_stride
-        if self.c_all is None:
-            self.lib.nmt_gru_cell_f32(
-                x, gates_h.data_ptr(), h, h_out, rows, self.hidden, self.threads
-            )
-            return
-        c_out = self.c_all.data_ptr() + t * self.h_stride
-        c = self.zeros.data_ptr() if t == 0 else c_out - self.h_stride
-        self.lib.nmt_lstm_cell_f32(
-            x, gates_h.data_ptr(), c, h_out, c_out, rows, self.hidden, self.threads
-        )
-
-
-def cell_steps(gates_x: Tensor, h_all: Tensor, c_all: Tensor | None) -> CellSteps | None:
-    """``CellSteps`` over gates_x (S, B, G*H) and h_all (and c_all) (S, B, H), all float32
-    contiguous CPU tensors, G = 3 (GRU, c_all None) or 4 (LSTM); None where the kernels
-    cannot run them (another dtype, layout or device, or no library)."""
-    tensors = [gates_x, h_all] if c_all is None else [gates_x, h_all, c_all]
-    if any(
-        t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() or t.dim() != 3
-        for t in tensors
-    ):
-        return None
-    gates = 3 if c_all is None else 4
-    if gates_x.shape[:2] != h_all.shape[:2] or gates_x.size(2) != gates * h_all.size(2):
-        return None
-    if c_all is not None and c_all.shape != h_all.shape:
-        return None
-    lib = library()
-    return CellSteps(lib, gates_x, h_all, c_all) if lib is not None else None
-
-
 def blas_sgemm() -> int | None:
     """The address of the ``sgemm_`` in torch's CPU library where that library carries MKL
     (the x86 builds do): MKL's Fortran interface, 32-bit integers, the routine torch.addmm
