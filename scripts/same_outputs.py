@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-NMT = [sys.executable, "-m", "nmt"]
+NMT = [sys.executable, "-P", "-m", "nmt"]  # -P: PYTHONPATH picks the tree, not the cwd
 
 
 def run(args: list[str], log: Path) -> None:
