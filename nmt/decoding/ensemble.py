@@ -88,8 +88,7 @@ class StepTables:
     """What a Translator makes once for a member's search steps, its weights being fixed:
     ``gates``, its decoder's first-layer input gates of every target piece (V, G*H)
     (``Decoder.gate_table``), ``output``, the product by W_o on a CPU (``FastPaths.product``:
-    from oneDNN's prepared layout, else by W_o transposed and contiguous, which a CPU's
-    matmul library multiplies faster than W_o itself; docs/benchmarks.md), and ``products``,
+    from oneDNN's prepared layout, else by W_o transposed and contiguous), and ``products``,
     the decoder step's own products on a CPU (``Decoder.search_products``), and ``source``,
     the encoder's tables on a CPU (``Encoder.source_tables``); each None where the member
     multiplies as it is."""

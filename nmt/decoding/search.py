@@ -510,8 +510,7 @@ def _beam_step(
 
 
 def _drop_done(scorer: Stepper[Any], s: _Beam) -> None:
-    """Sentences that are done leave the batch (``kept_rows``: not below MIN_ROWS rows,
-    the probed floor being no faster here: benchmarks.md)."""
+    """Sentences that are done leave the batch (``kept_rows``: not below MIN_ROWS rows)."""
     keep = kept_rows(s.done.tolist(), s.width, MIN_ROWS)
     if keep is None:
         return
