@@ -24,8 +24,8 @@ dtype), and ``FastPaths.plain()`` turns every one off for the reference:
   (``fast.cells.input_gate_table``), on every device; so is the encoder's first RNN layer's
   on a CPU, whose loop over time search then runs through compiled kernels
   (``fast.source_tables``). A beam search with a Luong decoder over a memory its beams share
-  multiplies W_c's context half into the values once per batch (``folded_context``,
-  ``LuongDecoder.for_search``). Search's products by fixed weights on a CPU (the output
+  multiplies W_c's context half into the values once per batch
+  (``LuongDecoder.for_search``). Search's products by fixed weights on a CPU (the output
   layer's W_o, the decoder's W_hh and Luong's W_c) multiply from layouts prepared once for
   oneDNN (``fast.packed.Product``) where torch has oneDNN. A Translator makes the tables
   once for its models, in float32; a shortlist takes its rows of W_o.
@@ -98,11 +98,6 @@ class FastPaths:
     def plain(cls) -> FastPaths:
         """Plain PyTorch everywhere: the reference the fast paths are tested against."""
         return cls(cpu_kernels=False, native_kernels=False, fused=False, search_tables=False)
-
-    @property
-    def folded_context(self) -> bool:
-        """Luong's W_c folded into a beam search's shared memory: a search table."""
-        return self.search_tables
 
     def _cpu(self, tensor: Tensor, training: bool) -> bool:
         return self.cpu_kernels and training and tensor.device.type == "cpu"

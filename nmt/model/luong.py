@@ -66,7 +66,7 @@ class LuongDecoder(Decoder):
         """With W_c = [W_cc W_ch] split at the context's width, W_c [c_t; h_t] = sum_s a_t(s)
         (W_cc h_s) + W_ch h_t, so W_cc multiplies each sentence's values once here
         (``Memory.folded``), not each row's context at every step
-        (``FastPaths.folded_context``): over a memory a beam search's beams share, and for a
+        (``FastPaths.search_tables``): over a memory a beam search's beams share, and for a
         greedy search (``greedy``) on a CPU (one row per sentence: the fold costs about what
         the steps save in FLOPs, and the steps read a memory a third smaller). Not over a
         memory copied per beam.
@@ -75,7 +75,7 @@ class LuongDecoder(Decoder):
         (``values`` is ``folded``): dropping finished sentences then copies a memory half
         as wide (``Memory.index_select``)."""
         memory = super().for_search(memory, greedy)
-        if not self.fast.folded_context or memory.projected_values is not None:
+        if not self.fast.search_tables or memory.projected_values is not None:
             return memory
         if memory.beams == 1 and not (greedy and memory.values.device.type == "cpu"):
             return memory

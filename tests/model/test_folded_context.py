@@ -1,4 +1,4 @@
-"""A search's folded W_c (``LuongDecoder.for_search``, ``FastPaths.folded_context``): over a
+"""A search's folded W_c (``LuongDecoder.for_search``, ``FastPaths.search_tables``): over a
 memory its beams share, and over a greedy search's memory on a CPU, Luong's step with W_c's
 context half multiplied into the values once equals the step that multiplies every context,
 in float64, for every score that shares the beams' memory, with and without input feeding,
