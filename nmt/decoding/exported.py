@@ -157,7 +157,7 @@ class ExportedModel:
                 options.inter_op_num_threads = 1
                 options.log_severity_level = 4  # its errors are exceptions, not lines on stderr
                 # onnxruntime's threads spin between runs by default, on the cores torch's
-                # threads need for the search's work between steps (docs/benchmarks.md)
+                # threads need for the search's work between steps
                 options.add_session_config_entry("session.intra_op.allow_spinning", "0")
                 self._sessions[count] = tuple(  # type: ignore[assignment]
                     self._ort.InferenceSession(

@@ -3,9 +3,8 @@ CTranslate2's CPU translators run several translation threads.
 
 A search step is a chain of small products (a batch's tens of rows at a time) and of
 elementwise ops on a few thousand values. Torch splits each across its threads, and at these
-sizes the split costs much of what it saves: on a 2-core CPU, two threads ran the demo model's
-(50 x 256) by (256 x 3,368) output product in 0.65x one thread's time, where two products
-side by side, one thread each, took 0.43x a product. The ops between products, and the
+sizes the split costs much of what it saves, where two products side by side, one thread
+each, overlap almost fully. The ops between products, and the
 search's host-side steps, then overlap too (as far as Python's lock lets them). So each
 worker thread decodes whole batches with its share of torch's threads, and takes the next
 batch when it is done; the exported graphs under onnxruntime run with sessions of that share
@@ -33,10 +32,9 @@ import torch
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
-AUTO_WORKERS = 2  # measured best on 2 cores: 3 was no faster and 4 slower (docs/benchmarks.md)
+AUTO_WORKERS = 2  # auto's worker count (docs/guide/translating.md, "Batches side by side")
 # auto's smallest batches, in sentences: below it a batch's step is mostly host-side work that
-# holds Python's lock, and two threads contending for it took 1.4-1.6x one's time (batch 1, 2
-# cores); from 16 on, two were 1.07-1.24x faster
+# holds Python's lock, for which two threads contend
 AUTO_MIN_SENTENCES = 16
 
 

@@ -53,8 +53,6 @@ dtype), and ``FastPaths.plain()`` turns every one off for the reference:
 
 Search's top-k (``fast.topk``) takes the compiled kernel too where the stepper's
 ``native_kernels`` says so.
-
-Measured effects: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The CPU training process's memory: oneDNN's kernel cache and glibc's malloc.
 
-Three settings, each measured in docs/benchmarks.md:
+Three settings:
 
 - oneDNN (torch's CPU matmul library) caches a compiled kernel for every matmul shape it meets,
   1,024 by default. Length-bucketed batches bring new shapes almost every step, so the cache

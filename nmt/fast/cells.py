@@ -70,8 +70,7 @@ def rnn_step(
     weights: torch.dtype = cast(Tensor, rnn.weight_hh_l0).dtype
     device = hidden.device.type
     # a search step on a CPU runs this once per target position for a few hundred
-    # microseconds of arithmetic: each op and lookup here costs a measurable share
-    # (docs/benchmarks.md), so autocast is turned off only where it is on, and a layer's
+    # microseconds of arithmetic: each op and lookup here costs a measurable share, so autocast is turned off only where it is on, and a layer's
     # weights are read only where it multiplies by them
     autocast = torch.is_autocast_enabled(device)
     compute = torch.get_autocast_dtype(device) if autocast else weights

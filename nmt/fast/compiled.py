@@ -37,7 +37,7 @@ SOURCE = Path(__file__).with_name("kernels.c")
 # -fno-trapping-math: GCC keeps a select on a computed float (the exponential's clamps,
 # kernels.c) as a branch while a comparison may trap, and then leaves the loops over a row's
 # units scalar; no trap is ever enabled. Nothing is reordered or contracted by it: the RNN
-# steps keep their results' bits and run vectorised (docs/benchmarks.md); the reductions the
+# steps keep their results' bits and run vectorised; the reductions the
 # kernels mark ``omp simd`` (the softmax sums) vectorise as marked, so they round in another
 # order than the scalar loops did.
 FLAGS = (

@@ -1,7 +1,7 @@
 """Dropout (Srivastava et al. 2014) with a cheaper mask on the CPU.
 
-torch's CPU dropout draws one Bernoulli sample per element, a visible part of a training step
-(docs/benchmarks.md). Here each element gets 16 random
+torch's CPU dropout draws one Bernoulli sample per element, a visible part of a training
+step. Here each element gets 16 random
 bits instead (four per 64-bit draw of torch's generator, so seeding and checkpointed RNG
 state work as before) and is kept when they reach a threshold: the drop probability is p
 rounded to a multiple of 2^-16 (off by at most 7.7e-6), and kept elements are scaled by the

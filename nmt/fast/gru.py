@@ -91,7 +91,7 @@ def _input_grads(
     """x (D, T*B, I), the gate gradients (D, T*B, 3H) and n_in's (D, T, B, H) -> the gradients
     at x, W_i and b_i. Only the n gate differs from the LSTM's: r scales W_hn h + b_hn, not
     W_in x + b_in. r's and z's part is read in place, by one direction's matmul at a time
-    (the strided batched matmul, and joining the parts, cost more: docs/benchmarks.md); addmm,
+    (the strided batched matmul, and joining the parts, cost more); addmm,
     not addmm_, so that the benchmark's FLOP counter sees the product."""
     directions, rows, features = x.shape
     hidden = grad_n_in.size(-1)
@@ -146,8 +146,8 @@ class CompiledGRU(_GRUSteps):
 class TorchGRU(_GRUSteps):
     """The GRU's steps as torch ops, each writing into the loop's buffers with few, fused ops:
     on the small per-step tensors each op costs about as much as its arithmetic. torch.compile
-    fuses them into one loop, but its per-call overhead costs more than that saves
-    (docs/benchmarks.md), so they run eagerly."""
+    fuses them into one loop, but its per-call overhead costs more than that saves, so they
+    run eagerly."""
 
     def __init__(self, record: GRURecord, grads: Grads | None, kernels: StepKernels | None):
         super().__init__(record, grads, kernels)

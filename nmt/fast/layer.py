@@ -276,7 +276,7 @@ def gradients(
 
 def tanh(x: Tensor, out: Tensor) -> Tensor:
     """tanh(x) into out (x itself allowed) as 2 sigmoid(2x) - 1, since torch's CPU float32 tanh
-    is slower than its sigmoid (docs/benchmarks.md). It differs from tanh by a few units of
+    is slower than its sigmoid. It differs from tanh by a few units of
     the dtype's rounding step at 0.5."""
     return torch.sigmoid_(torch.mul(x, 2, out=out)).mul_(2).sub_(1)
 

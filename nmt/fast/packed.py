@@ -8,15 +8,12 @@ kernel reads, step after step. oneDNN can do that rearrangement once
 (``torch.ops.mkldnn._reorder_linear_weight``, what torch's own CPU inference compiler uses for
 a frozen linear layer) and multiply from it (``_linear_pointwise``).
 
-Measured on a 2-core AMD EPYC with AVX2 (docs/benchmarks.md), in-process at batch 64, by the
-medians of alternated runs: with W_o prepared, greedy and beam 5 ran 1.08x and 1.13x faster
-over the demo model's shortlist, 1.29x and 1.09x over the whole vocabulary. One row at a time
-(greedy at batch 1) the prepared layout was slower than torch's matrix-vector product, so a
-single row keeps the plain product. The round-off differs from the plain product's (a few
-1e-6 in the log-probabilities), as any other kernel's would.
+One row at a time (greedy at batch 1) the prepared layout is slower than torch's
+matrix-vector product, so a single row keeps the plain product. The round-off differs from
+the plain product's (a few 1e-6 in the log-probabilities), as any other kernel's would.
 
-The prepared products matter for one more reason: on that EPYC each row's result had the same
-bits whatever the number of rows (1 to 63 checked), where the matmul library takes other
+The prepared products matter for one more reason: on an AVX2 EPYC each row's result had the
+same bits whatever the number of rows (1 to 63 checked), where the matmul library takes other
 kernels for a few rows. With every product of a step prepared, a batch's step gives each row
 the same bits whichever rows are still in the batch, so greedy search may drop ended
 sentences down to its last rows (``nmt.decoding.floor``, which checks this on the machine at

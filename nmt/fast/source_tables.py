@@ -104,8 +104,8 @@ class SourceTables:
 
 def _product(weight: Tensor, bias: Tensor | None) -> Product:
     """x -> x W^T + b by W transposed and contiguous: the matmul library's own kernels, which
-    ran the encoder's steps faster than oneDNN's prepared layout at every batch size measured
-    (docs/benchmarks.md). The decoder's steps keep the prepared layout for the bits it gives
+    ran the encoder's steps faster than oneDNN's prepared layout at every batch size measured.
+    The decoder's steps keep the prepared layout for the bits it gives
     each row whatever rows are with it (``fast.packed``); the encoder runs once per batch,
     before any row is dropped."""
     return Product(weight, prepared=False, bias=bias)
