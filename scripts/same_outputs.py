@@ -10,7 +10,7 @@ folder, then compares:
 
 ``--train`` trains every config of ``configs/`` briefly (``--updates`` updates in fp32, on
 the demo corpus) into ``OUT/models/<config>``, and the demo config ``--demo-updates`` updates
-into ``OUT/<label>/demo`` (its checkpoint's parameters are compared bit for bit). Without
+into ``OUT/<label>/demo-train`` (its checkpoint's parameters are compared bit for bit). Without
 ``--train`` a label reuses the models and trains only its own demo run. Each label then
 writes, per config, ``nmt translate`` (beam 5, with --scores and --alignments to a file), ``nmt score
 --tokens`` and ``nmt align`` of the first ``--lines`` lines of the test split, in fp32.
@@ -97,7 +97,7 @@ def produce(args: argparse.Namespace) -> None:
         print(f"decoding {config.stem}", flush=True)
         outputs(model, src, trg, label / config.stem, log)
     print(f"demo's first {args.demo_updates} updates", flush=True)
-    train(ROOT / "configs/demo.yaml", label / "demo", args.demo_updates, log, args.demo_updates)
+    train(ROOT / "configs/demo.yaml", label / "demo-train", args.demo_updates, log, args.demo_updates)
 
 
 def parameters(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -113,7 +113,7 @@ def compare(out: Path, old: str, new: str) -> int:
         other = out / new / path.relative_to(out / old)
         if not other.exists() or other.read_bytes() != path.read_bytes():
             differ.append(str(path.relative_to(out / old)))
-    a, b = parameters(out / old / "demo"), parameters(out / new / "demo")
+    a, b = parameters(out / old / "demo-train"), parameters(out / new / "demo-train")
     same = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     files = len(list((out / old).rglob("*.txt"))) - 1
     print(f"{files - len(differ)} of {files} output files byte-identical")
