@@ -9,8 +9,8 @@ dtype), and ``FastPaths.plain()`` turns every one off for the reference:
 - ``cpu_kernels`` (the config's ``run.fast_kernels``): training's CPU paths. They run for
   CPU tensors in a module's training mode, where their gain is (the backward pass);
   evaluation and search take the plain path.
-- ``native_kernels``: whether nmt's compiled C kernels (``fast.compiled``; torch ops where no
-  C compiler works) run the CPU paths' time steps and the loss's softmax, and search's
+- ``native_kernels``: whether nmt's compiled C kernels (``fast.compiled``; where no C
+  compiler works, the cells' Python reference and torch's ops) run the CPU paths' time steps and the loss's softmax, and search's
   log-softmax, top-k, decoder RNN's gates and dot-product attention. Its default is on
   unless the environment says ``NMT_NATIVE_KERNELS=0``, read when the ``FastPaths`` is made,
   i.e. when the model is built; no other code decides by that variable

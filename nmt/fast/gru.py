@@ -1,5 +1,5 @@
 """A GRU layer over a whole sequence as one autograd function (nmt.fast.recurrence), and its
-step kernels: the compiled one and the torch ops.
+step kernels: the compiled one and the Python reference's.
 
 Torch's equations and gate order (s the logistic sigmoid):
 
@@ -18,11 +18,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.fast import layer
-from nmt.fast.compiled import StepKernels
-from nmt.fast.layer import Grads, Record, StepKernel
+from nmt.fast import cells, layer
+from nmt.fast.layer import Record, StepKernel
 
 
 @dataclass
@@ -33,7 +33,8 @@ class GRURecord(Record):
     # laid out so that the matmul writes it in place; the backward pass takes r and z from it
     # again, which costs less than storing them in float32
     n: Tensor  # (D, T, B, H)
-    n_in: Tensor | None  # (D, T, B, H) W_in x + b_in: the forward pass's only, not kept
+    n_in: Tensor | None  # (D, T, B, H) W_in x + b_in: kept for the backward pass by the
+    # reference steps alone
 
 
 class GRULayer(torch.autograd.Function):
@@ -66,9 +67,10 @@ class GRULayer(torch.autograd.Function):
             n=h0.new_empty(directions, steps, batch, hidden),
             n_in=n_in,
         )
-        kernel = layer.step_kernel(CompiledGRU, TorchGRU, loop.native, record, None)
+        kernel = layer.step_kernel(CompiledGRU, ReferenceGRU, loop.native, record, None)
         layer.run_forward(kernel, gates_in, record)
-        layer.keep_for_backward(ctx, replace(record, n_in=None), loop, inputs, w_hh)
+        kept = record if isinstance(kernel, ReferenceGRU) else replace(record, n_in=None)
+        layer.keep_for_backward(ctx, kept, loop, inputs, w_hh)
         return layer.time_order(record.states, keep), record.states[:, -1].clone()
 
     @staticmethod
@@ -78,7 +80,7 @@ class GRULayer(torch.autograd.Function):
         record = GRURecord(*ctx.saved_tensors)
         grads = layer.start_grads(grad_outputs, grad_h, record, ctx.compute)
         grads.n_in = grad_n_in = torch.empty_like(record.n, dtype=ctx.compute)
-        kernel = layer.step_kernel(CompiledGRU, TorchGRU, ctx.native, record, grads)
+        kernel = layer.step_kernel(CompiledGRU, ReferenceGRU, ctx.native, record, grads)
         dh0, _ = layer.run_backward(kernel, grads, record)
         input_grads = functools.partial(_input_grads, record.w_i, grad_n_in)
         grad_x, *grad_weights = layer.gradients(ctx, record, grads.gates, input_grads)
@@ -117,7 +119,7 @@ class _GRUSteps(StepKernel):
         return self.record.pre[t]
 
     def n_in(self, t: int) -> Tensor:
-        assert self.record.n_in is not None, "a backward pass's record has no n_in"
+        assert self.record.n_in is not None, "the compiled backward pass's record has no n_in"
         return self.record.n_in[:, t]
 
     def grad_n_in(self, t: int) -> Tensor:
@@ -143,63 +145,38 @@ class CompiledGRU(_GRUSteps):
         return self.grads.dh.add_(recurrent), None
 
 
-class TorchGRU(_GRUSteps):
-    """The GRU's steps as torch ops, each writing into the loop's buffers with few, fused ops:
-    on the small per-step tensors each op costs about as much as its arithmetic. torch.compile
-    fuses them into one loop, but its per-call overhead costs more than that saves, so they
-    run eagerly."""
+class ReferenceGRU(_GRUSteps):
+    """The GRU's steps through its Python reference (``fast.cells.gru_gates``), where the
+    compiled kernels do not run (float64, no C compiler, ``native_kernels`` off): the
+    forward pass without gradients, and each backward step its own step again under
+    autograd, from the record's a and n_in (kept for it)."""
 
-    def __init__(self, record: GRURecord, grads: Grads | None, kernels: StepKernels | None):
-        super().__init__(record, grads, kernels)
-        directions, batch, hidden = record.h0.shape
-        self.gates = record.h0.new_empty(directions, batch, 3 * hidden)  # r, z, W_hn h + b_hn
-        self.scratch = record.h0.new_empty(directions, batch, 2 * hidden)
-        self.ones = torch.ones((), dtype=record.h0.dtype)
-        self.dropped = None if grads is None or record.keep is None else 1 - record.keep
-        self.carry: Tensor | None = None  # the part of dL/dh that does not pass through W_h
-
-    def _gates(self, t: int) -> Tensor:
-        """a -> r, z and W_hn h + b_hn in float32 (D, B, 3H)."""
-        hidden = self.gates.size(-1) // 3
-        torch.sigmoid_(self.gates.copy_(self.record.pre[t])[..., : 2 * hidden])
-        return self.gates
+    def _step(self, pre: Tensor, n_in: Tensor, h: Tensor, keep: Tensor | None) -> Tensor:
+        """h' from a (D, B, 3H) and n_in (D, B, H): the reference's input gates are
+        (0, 0, n_in) and its hidden ones a."""
+        gates_x = F.pad(n_in, (2 * n_in.size(-1), 0))
+        return layer.kept(cells.gru_gates(gates_x, pre.to(h.dtype), h), h, keep)
 
     def forward(self, t: int, keep: Tensor | None, prev_out: Tensor | None) -> None:
-        gates, h, h_out = self._gates(t), self.record.h_before(t), self.record.states[:, t]
-        hidden = h.size(-1)
-        gate_z = gates[..., hidden : 2 * hidden]
-        n = torch.addcmul(
-            self.n_in(t), gates[..., :hidden], gates[..., 2 * hidden :], out=self.record.n[:, t]
-        )
-        layer.tanh(n, n)
-        if keep is None:  # (1 - z) n + z h
-            torch.lerp(n, h, gate_z, out=h_out)
-        else:  # lerp is exact for weights 0 and 1: a finished sentence keeps its state
-            torch.lerp(h, torch.lerp(n, h, gate_z), keep, out=h_out)
+        record = self.record
+        h_out = self._step(record.pre[t], self.n_in(t), record.h_before(t), keep)
+        record.states[:, t].copy_(h_out)
         if prev_out is not None:
             prev_out.copy_(h_out)
 
     def backward(self, t: int, keep: Tensor | None, recurrent: Tensor) -> None:
-        dh = layer.torch_dh(t, self.grads, self.carry, recurrent)
-        n, h_prev = self.record.n[:, t], self.record.h_before(t)
-        act, grads_out, scratch = self._gates(t), self.grads.gates[:, t], self.scratch
-        hidden = h_prev.size(-1)
-        dh += self.grads.outputs[:, t]
-        dh_step = dh if keep is None else dh * keep
-        gates = act[..., : 2 * hidden]
-        gate_r, gate_z, h_n = act.split(hidden, dim=-1)
-        dn = torch.addcmul(dh_step, dh_step, gate_z, value=-1)  # dh (1 - z)
-        dn *= torch.addcmul(self.ones, n, n, value=-1)  # at n's pre-activation: (1 - n^2)
-        torch.mul(dn, h_n, out=scratch[..., :hidden])  # dr = dn h_n
-        torch.sub(h_prev, n, out=scratch[..., hidden:]).mul_(dh_step)  # dz = dh (h - n)
-        slopes = torch.addcmul(gates, gates, gates, value=-1)  # s'(r), s'(z)
-        torch.mul(scratch, slopes, out=grads_out[..., : 2 * hidden])
-        torch.mul(dn, gate_r, out=grads_out[..., 2 * hidden :])
-        self.grad_n_in(t).copy_(dn)
-        self.carry = dh_step * gate_z
-        if keep is not None:
-            assert self.dropped is not None
-            self.carry.addcmul_(dh, self.dropped[:, t])  # a finished sentence passes dh through
+        record, grads = self.record, self.grads
+        leaves = [
+            x.detach().to(grads.dh.dtype).requires_grad_()
+            for x in (record.pre[t], self.n_in(t), record.h_before(t))
+        ]
+        with torch.enable_grad():
+            h_out = self._step(leaves[0], leaves[1], leaves[2], keep)
+        dh = grads.dh + recurrent + grads.outputs[:, t]
+        d_pre, d_n_in, d_h = torch.autograd.grad(h_out, leaves, dh)
+        grads.gates[:, t].copy_(d_pre)
+        self.grad_n_in(t).copy_(d_n_in)
+        grads.dh.copy_(d_h)
 
     def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
-        return layer.torch_dh(-1, self.grads, self.carry, recurrent), None
+        return self.grads.dh.add_(recurrent), None

@@ -6,8 +6,9 @@ A layer runs all its directions at once. Its buffers are laid out (D, T, B, F) i
 step t of direction d is [d, t] (the backward direction's loop runs backwards in time), so both
 directions of a step are one (D, B, F) view and all steps of a direction one matrix. The loops
 own the matmuls; a ``StepKernel`` does each step's elementwise work, as nmt's compiled kernel
-(nmt.fast.compiled) or as torch ops, behind the same methods. Steps that every sentence takes
-in every direction (most, in length-bucketed batches) skip the masking.
+(nmt.fast.compiled) or through the cell's Python reference (nmt.fast.cells), behind the same
+methods. Steps that every sentence takes in every direction (most, in length-bucketed batches)
+skip the masking.
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ class Grads:
 class StepKernel(ABC):
     """One cell kind's elementwise work at one time step, all directions at once, over one
     layer's record (and, for the backward pass, its grads): the compiled kernel (``kernels``)
-    or the torch ops behind the same methods. ``run_forward`` and ``run_backward`` call it
-    between the matmuls; ``step_kernel`` makes one for a pass."""
+    or the cell's Python reference, behind the same methods. ``run_forward`` and
+    ``run_backward`` call it between the matmuls; ``step_kernel`` makes one for a pass."""
 
     def __init__(self, record: Record, grads: Grads | None, kernels: StepKernels | None):
         self.record, self._grads, self._kernels = record, grads, kernels
@@ -81,7 +82,7 @@ class StepKernel(ABC):
 
     @property
     def kernels(self) -> StepKernels:
-        assert self._kernels is not None, "the torch-op steps have no compiled kernels"
+        assert self._kernels is not None, "the reference steps have no compiled kernels"
         return self._kernels
 
     def compiled_backward(
@@ -116,15 +117,15 @@ class StepKernel(ABC):
 
 def step_kernel(
     compiled: type[StepKernel],
-    torch_ops: type[StepKernel],
+    reference: type[StepKernel],
     native: bool,
     record: Record,
     grads: Grads | None,
 ) -> StepKernel:
     """A cell kind's compiled steps where native and they can run (a CPU, float32 states, a
-    bfloat16 or float32 matmul, a C compiler), else its torch-op steps."""
+    bfloat16 or float32 matmul, a C compiler), else its reference steps."""
     kernels = rnn_kernels(record.prev.dtype, record.h0) if native else None
-    return (torch_ops if kernels is None else compiled)(record, grads, kernels)
+    return (reference if kernels is None else compiled)(record, grads, kernels)
 
 
 def _reorder(parts: list[Tensor], masks: list[Tensor] | None, targets: list[Tensor]) -> None:
@@ -274,17 +275,7 @@ def gradients(
     )
 
 
-def tanh(x: Tensor, out: Tensor) -> Tensor:
-    """tanh(x) into out (x itself allowed) as 2 sigmoid(2x) - 1, since torch's CPU float32 tanh
-    is slower than its sigmoid. It differs from tanh by a few units of
-    the dtype's rounding step at 0.5."""
-    return torch.sigmoid_(torch.mul(x, 2, out=out)).mul_(2).sub_(1)
-
-
-def torch_dh(t: int, grads: Grads, carry: Tensor | None, recurrent: Tensor) -> Tensor:
-    """dL/dh' at step t for the torch-op steps (t = -1: dL/dh_0): autograd's at the last step,
-    else the part through W_h (recurrent) added to the part that is not (carry: what step t + 1
-    left; None where it is zero)."""
-    if t + 1 == grads.outputs.size(1):
-        return grads.dh
-    return recurrent.to(grads.dh.dtype, copy=True) if carry is None else carry.add_(recurrent)
+def kept(new: Tensor, old: Tensor, keep: Tensor | None) -> Tensor:
+    """A step's new state where ``keep`` (D, B, 1) is 1, the old one where it is 0 (a
+    sentence that has ended keeps its state); ``new`` itself where every sentence steps."""
+    return new if keep is None else torch.lerp(old, new, keep.to(new.dtype))

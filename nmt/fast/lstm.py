@@ -1,5 +1,5 @@
 """An LSTM layer over a whole sequence as one autograd function (nmt.fast.recurrence), and its
-step kernels: the compiled one and the torch ops.
+step kernels: the compiled one and the Python reference's.
 
 Torch's equations and gate order (s the logistic sigmoid):
 
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nmt.fast import layer
+from nmt.fast import cells, layer
 from nmt.fast.compiled import StepKernels
 from nmt.fast.layer import Grads, Record, StepKernel
 
@@ -62,7 +62,7 @@ class LSTMLayer(torch.autograd.Function):
             tanh_c=h0.new_empty(directions, steps, batch, hidden),
             cells=h0.new_empty(directions, steps, batch, hidden),
         )
-        kernel = layer.step_kernel(CompiledLSTM, TorchLSTM, loop.native, record, None)
+        kernel = layer.step_kernel(CompiledLSTM, ReferenceLSTM, loop.native, record, None)
         layer.run_forward(kernel, gates_in, record)
         layer.keep_for_backward(ctx, record, loop, inputs, w_hh)
         h_n, c_n = record.states[:, -1].clone(), record.cells[:, -1].clone()
@@ -75,7 +75,7 @@ class LSTMLayer(torch.autograd.Function):
         record = LSTMRecord(*ctx.saved_tensors)
         grads = layer.start_grads(grad_outputs, grad_h, record, ctx.compute)
         grads.dc = layer.last_grad(grad_c, record.c0)
-        kernel = layer.step_kernel(CompiledLSTM, TorchLSTM, ctx.native, record, grads)
+        kernel = layer.step_kernel(CompiledLSTM, ReferenceLSTM, ctx.native, record, grads)
         dh0, dc0 = layer.run_backward(kernel, grads, record)
         input_grads = functools.partial(_input_grads, record.w_i)
         grad_x, *grad_weights = layer.gradients(ctx, record, grads.gates, input_grads)
@@ -138,58 +138,42 @@ class CompiledLSTM(_LSTMSteps):
         return self.grads.dh.add_(recurrent), self.dc
 
 
-class TorchLSTM(_LSTMSteps):
-    """The LSTM's steps as torch ops, few and fused as the GRU's (nmt.fast.gru.TorchGRU)."""
+class ReferenceLSTM(_LSTMSteps):
+    """The LSTM's steps through its Python reference (``fast.cells.lstm_gates``), where the
+    compiled kernels do not run (float64, no C compiler, ``native_kernels`` off): the
+    forward pass without gradients, its record's ``gates`` the pre-activations, and each
+    backward step its own step again under autograd."""
 
-    def __init__(self, record: LSTMRecord, grads: Grads | None, kernels: StepKernels | None):
-        super().__init__(record, grads, kernels)
-        directions, batch, hidden = record.h0.shape
-        self.scratch = record.h0.new_empty(directions, batch, 4 * hidden)
-        self.ones = torch.ones((), dtype=record.h0.dtype)
-        self.dropped = None if grads is None or record.keep is None else 1 - record.keep
-        self.carry: Tensor | None = None  # the part of dL/dh that does not pass through W_h
+    def _step(
+        self, pre: Tensor, h: Tensor, c: Tensor, keep: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        h_new, c_new = cells.lstm_gates(pre, c)
+        return layer.kept(h_new, h, keep), layer.kept(c_new, c, keep)
 
     def forward(self, t: int, keep: Tensor | None, prev_out: Tensor | None) -> None:
-        c, h, h_out = self.record.c_before(t), self.record.h_before(t), self.record.states[:, t]
-        c_out, hidden = self.record.cells[:, t], h.size(-1)
-        act = self.record.gates[:, t].copy_(self._pre)
-        act[..., 2 * hidden : 3 * hidden].mul_(2)
-        torch.sigmoid_(act)  # i, f, o, and g as sigmoid(2x)
-        gate_g = act[..., 2 * hidden : 3 * hidden].mul_(2).sub_(1)  # tanh x = 2 sigmoid(2x) - 1
-        c_new = c_out if keep is None else torch.empty_like(c)
-        torch.mul(act[..., hidden : 2 * hidden], c, out=c_new).addcmul_(act[..., :hidden], gate_g)
-        tanh_c = layer.tanh(c_new, self.record.tanh_c[:, t])
-        if keep is None:
-            torch.mul(act[..., 3 * hidden :], tanh_c, out=h_out)
-        else:  # lerp is exact for weights 0 and 1: a finished sentence keeps its state
-            torch.lerp(c, c_new, keep, out=c_out)
-            torch.lerp(h, act[..., 3 * hidden :] * tanh_c, keep, out=h_out)
+        record = self.record
+        pre = record.gates[:, t].copy_(self._pre)  # kept for the backward step
+        h_out, c_out = self._step(pre, record.h_before(t), record.c_before(t), keep)
+        record.cells[:, t].copy_(c_out)
+        record.states[:, t].copy_(h_out)
         if prev_out is not None:
             prev_out.copy_(h_out)
 
     def backward(self, t: int, keep: Tensor | None, recurrent: Tensor) -> None:
-        dh = layer.torch_dh(t, self.grads, self.carry, recurrent) + self.grads.outputs[:, t]
-        record, dc, scratch = self.record, self.dc, self.scratch
-        act, tanh_c, c_prev = record.gates[:, t], record.tanh_c[:, t], record.c_before(t)
-        hidden = c_prev.size(-1)
-        dh_step = dh if keep is None else dh * keep
-        dc_step = dc if keep is None else dc * keep
-        gate_i, gate_f, gate_g, gate_o = act.split(hidden, dim=-1)
-        dc_new = torch.addcmul(self.ones, tanh_c, tanh_c, value=-1).mul_(gate_o)
-        dc_new = torch.addcmul(dc_step, dh_step, dc_new)  # + dh o (1 - tanh(c)^2)
-        slopes = torch.addcmul(act, act, act, value=-1)  # s'(x) = s (1 - s)
-        torch.addcmul(self.ones, gate_g, gate_g, value=-1, out=slopes[..., 2 * hidden : 3 * hidden])
-        torch.mul(dc_new, gate_g, out=scratch[..., :hidden])
-        torch.mul(dc_new, c_prev, out=scratch[..., hidden : 2 * hidden])
-        torch.mul(dc_new, gate_i, out=scratch[..., 2 * hidden : 3 * hidden])
-        torch.mul(dh_step, tanh_c, out=scratch[..., 3 * hidden :])
-        torch.mul(scratch, slopes, out=self.grads.gates[:, t])
-        self.grads.dc = dc_new * gate_f  # dL/dc before the step
-        self.carry = None
-        if keep is not None:  # a finished sentence passes dh and dc through
-            assert self.dropped is not None
-            self.grads.dc.addcmul_(dc, self.dropped[:, t])
-            self.carry = dh * self.dropped[:, t]
+        record, grads = self.record, self.grads
+        leaves = [
+            x.detach().requires_grad_()
+            for x in (record.gates[:, t], record.h_before(t), record.c_before(t))
+        ]
+        with torch.enable_grad():
+            h_out, c_out = self._step(leaves[0], leaves[1], leaves[2], keep)
+        dh = grads.dh + recurrent + grads.outputs[:, t]
+        d_pre, d_h, d_c = torch.autograd.grad(
+            (h_out, c_out), leaves, (dh, self.dc), allow_unused=True, materialize_grads=True
+        )
+        grads.gates[:, t].copy_(d_pre)
+        grads.dh.copy_(d_h)
+        self.dc.copy_(d_c)
 
     def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
-        return layer.torch_dh(-1, self.grads, self.carry, recurrent), self.dc
+        return self.grads.dh.add_(recurrent), self.dc

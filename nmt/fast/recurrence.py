@@ -19,7 +19,8 @@ gates, states and their gradients in the parameters' dtype.
 The modules: nmt.fast.gru and nmt.fast.lstm, a layer of each cell kind with its equations and
 its step kernels; nmt.fast.layer, what they share (the loops through time). Each step's
 elementwise work runs as one compiled kernel (kernels.c, through nmt.fast.compiled) where the
-model's ``FastPaths.native_kernels`` says so and a C compiler is available, else as torch ops.
+model's ``FastPaths.native_kernels`` says so and a C compiler is available, else through the
+cell's Python reference (nmt.fast.cells), each backward step by autograd.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """nmt.fast.compiled: the compiled CPU step kernels against the float64 equations (through
-run_rnn, with padding), against the torch-op steps they replace, their sigmoid and tanh against
+run_rnn, with padding), against the reference steps (fast.cells), their sigmoid and tanh against
 float64 on the whole float range, their bfloat16 rounding against torch's, the loader's
 fallbacks, and FastPaths.native_kernels as the one switch (NMT_NATIVE_KERNELS its default)."""
 
@@ -51,7 +51,7 @@ def _run(cell, bidirectional, layers, compiled: bool, autocast: bool):
 
 @needs_kernels
 @pytest.mark.parametrize(("cell", "bidirectional", "layers"), CASES, ids=IDS)
-def test_compiled_steps_match_equations_and_torch_ops(cell, bidirectional, layers):
+def test_compiled_steps_match_equations_and_the_reference_steps(cell, bidirectional, layers):
     results, grads, (rnn, x, lengths, h0, c0) = _run(cell, bidirectional, layers, True, False)
     eager_results, eager_grads, _ = _run(cell, bidirectional, layers, False, False)
     # the float64 equations, sentence by sentence over the real tokens
@@ -71,8 +71,8 @@ def _double(tensor):
 
 @needs_kernels
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
-def test_compiled_steps_under_bf16_autocast_match_torch_ops(cell):
-    """bf16 matmuls: the same roundings as the torch-op steps, up to a rare flip of the
+def test_compiled_steps_under_bf16_autocast_match_the_reference_steps(cell):
+    """bf16 matmuls: the same roundings as the reference steps, up to a rare flip of the
     last bf16 bit where the float32 values straddle a rounding boundary."""
     results, grads, _ = _run(cell, True, 2, True, True)
     eager_results, eager_grads, _ = _run(cell, True, 2, False, True)
@@ -209,7 +209,7 @@ def test_a_failing_compiler_falls_back_to_torch_ops(monkeypatch, tmp_path, caplo
     rnn = _rnn("gru", True, 1, torch.float32)
     x, lengths, h0, _ = _inputs(2, 1, False, torch.float32, LENGTHS)
     mask = torch.arange(x.size(1))[None] < lengths[:, None]
-    outputs, _ = run_rnn(rnn, x, mask, h0, native=True)  # the torch-op steps
+    outputs, _ = run_rnn(rnn, x, mask, h0, native=True)  # the reference steps
     with torch.no_grad():
         ref, _, _ = reference(rnn.double(), x.double(), lengths, h0.double(), None)
     torch.testing.assert_close(outputs.double(), ref, rtol=0, atol=2e-6)
