@@ -23,8 +23,6 @@ An explicit ``--precision`` is kept (bf16 where it is slow warns, as in training
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -40,6 +38,7 @@ from nmt.fast.precision import (
     cached,
     choose_precision,
     emulated_bf16,
+    time_both,
 )
 from nmt.vocab import EOS_ID
 
@@ -114,17 +113,12 @@ def time_search(make: Callable[[str], Searcher], decoding: DecodingConfig, vocab
             "workers": 1,
         }
     )
-    searchers = {name: make(name) for name in ("fp32", "bf16")}
-    times: dict[str, list[float]] = {name: [] for name in searchers}
-    for repeat in range(PROBE_REPEATS + 1):
-        for name, searcher in searchers.items():
-            start = time.perf_counter()
-            searcher.decode_ids(sentences, probed)
-            if repeat:  # the first is a warm-up: oneDNN builds its kernels, tables are made
-                times[name].append(time.perf_counter() - start)
-        if repeat and times["bf16"][-1] > CLEARLY_SLOWER * times["fp32"][-1]:
-            break  # bf16 cannot win: no need to spend more repeats on it
-    probe_shape = [[decoding.batch_size * decoding.beam_size, SOURCE_LENGTH, SEARCH_STEPS]]
-    return Probe(
-        statistics.median(times["fp32"]), statistics.median(times["bf16"]), probe_shape, False
+    fp32, bf16 = make("fp32"), make("bf16")
+    seconds = time_both(
+        lambda: fp32.decode_ids(sentences, probed),
+        lambda: bf16.decode_ids(sentences, probed),  # the warm-up also makes the tables
+        PROBE_REPEATS,
+        give_up=CLEARLY_SLOWER,
     )
+    probe_shape = [[decoding.batch_size * decoding.beam_size, SOURCE_LENGTH, SEARCH_STEPS]]
+    return Probe(*seconds, probe_shape, False)

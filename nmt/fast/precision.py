@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import statistics
 import time
@@ -249,15 +250,24 @@ def _time_both(shapes: list[list[int]], repeats: int) -> tuple[float, float]:
         x = torch.randn(rows, in_features, generator=generator, requires_grad=True)
         w = torch.randn(out_features, in_features, generator=generator, requires_grad=True)
         work.append((x, w, torch.randn(rows, out_features, generator=generator)))
-    fp32 = _timer(work, None)
-    bf16 = _timer(work, torch.bfloat16)
-    fp32(), bf16()  # warm-up: oneDNN builds its kernels on first use
+    return time_both(_timer(work, None), _timer(work, torch.bfloat16), repeats)
+
+
+def time_both(
+    fp32: Callable[[], object], bf16: Callable[[], object], repeats: int, give_up: float = math.inf
+) -> tuple[float, float]:
+    """Median seconds of ``fp32()`` and of ``bf16()`` over ``repeats`` interleaved runs, each
+    after a warm-up run (oneDNN builds its kernels on first use); cut short once bf16 takes
+    ``give_up`` times fp32's time (it cannot win)."""
+    fp32(), bf16()
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
         for run, out in ((fp32, times[0]), (bf16, times[1])):
             start = time.perf_counter()
             run()
             out.append(time.perf_counter() - start)
+        if times[1][-1] > give_up * times[0][-1]:
+            break
     return statistics.median(times[0]), statistics.median(times[1])
 
 

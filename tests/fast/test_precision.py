@@ -229,3 +229,28 @@ def test_the_real_probe_times_both_precisions() -> None:
     probe = run_probe([[32, 64, 256]])
     assert probe.fp32_s > 0 and probe.bf16_s > 0
     assert probe.shapes == ([[32, 64, 256]] if not probe.screen_only else [list(precision.SCREEN)])
+
+
+def test_time_both_interleaves_warms_up_and_gives_up_on_a_slow_bf16(monkeypatch):
+    """Medians of interleaved runs after one warm-up each, on a clock the runs advance;
+    a bf16 run past ``give_up`` times fp32's ends the timing."""
+    clock = [0.0]
+    calls: list[str] = []
+    monkeypatch.setattr(precision.time, "perf_counter", lambda: clock[0])
+
+    def run(name: str, seconds: list[float]):
+        def call() -> None:
+            calls.append(name)
+            clock[0] += seconds.pop(0)
+
+        return call
+
+    fp32 = run("fp32", [9.0, 1.0, 2.0, 3.0])
+    bf16 = run("bf16", [9.0, 0.5, 0.5, 0.4])
+    assert precision.time_both(fp32, bf16, repeats=3) == (2.0, 0.5)
+    assert calls == ["fp32", "bf16"] * 4
+    calls.clear()
+    fp32 = run("fp32", [9.0, 1.0, 1.0])
+    bf16 = run("bf16", [9.0, 2.5, 2.5])
+    assert precision.time_both(fp32, bf16, repeats=2, give_up=2.0) == (1.0, 2.5)
+    assert calls == ["fp32", "bf16"] * 2
