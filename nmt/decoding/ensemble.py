@@ -36,7 +36,7 @@ from nmt.fast.packed import Product, StepProducts
 from nmt.fast.source_tables import SourceTables
 from nmt.model import Seq2Seq
 from nmt.model.attention import Memory
-from nmt.model.decoder import DecoderState
+from nmt.model.decoder import DecoderState, Prepared
 
 AVERAGES = ("linear", "log_linear")
 
@@ -216,7 +216,7 @@ class Ensemble:
         for model, memory, member, product, tables in members:
             gates = tables.gates.index_select(0, prev) if tables.gates is not None else None
             features, alphas_t, next_state = model.decoder.step(
-                prev, memory, member, gates, tables.products
+                prev, memory, member, Prepared(gates, tables.products)
             )
             product = product if product is not None else tables.output
             log_probs.append(model.log_probs(features, product, state.allowed))

@@ -9,9 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths
-from nmt.fast.packed import StepProducts
 from nmt.model.attention import Attention, Memory
-from nmt.model.decoder import Decoder, DecoderState, split_rnn_state
+from nmt.model.decoder import UNPREPARED, Decoder, DecoderState, Prepared, split_rnn_state
 from nmt.model.encoder import stacked_rnn
 
 if TYPE_CHECKING:
@@ -101,18 +100,15 @@ class BahdanauDecoder(Decoder):
         return features, torch.cat(alphas, dim=1)
 
     def step(
-        self,
-        prev: Tensor,
-        memory: Memory,
-        state: DecoderState,
-        gates: Tensor | None = None,
-        products: StepProducts | None = None,
+        self, prev: Tensor, memory: Memory, state: DecoderState, prepared: Prepared = UNPREPARED
     ) -> tuple[Tensor, Tensor, DecoderState]:
-        """prev: (B,) -> features (B, O), alphas (B, S), state; ``gates``: prev's first-layer
-        gates of the embedding (``Decoder.gate_table``), or None to multiply; ``products``:
-        the RNN's W_hh products (``Decoder.search_products``), or None."""
+        """prev: (B,) -> features (B, O), alphas (B, S), state; ``prepared``: prev's
+        first-layer gates and the RNN's W_hh products, where search made them (``Prepared``)."""
         embedded = self.embedding_dropout(self.embed(prev.unsqueeze(1)))  # (B, 1, E)
+        products = prepared.products
         hidden = products.hidden if products is not None else None
-        output, context, alphas, state = self._recur(embedded, memory, state, gates, hidden)
+        output, context, alphas, state = self._recur(
+            embedded, memory, state, prepared.gates, hidden
+        )
         features = self._readout(output, context, embedded)  # (B, 1, O)
         return features.squeeze(1), alphas.squeeze(1), state

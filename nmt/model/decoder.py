@@ -57,6 +57,20 @@ class DecoderState:
         return torch.arange(self.step, self.step + 1, device=like.device)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What search prepared for a decoder step while the weights stay fixed: ``gates``,
+    prev's rows of ``Decoder.gate_table()`` (B, G*H), looked up by the caller, or None to
+    multiply the embedding; ``products``, ``Decoder.search_products()``, or None to multiply
+    by the modules' weights."""
+
+    gates: Tensor | None = None
+    products: StepProducts | None = None
+
+
+UNPREPARED = Prepared()  # a step that multiplies everything itself
+
+
 def split_rnn_state(rnn_state: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
     """An RNN module's state -> (hidden, cell or None)."""
     if isinstance(rnn_state, tuple):
@@ -98,16 +112,10 @@ class Decoder(nn.Module, ABC):
 
     @abstractmethod
     def step(
-        self,
-        prev: Tensor,
-        memory: Memory,
-        state: DecoderState,
-        gates: Tensor | None = None,
-        products: StepProducts | None = None,
+        self, prev: Tensor, memory: Memory, state: DecoderState, prepared: Prepared = UNPREPARED
     ) -> tuple[Tensor, Tensor, DecoderState]:
         """One search step: prev (B,) -> features (B, O), alphas (B, S), the next state;
-        ``gates``: prev's rows of ``gate_table()`` (B, G*H), looked up by the caller;
-        ``products``: ``search_products()``, or None to multiply by the modules' weights."""
+        ``prepared``: what search made for it (``Prepared``), by default nothing."""
 
     def step_rnn(
         self,

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from nmt.fast import FastPaths
 from nmt.fast.packed import StepProducts
 from nmt.model.attention import Attention, Memory
-from nmt.model.decoder import Decoder, DecoderState, split_rnn_state
+from nmt.model.decoder import UNPREPARED, Decoder, DecoderState, Prepared, split_rnn_state
 from nmt.model.encoder import stacked_rnn
 
 if TYPE_CHECKING:
@@ -180,17 +180,13 @@ class LuongDecoder(Decoder):
         return torch.cat(features, dim=1), torch.cat(weights, dim=1)
 
     def step(
-        self,
-        prev: Tensor,
-        memory: Memory,
-        state: DecoderState,
-        gates: Tensor | None = None,
-        products: StepProducts | None = None,
+        self, prev: Tensor, memory: Memory, state: DecoderState, prepared: Prepared = UNPREPARED
     ) -> tuple[Tensor, Tensor, DecoderState]:
-        """prev: (B,) -> features (B, H), alphas (B, S), state; ``gates``: prev's first-layer
-        gates of the embedding (``Decoder.gate_table``), or None to multiply; ``products``:
-        the step's products (``search_products``), or None for the modules' own."""
+        """prev: (B,) -> features (B, H), alphas (B, S), state; ``prepared``: prev's
+        first-layer gates and the step's products (``search_products``), where search made
+        them (``Prepared``), else the modules' own."""
         assert isinstance(state, LuongState)
+        gates, products = prepared.gates, prepared.products
         embedded = None
         if gates is None:
             embedded = self.embedding_dropout(self.embed(prev.unsqueeze(1)))  # (B, 1, E)

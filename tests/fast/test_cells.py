@@ -18,6 +18,7 @@ from nmt.data.batching import batch_shape, make_batch
 from nmt.fast import FastPaths, cells, sinks
 from nmt.fast.cells import input_gate_table, rnn_step
 from nmt.model import build_model
+from nmt.model.decoder import Prepared
 
 
 @pytest.mark.parametrize("kind", [nn.GRU, nn.LSTM])
@@ -337,7 +338,7 @@ def test_search_steps_with_looked_up_input_gates_are_the_modules_steps(
             steps = []
             for prev in pieces:
                 gates = lookup[prev] if lookup is not None else None
-                features, alphas, state = model.decoder.step(prev, memory, state, gates)
+                features, alphas, state = model.decoder.step(prev, memory, state, Prepared(gates))
                 steps.append((features, alphas))
             results.append(steps)
     for (want_f, want_a), (got_f, got_a) in zip(*results, strict=True):

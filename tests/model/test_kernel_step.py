@@ -23,6 +23,7 @@ from nmt.decoding.search import beam_search
 from nmt.fast import compiled
 from nmt.model import Seq2Seq, build_model
 from nmt.model.attention import Memory
+from nmt.model.decoder import Prepared
 from nmt.model.luong import LuongDecoder, LuongState
 from nmt.model.scores import GeneralAttention
 from nmt.vocab import BOS_ID
@@ -148,7 +149,9 @@ def test_the_kernels_step_is_the_equations_step(
             prev = torch.randint(4, VOCAB, (len(ROWS) * beams,), generator=generator)
             want = _reference_step(wide, prev, values, mask, state)
             with _counted() as taken:
-                features, alphas, state = decoder.step(prev, memory, state, table[prev], products)
+                features, alphas, state = decoder.step(
+                    prev, memory, state, Prepared(table[prev], products)
+                )
             assert taken == [1]
             assert isinstance(state, LuongState)
             close = {"atol": 1e-5, "rtol": 1e-4}
@@ -184,7 +187,7 @@ def test_float64_takes_no_kernel() -> None:
         memory = decoder.for_search(memory, greedy=True)
         prev = torch.tensor([4, 5, 6, 7])
         with _counted() as taken:
-            features, alphas, _ = decoder.step(prev, memory, state, table[prev], products)
+            features, alphas, _ = decoder.step(prev, memory, state, Prepared(table[prev], products))
     assert taken == [0]
     assert features.dtype == torch.float64 and alphas.shape == (len(ROWS), src.size(1))
 

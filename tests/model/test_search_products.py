@@ -12,6 +12,7 @@ import torch
 from nmt.config import from_dict
 from nmt.data.batching import pad
 from nmt.model import Seq2Seq, build_model
+from nmt.model.decoder import Prepared
 
 VOCAB = 23
 
@@ -73,7 +74,7 @@ def test_the_step_through_the_products_is_the_step(
             for kind in ("modules", "products"):
                 given = products if kind == "products" else None
                 features, alphas, states[kind] = model.decoder.step(
-                    prev, memory, states[kind], gates, given
+                    prev, memory, states[kind], Prepared(gates, given)
                 )
                 out[kind] = (features, alphas, states[kind].hidden)
             for got, want in zip(out["products"], out["modules"], strict=True):
