@@ -9,9 +9,9 @@ constraints. Score and align jobs are decoded alone."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from torch import Tensor
 
@@ -175,11 +175,25 @@ def attention_map(
     )
 
 
+PairBody = TypeVar("PairBody", ScoreBody, AlignBody)
+PairOptions = TypeVar("PairOptions", DecodingConfig, Extraction)
+
+
 @dataclass(frozen=True)
-class ScoreWork:
+class PairWork(Generic[PairBody, PairOptions]):
+    """One checked score or align request: its pairs (``body``) and ``options``, what decodes
+    them (a score's decoding options, an alignment's extraction)."""
+
     model: ServedModel
-    body: ScoreBody
-    decoding: DecodingConfig
+    body: PairBody
+    options: PairOptions
+
+
+def _alone(
+    work: PairWork[PairBody, PairOptions], pairs: Callable[[PairWork[PairBody, PairOptions]], Any]
+) -> Job:
+    """A score or align request's job, decoded alone: ``pairs`` gives its reply."""
+    return Job(None, len(work.body.sources), work, lambda works: [pairs(w) for w in works])
 
 
 def score_job(model: ServedModel, body: ScoreBody, limits: Limits) -> Job:
@@ -187,19 +201,15 @@ def score_job(model: ServedModel, body: ScoreBody, limits: Limits) -> Job:
     _check_pairs(body.sources, body.targets, limits)
     overrides = {"length_penalty": body.length_penalty, "coverage_penalty": body.coverage_penalty}
     decoding = decoding_options(model.translator.config.decoding, overrides)
-    return Job(None, len(body.sources), ScoreWork(model, body, decoding), score_each)
+    return _alone(PairWork(model, body, decoding), _scores)
 
 
-def score_each(works: list[ScoreWork]) -> list[list[PairScore]]:
-    return [_scores(work) for work in works]
-
-
-def _scores(work: ScoreWork) -> list[PairScore]:
+def _scores(work: PairWork[ScoreBody, DecodingConfig]) -> list[PairScore]:
     """Each pair's forced score as `nmt score` gives it, with the pieces and the attention
     where asked."""
     translator, body = work.model.translator, work.body
     tokenizer = translator.tokenizer
-    results = translator.score(body.sources, body.targets, work.decoding, body.attention)
+    results = translator.score(body.sources, body.targets, work.options, body.attention)
     out = []
     for source, target, result in zip(body.sources, body.targets, results, strict=True):
         if result is None:
@@ -225,30 +235,19 @@ def _scores(work: ScoreWork) -> list[PairScore]:
     return out
 
 
-@dataclass(frozen=True)
-class AlignWork:
-    model: ServedModel
-    body: AlignBody
-    extraction: Extraction
-
-
 def align_job(model: ServedModel, body: AlignBody, limits: Limits) -> Job:
     """An align request, checked, as a job of its own."""
     _check_pairs(body.sources, body.targets, limits)
     extraction = Extraction(body.extract, body.threshold, body.use_attention)
     extraction.check(ALIGN_FIELDS)
     extraction.check_head(model.translator, ALIGN_FIELDS)
-    return Job(None, len(body.sources), AlignWork(model, body, extraction), align_each)
+    return _alone(PairWork(model, body, extraction), _alignments)
 
 
-def align_each(works: list[AlignWork]) -> list[list[PairAlignment]]:
-    return [_alignments(work) for work in works]
-
-
-def _alignments(work: AlignWork) -> list[PairAlignment]:
+def _alignments(work: PairWork[AlignBody, Extraction]) -> list[PairAlignment]:
     """Each pair's word links, those of `nmt align`."""
     body = work.body
-    links = align_pairs(work.model.translator, body.sources, body.targets, work.extraction)
+    links = align_pairs(work.model.translator, body.sources, body.targets, work.options)
     return [
         PairAlignment(
             links=row,
