@@ -145,38 +145,24 @@ class CompiledGRU(_GRUSteps):
         return self.grads.dh.add_(recurrent), None
 
 
-class ReferenceGRU(_GRUSteps):
-    """The GRU's steps through its Python reference (``fast.cells.gru_gates``), where the
-    compiled kernels do not run (float64, no C compiler, ``native_kernels`` off): the
-    forward pass without gradients, and each backward step its own step again under
-    autograd, from the record's a and n_in (kept for it)."""
+class ReferenceGRU(_GRUSteps, layer.ReferenceSteps):
+    """The GRU's steps through its Python reference (``fast.cells.gru_gates``), from the
+    record's a and n_in (kept for it): the reference's input gates are (0, 0, n_in) and its
+    hidden ones a."""
 
-    def _step(self, pre: Tensor, n_in: Tensor, h: Tensor, keep: Tensor | None) -> Tensor:
-        """h' from a (D, B, 3H) and n_in (D, B, H): the reference's input gates are
-        (0, 0, n_in) and its hidden ones a."""
+    def saved(self, t: int) -> list[Tensor]:
+        return [self.record.pre[t], self.n_in(t), self.record.h_before(t)]
+
+    def cell(self, saved: list[Tensor], keep: Tensor | None) -> list[Tensor]:
+        pre, n_in, h = saved
         gates_x = F.pad(n_in, (2 * n_in.size(-1), 0))
-        return layer.kept(cells.gru_gates(gates_x, pre.to(h.dtype), h), h, keep)
+        return [layer.kept(cells.gru_gates(gates_x, pre, h), h, keep)]
 
-    def forward(self, t: int, keep: Tensor | None, prev_out: Tensor | None) -> None:
-        record = self.record
-        h_out = self._step(record.pre[t], self.n_in(t), record.h_before(t), keep)
-        record.states[:, t].copy_(h_out)
-        if prev_out is not None:
-            prev_out.copy_(h_out)
+    def states(self, t: int) -> list[Tensor]:
+        return [self.record.states[:, t]]
 
-    def backward(self, t: int, keep: Tensor | None, recurrent: Tensor) -> None:
-        record, grads = self.record, self.grads
-        leaves = [
-            x.detach().to(grads.dh.dtype).requires_grad_()
-            for x in (record.pre[t], self.n_in(t), record.h_before(t))
-        ]
-        with torch.enable_grad():
-            h_out = self._step(leaves[0], leaves[1], leaves[2], keep)
-        dh = grads.dh + recurrent + grads.outputs[:, t]
-        d_pre, d_n_in, d_h = torch.autograd.grad(h_out, leaves, dh)
-        grads.gates[:, t].copy_(d_pre)
+    def take(self, t: int, found: list[Tensor]) -> None:
+        d_pre, d_n_in, d_h = found
+        self.grads.gates[:, t].copy_(d_pre)
         self.grad_n_in(t).copy_(d_n_in)
-        grads.dh.copy_(d_h)
-
-    def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
-        return self.grads.dh.add_(recurrent), None
+        self.grads.dh.copy_(d_h)

@@ -115,6 +115,56 @@ class StepKernel(ABC):
         """recurrent: W_h^T times step 0's gate gradients -> dL/dh_0 and (LSTM) dL/dc_0."""
 
 
+class ReferenceSteps(StepKernel):
+    """A cell kind's steps through its Python reference (``fast.cells``), where the compiled
+    kernels do not run (float64, no C compiler, ``native_kernels`` off): the forward pass
+    without gradients, and each backward step its own step again under autograd, from the
+    inputs the record keeps for it (``saved``)."""
+
+    @abstractmethod
+    def saved(self, t: int) -> list[Tensor]:
+        """Step t's inputs, the gates' pre-activations first and the states before it last."""
+
+    @abstractmethod
+    def cell(self, saved: list[Tensor], keep: Tensor | None) -> list[Tensor]:
+        """The reference's states after the step (h', and c' for an LSTM) from ``saved``."""
+
+    @abstractmethod
+    def states(self, t: int) -> list[Tensor]:
+        """Where the record keeps the states after step t, in ``cell``'s order."""
+
+    @abstractmethod
+    def take(self, t: int, found: list[Tensor]) -> None:
+        """The gradients at ``saved(t)`` into the grads."""
+
+    def _saved(self, t: int, leaves: bool) -> list[Tensor]:
+        dtype = self.record.h0.dtype  # the gates' and the states' (the matmul's may be lower)
+        saved = [x.detach().to(dtype) for x in self.saved(t)]
+        return [x.requires_grad_() for x in saved] if leaves else saved
+
+    def forward(self, t: int, keep: Tensor | None, prev_out: Tensor | None) -> None:
+        states = self.cell(self._saved(t, False), keep)
+        for state, kept in zip(states, self.states(t), strict=True):
+            kept.copy_(state)
+        if prev_out is not None:
+            prev_out.copy_(states[0])
+
+    def backward(self, t: int, keep: Tensor | None, recurrent: Tensor) -> None:
+        leaves = self._saved(t, True)
+        with torch.enable_grad():
+            states = self.cell(leaves, keep)
+        grads = self.grads
+        wanted = [grads.dh + recurrent + grads.outputs[:, t]]
+        wanted += [grads.dc] if grads.dc is not None else []
+        found = torch.autograd.grad(
+            states, leaves, wanted, allow_unused=True, materialize_grads=True
+        )
+        self.take(t, list(found))
+
+    def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
+        return self.grads.dh.add_(recurrent), self.grads.dc
+
+
 def step_kernel(
     compiled: type[StepKernel],
     reference: type[StepKernel],

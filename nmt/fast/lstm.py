@@ -138,42 +138,28 @@ class CompiledLSTM(_LSTMSteps):
         return self.grads.dh.add_(recurrent), self.dc
 
 
-class ReferenceLSTM(_LSTMSteps):
-    """The LSTM's steps through its Python reference (``fast.cells.lstm_gates``), where the
-    compiled kernels do not run (float64, no C compiler, ``native_kernels`` off): the
-    forward pass without gradients, its record's ``gates`` the pre-activations, and each
-    backward step its own step again under autograd."""
+class ReferenceLSTM(_LSTMSteps, layer.ReferenceSteps):
+    """The LSTM's steps through its Python reference (``fast.cells.lstm_gates``); its
+    record's ``gates`` are the pre-activations, kept for the backward steps."""
 
-    def _step(
-        self, pre: Tensor, h: Tensor, c: Tensor, keep: Tensor | None
-    ) -> tuple[Tensor, Tensor]:
+    def saved(self, t: int) -> list[Tensor]:
+        record = self.record
+        return [record.gates[:, t], record.h_before(t), record.c_before(t)]
+
+    def cell(self, saved: list[Tensor], keep: Tensor | None) -> list[Tensor]:
+        pre, h, c = saved
         h_new, c_new = cells.lstm_gates(pre, c)
-        return layer.kept(h_new, h, keep), layer.kept(c_new, c, keep)
+        return [layer.kept(h_new, h, keep), layer.kept(c_new, c, keep)]
+
+    def states(self, t: int) -> list[Tensor]:
+        return [self.record.states[:, t], self.record.cells[:, t]]
 
     def forward(self, t: int, keep: Tensor | None, prev_out: Tensor | None) -> None:
-        record = self.record
-        pre = record.gates[:, t].copy_(self._pre)  # kept for the backward step
-        h_out, c_out = self._step(pre, record.h_before(t), record.c_before(t), keep)
-        record.cells[:, t].copy_(c_out)
-        record.states[:, t].copy_(h_out)
-        if prev_out is not None:
-            prev_out.copy_(h_out)
+        self.record.gates[:, t].copy_(self._pre)
+        super().forward(t, keep, prev_out)
 
-    def backward(self, t: int, keep: Tensor | None, recurrent: Tensor) -> None:
-        record, grads = self.record, self.grads
-        leaves = [
-            x.detach().requires_grad_()
-            for x in (record.gates[:, t], record.h_before(t), record.c_before(t))
-        ]
-        with torch.enable_grad():
-            h_out, c_out = self._step(leaves[0], leaves[1], leaves[2], keep)
-        dh = grads.dh + recurrent + grads.outputs[:, t]
-        d_pre, d_h, d_c = torch.autograd.grad(
-            (h_out, c_out), leaves, (dh, self.dc), allow_unused=True, materialize_grads=True
-        )
-        grads.gates[:, t].copy_(d_pre)
-        grads.dh.copy_(d_h)
+    def take(self, t: int, found: list[Tensor]) -> None:
+        d_pre, d_h, d_c = found
+        self.grads.gates[:, t].copy_(d_pre)
+        self.grads.dh.copy_(d_h)
         self.dc.copy_(d_c)
-
-    def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
-        return self.grads.dh.add_(recurrent), self.dc
