@@ -20,23 +20,23 @@ A graph holds fixed shapes, so the training loop pads its batches to a few stati
 generator through the graph's own offsets, so every replay draws new masks.
 
 Each shape's graphs keep their own memory (the activations the backward reads). Arguments are
-tensors, None, or dataclasses of them (the attention memory, the decoder state); their other
-fields are part of the shape's key.
+trees of tensors (``nmt.fast.trees``: the attention memory, the decoder state); their other
+values are part of the shape's key.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from nmt.errors import NMTError
+from nmt.fast.trees import flatten, rebuild
 
 log = logging.getLogger("nmt")
 
@@ -56,17 +56,18 @@ class CaptureError(NMTError):
 
 
 class _Call(nn.Module):
-    """``function(*args)`` over flat tensors: the module ``make_graphed_callables`` graphs;
+    """``function(*args)`` over flat tensors, the arguments rebuilt around them from their
+    ``structure`` (``trees.flatten``'s): the module ``make_graphed_callables`` graphs;
     ``owner``'s parameters are its own, so their gradients come out of the graph."""
 
-    def __init__(self, owner: nn.Module, function: Callable[..., Any], rebuild: Callable[..., Any]):
+    def __init__(self, owner: nn.Module, function: Callable[..., Any], structure: Hashable):
         super().__init__()
         self.owner = owner
         self.function = function
-        self.rebuild = rebuild
+        self.structure = structure
 
     def forward(self, *flat: Tensor) -> Any:
-        return self.function(*self.rebuild(flat))
+        return self.function(*rebuild(self.structure, iter(flat)))
 
 
 class StepGraphs:
@@ -97,7 +98,7 @@ class StepGraphs:
         if self.paused:
             return function(*args)
         flat: list[Tensor] = []
-        structure = tuple(_flatten(arg, flat) for arg in args)
+        structure = flatten(args, flat)
         key = (
             id(owner),
             owner.training,
@@ -127,18 +128,13 @@ class StepGraphs:
         self,
         owner: nn.Module,
         function: Callable[..., Any],
-        structure: tuple[Any, ...],
+        structure: Hashable,
         flat: list[Tensor],
     ) -> nn.Module:
         started = time.perf_counter()
         gc.collect()  # an eager step's graph left for the collector would hold its params'
         # gradient nodes on the default stream, which a capture on another stream cannot wait on
-
-        def rebuild(tensors: Sequence[Tensor]) -> list[Any]:
-            source = iter(tensors)
-            return [_unflatten(part, source) for part in structure]
-
-        call = _Call(owner, function, rebuild)
+        call = _Call(owner, function, structure)
         # fresh leaves as the sample inputs: the graphs keep them as their input buffers
         samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in flat)
         dtype = torch.get_autocast_dtype("cuda")
@@ -160,50 +156,3 @@ class StepGraphs:
         assert isinstance(graphed, nn.Module)
         return graphed
 
-
-# a flattened argument: ("tensor",), ("none",), ("value", v) or ("dataclass", type, fields)
-
-
-def _flatten(arg: Any, flat: list[Tensor]) -> Any:
-    if isinstance(arg, Tensor):
-        flat.append(arg)
-        return ("tensor",)
-    if arg is None:
-        return ("none",)
-    if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
-        parts = tuple(
-            (field.name, _flatten(getattr(arg, field.name), flat))
-            for field in dataclasses.fields(arg)
-            if field.init
-        )
-        return ("dataclass", type(arg), parts)
-    return ("value", _Static(arg))
-
-
-def _unflatten(part: Any, source: Any) -> Any:
-    kind = part[0]
-    if kind == "tensor":
-        return next(source)
-    if kind == "none":
-        return None
-    if kind == "dataclass":
-        return part[1](**{name: _unflatten(sub, source) for name, sub in part[2]})
-    return part[1].value
-
-
-class _Static:
-    """A non-tensor field in a signature: equal by value where it is hashable, else by
-    identity (a shared object such as the plain attention products)."""
-
-    def __init__(self, value: Any):
-        self.value = value
-        try:
-            self._key: Hashable = ("hash", hash(value), value)
-        except TypeError:
-            self._key = ("id", id(value))
-
-    def __hash__(self) -> int:
-        return hash(self._key)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Static) and self._key == other._key
