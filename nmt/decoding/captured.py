@@ -29,7 +29,8 @@ from torch import Tensor
 
 from nmt.config import DecodingConfig
 from nmt.decoding.ensemble import EnsembleState, Stepper
-from nmt.decoding.finished import DoneFlag, Finished
+from nmt.decoding.finished import DoneFlag
+from nmt.fast.trees import flatten, write_back
 from nmt.vocab import EOS_ID, PAD_ID
 
 log = logging.getLogger("nmt")
@@ -192,69 +193,18 @@ def _replayed(
     return replay, inputs
 
 
-def _signature(value: Any) -> Any:
-    """The shapes, dtypes and strides of ``value``'s tensors and the values of its other
-    fields, through dataclasses, lists, tuples and dicts: what a kept step's inputs must
-    match. An object of another kind counts by its identity."""
-    if isinstance(value, Tensor):
-        return ("tensor", tuple(value.shape), value.dtype, value.device, value.stride())
-    if isinstance(value, Finished):
-        return (
-            "finished",
-            len(value.sentences),
-            len(value.archive),
-            tuple(_signature(t) for t in value.tensors()),
-        )
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = dataclasses.fields(value)
-        return (type(value), tuple(_signature(getattr(value, f.name)) for f in fields))
-    if isinstance(value, list | tuple):
-        return (type(value), tuple(_signature(v) for v in value))
-    if isinstance(value, dict):
-        return (dict, tuple((k, _signature(v)) for k, v in value.items()))
-    if value is None or isinstance(value, bool | int | float | str):
-        return (type(value), value)
-    return (type(value), id(value))
+def _signature(inputs: Any) -> Any:
+    """What a kept step's inputs must match: their structure (``trees.flatten``: the values
+    of their plain fields) and their tensors' shapes, dtypes, devices and strides."""
+    tensors: list[Tensor] = []
+    structure = flatten(inputs, tensors)
+    return structure, tuple((t.shape, t.dtype, t.device, t.stride()) for t in tensors)
 
 
 def captures(decoding: DecodingConfig, device: torch.device) -> bool:
     """Whether the step is captured as a CUDA graph (``decoding.cuda_graphs``, on a GPU,
     unless a capture failed before in this process)."""
     return decoding.cuda_graphs and device.type == "cuda" and not _FAILED
-
-
-def write_back(into: Any, new: Any, strict: bool = False) -> Any:
-    """``new``'s tensors written into ``into``'s own, field by field (dataclasses, lists,
-    dicts, a ``Finished``; equal plain values stay): -> ``into``. A field whose tensor
-    is new (a first coverage vector) or is not a tensor (a step count) is set instead,
-    except with ``strict`` (a graph being captured, whose inputs must stay where they are):
-    then a ValueError."""
-    if isinstance(into, Tensor) and isinstance(new, Tensor) and into.shape == new.shape:
-        if into is not new:
-            into.copy_(new)
-        return into
-    if isinstance(into, Finished) and isinstance(new, Finished):
-        for mine, theirs in zip(into.tensors(), new.tensors(), strict=True):
-            write_back(mine, theirs, strict)
-        return into
-    if isinstance(into, bool | int | float | str) and type(into) is type(new) and into == new:
-        return into
-    if dataclasses.is_dataclass(into) and type(into) is type(new):
-        for field in dataclasses.fields(into):
-            old, value = getattr(into, field.name), getattr(new, field.name)
-            if old is not value:
-                object.__setattr__(into, field.name, write_back(old, value, strict))
-        return into
-    if isinstance(into, list) and isinstance(new, list) and len(into) == len(new):
-        into[:] = [write_back(a, b, strict) for a, b in zip(into, new, strict=True)]
-        return into
-    if isinstance(into, dict) and isinstance(new, dict) and into.keys() == new.keys():
-        for key in into:
-            into[key] = write_back(into[key], new[key], strict)
-        return into
-    if strict and into is not new and not (into is None and new is None):
-        raise ValueError(f"a captured step would replace a {type(into).__name__}")
-    return new
 
 
 def capture(step: Callable[..., None]) -> Callable[[], None] | None:
