@@ -15,7 +15,6 @@ whose output layer is its own, is captured for itself alone.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
@@ -30,6 +29,7 @@ from torch import Tensor
 from nmt.config import DecodingConfig
 from nmt.decoding.ensemble import EnsembleState, Stepper
 from nmt.decoding.finished import DoneFlag
+from nmt.fast.graphs import uncached_autocast
 from nmt.fast.trees import flatten, write_back
 from nmt.vocab import EOS_ID, PAD_ID
 
@@ -223,12 +223,8 @@ def capture(step: Callable[..., None]) -> Callable[[], None] | None:
     with torch.cuda.stream(side):
         step()
     graph = torch.cuda.CUDAGraph()
-    no_cache: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-    if torch.is_autocast_enabled("cuda"):
-        dtype = torch.get_autocast_dtype("cuda")
-        no_cache = torch.autocast("cuda", dtype=dtype, cache_enabled=False)
     try:
-        with _CAPTURE_LOCK, no_cache, torch.cuda.stream(side):
+        with _CAPTURE_LOCK, uncached_autocast(), torch.cuda.stream(side):
             graph.capture_begin(capture_error_mode="thread_local")
             try:
                 step(strict=True)

@@ -137,13 +137,11 @@ class StepGraphs:
         call = _Call(owner, function, structure)
         # fresh leaves as the sample inputs: the graphs keep them as their input buffers
         samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in flat)
-        dtype = torch.get_autocast_dtype("cuda")
-        enabled = torch.is_autocast_enabled("cuda")
         # the warm-up passes draw dropout masks: the run's random numbers stay as they were,
         # so that a resumed run draws what the uninterrupted one drew
         rng = torch.cuda.get_rng_state()
         try:
-            with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
+            with uncached_autocast():
                 graphed = torch.cuda.make_graphed_callables(
                     call, samples, num_warmup_iters=WARMUP_ITERATIONS, allow_unused_input=True
                 )
@@ -156,3 +154,10 @@ class StepGraphs:
         assert isinstance(graphed, nn.Module)
         return graphed
 
+
+def uncached_autocast() -> torch.autocast:
+    """CUDA autocast as it is now (on or off, its dtype) with its cache off, for a capture
+    (training's graphs, search's step): a cached cast copy of a weight is made outside the
+    graph, which would read it as it was, and after autocast frees it."""
+    enabled, dtype = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    return torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False)

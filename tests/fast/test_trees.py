@@ -2,7 +2,7 @@
 captured step share: a tree taken apart and made again around other tensors, its structure
 as a key (equal for equal shapes of work, apart for another plain value or shared object),
 tensors written back in place (strictly: nothing replaced); and StepGraphs on a CPU with
-its capture emulated by the module it would graph, once per key."""
+its capture emulated by the module it would graph, once per key; a capture's autocast."""
 
 from __future__ import annotations
 
@@ -128,3 +128,9 @@ def test_step_graphs_capture_once_per_key(monkeypatch: pytest.MonkeyPatch) -> No
     assert len(captured) == len(steps) == 2
     found.sum().backward()
     assert module.weight.grad is not None
+
+
+def test_a_capture_autocasts_as_before_with_its_cache_off() -> None:
+    with graphs.uncached_autocast():
+        assert not torch.is_autocast_enabled("cuda") and not torch.is_autocast_cache_enabled()
+    assert torch.is_autocast_cache_enabled()
