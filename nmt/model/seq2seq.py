@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -129,22 +130,21 @@ class Seq2Seq(nn.Module):
         trg_in: Tensor,
         trg_out: Tensor,
         label_smoothing: float = 0.0,
-        guide: Tensor | None = None,
-        guide_weight: float = 0.0,
+        guide: Guide | None = None,
         target_rows: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Summed label-smoothed cross-entropy and summed plain NLL over the target tokens.
 
         src (B, S), src_lengths (B,), trg_in (B, T) = BOS y, trg_out (B, T) = y EOS, padded
-        with PAD_ID. Divide by the number of target tokens for per-token means. With
-        ``guide`` (B, T, S) attention targets, the loss adds ``guide_weight`` times their
-        cross-entropy with the attention (``guided_alignment_loss``), or with the alignment
-        head's weights when the model has one; the NLL does not. ``target_rows``: the
+        with PAD_ID. Divide by the number of target tokens for per-token means. With a
+        ``guide`` (``Guide``: attention targets and a weight), the loss adds the weight times
+        the targets' cross-entropy with the attention (``guided_alignment_loss``), or with
+        the alignment head's weights when the model has one; the NLL does not. ``target_rows``: the
         positions of trg_out.view(-1) that are not padding, where the caller knows them
         (``Batch.target_rows``): then finding them costs no wait on a GPU.
         """
         if self._captures_whole(src):
-            whole = self._captured_loss(src, trg_in, trg_out, label_smoothing, guide, guide_weight)
+            whole = self._captured_loss(src, trg_in, trg_out, label_smoothing, guide)
             if whole is not None:
                 return whole
         memory, state = self.encode(src, src_lengths)
@@ -158,7 +158,7 @@ class Seq2Seq(nn.Module):
             flat, gold = flat.index_select(0, target_rows), gold.index_select(0, target_rows)
         weight = self.generator.weight  # (V, O)
         loss, nll = self.fast.output_loss(flat, weight, gold, label_smoothing, self.training)
-        return self._guided(loss, nll, features, alphas, trg_out, memory, guide, guide_weight)
+        return self._guided(loss, nll, features, alphas, trg_out, memory, guide)
 
     def static_loss(
         self,
@@ -166,8 +166,7 @@ class Seq2Seq(nn.Module):
         trg_in: Tensor,
         trg_out: Tensor,
         label_smoothing: float = 0.0,
-        guide: Tensor | None = None,
-        guide_weight: float = 0.0,
+        guide: Guide | None = None,
     ) -> tuple[Tensor, Tensor]:
         """``loss`` of a batch of static shape as one CUDA graph holds it: nothing read on
         the host and no shape taken from the data. The source lengths are counted on the
@@ -187,7 +186,7 @@ class Seq2Seq(nn.Module):
             self.training,
             rows=gold != PAD_ID,
         )
-        return self._guided(loss, nll, features, alphas, trg_out, memory, guide, guide_weight)
+        return self._guided(loss, nll, features, alphas, trg_out, memory, guide)
 
     def _guided(
         self,
@@ -197,14 +196,13 @@ class Seq2Seq(nn.Module):
         alphas: Tensor,
         trg_out: Tensor,
         memory: Memory,
-        guide: Tensor | None,
-        guide_weight: float,
+        guide: Guide | None,
     ) -> tuple[Tensor, Tensor]:
         """The loss with guided alignment's term where ``guide`` is given, and the NLL."""
-        if guide is not None and guide_weight > 0:
+        if guide is not None and guide.weight > 0:
             head = self._head(features, trg_out, memory)
             guided = alphas if head is None else head
-            loss = loss + guide_weight * guided_alignment_loss(guided, guide)
+            loss = loss + guide.weight * guided_alignment_loss(guided, guide.targets)
         return loss, nll
 
     def _captures_whole(self, src: Tensor) -> bool:
@@ -227,8 +225,7 @@ class Seq2Seq(nn.Module):
         trg_in: Tensor,
         trg_out: Tensor,
         label_smoothing: float,
-        guide: Tensor | None,
-        guide_weight: float,
+        guide: Guide | None,
     ) -> tuple[Tensor, Tensor] | None:
         """``static_loss`` through its CUDA graph (captured now if this shape is new); None
         where the capture failed: then the model captures a step-by-step decoder's unroll
@@ -243,7 +240,6 @@ class Seq2Seq(nn.Module):
                 trg_out,
                 label_smoothing,
                 guide,
-                guide_weight,
                 what="the whole training loss",
             )
         except CaptureError as exc:
@@ -256,6 +252,15 @@ class Seq2Seq(nn.Module):
             )
             self.whole_graphs = False
             return None
+
+
+@dataclass(frozen=True)
+class Guide:
+    """Guided alignment in a training loss: the batch's attention targets (B, T, S) and the
+    weight of their cross-entropy (``training.guided_alignment_weight``)."""
+
+    targets: Tensor
+    weight: float
 
 
 def guided_alignment_loss(alphas: Tensor, guide: Tensor) -> Tensor:

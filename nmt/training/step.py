@@ -22,6 +22,7 @@ from nmt.config import Config, TrainingConfig
 from nmt.data.batching import Batch
 from nmt.errors import NMTError
 from nmt.model import Seq2Seq
+from nmt.model.seq2seq import Guide
 from nmt.runtime import autocast
 from nmt.training.distributed import Distributed, all_reduce
 from nmt.vocab import PAD_ID
@@ -48,13 +49,8 @@ class TrainingLoss(nn.Module):
         rows = batch.target_rows
         if batch.guide is None or self.guide_weight == 0:
             return self.model.loss(*batch.tensors(), self.label_smoothing, target_rows=rows)
-        return self.model.loss(
-            *batch.tensors(),
-            self.label_smoothing,
-            guide=batch.guide,
-            guide_weight=self.guide_weight,
-            target_rows=rows,
-        )
+        guide = Guide(batch.guide, self.guide_weight)
+        return self.model.loss(*batch.tensors(), self.label_smoothing, guide, target_rows=rows)
 
 
 def loss_for_training(

@@ -16,7 +16,7 @@ from nmt.decoding.ensemble import Ensemble
 from nmt.errors import ConfigError
 from nmt.model import build_model
 from nmt.model.aligner import AlignmentHead
-from nmt.model.seq2seq import guided_alignment_loss
+from nmt.model.seq2seq import Guide, guided_alignment_loss
 from nmt.vocab import EOS_ID, PAD_ID
 
 
@@ -170,7 +170,7 @@ def test_the_head_leaves_the_translation_model_untouched(style: str) -> None:
     model.zero_grad()
     plain.backward()
     plain_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    guided, guided_nll = model.loss(*batch.tensors(), guide=batch.guide, guide_weight=0.7)
+    guided, guided_nll = model.loss(*batch.tensors(), guide=Guide(batch.guide, 0.7))
     model.zero_grad()
     guided.backward()
     term = 0.7 * float(guided_alignment_loss(beta.detach().double(), batch.guide.double()))
@@ -192,7 +192,7 @@ def test_a_joint_head_trains_the_model_with_it(style: str) -> None:
     _, _, beta = model.read(batch.src, batch.src_lengths, batch.trg_in, batch.trg_out)
     assert beta is not None
     plain, _ = model.loss(*batch.tensors())
-    guided, _ = model.loss(*batch.tensors(), guide=batch.guide, guide_weight=0.7)
+    guided, _ = model.loss(*batch.tensors(), guide=Guide(batch.guide, 0.7))
     term = 0.7 * float(guided_alignment_loss(beta.detach().double(), batch.guide.double()))
     assert float((guided - plain).detach()) == pytest.approx(term, rel=1e-5)
     model.zero_grad()
@@ -222,7 +222,7 @@ def _train(head: bool, steps: int) -> torch.nn.Module:
     model.train()
     for _ in range(steps):
         batch = shuffle_batch(rng, 32)
-        loss, _ = model.loss(*batch.tensors(), guide=batch.guide, guide_weight=1.0)
+        loss, _ = model.loss(*batch.tensors(), guide=Guide(batch.guide, 1.0))
         optimizer.zero_grad()
         (loss / batch.n_target_tokens).backward()
         optimizer.step()
@@ -310,7 +310,7 @@ def _marker_accuracy(context: bool, held_out: Batch) -> float:
     model.train()
     for _ in range(120):
         batch = marker_batch(rng, 32)
-        loss, _ = model.loss(*batch.tensors(), guide=batch.guide, guide_weight=1.0)
+        loss, _ = model.loss(*batch.tensors(), guide=Guide(batch.guide, 1.0))
         optimizer.zero_grad()
         (loss / batch.n_target_tokens).backward()
         optimizer.step()

@@ -12,7 +12,7 @@ from nmt.config import from_dict
 from nmt.data.batching import Batch
 from nmt.data.guidance import guide_matrix
 from nmt.model import build_model
-from nmt.model.seq2seq import guided_alignment_loss
+from nmt.model.seq2seq import Guide, guided_alignment_loss
 
 
 def reference_loss(alphas: np.ndarray, guide: np.ndarray) -> float:
@@ -85,7 +85,7 @@ def test_every_decoder_adds_the_term_of_its_own_attention(name: str) -> None:
     model.eval()  # no dropout: the two losses see the same forward
     batch = _guided_batch(1)
     plain, nll = model.loss(*batch.tensors())
-    guided, guided_nll = model.loss(*batch.tensors(), guide=batch.guide, guide_weight=0.7)
+    guided, guided_nll = model.loss(*batch.tensors(), guide=Guide(batch.guide, 0.7))
     _, alphas = model(batch.src, batch.src_lengths, batch.trg_in)
     expected = 0.7 * reference_loss(alphas.double().detach().numpy(), batch.guide.double().numpy())
     assert float((guided - plain).detach()) == pytest.approx(expected, rel=1e-4)
@@ -117,7 +117,7 @@ def _train(weight: float, steps: int) -> torch.nn.Module:
     rng_seed = 100
     for step in range(steps):
         batch = _guided_batch(rng_seed + step)
-        loss, _ = model.loss(*batch.tensors(), guide=batch.guide, guide_weight=weight)
+        loss, _ = model.loss(*batch.tensors(), guide=Guide(batch.guide, weight))
         optimizer.zero_grad()
         (loss / batch.n_target_tokens).backward()
         optimizer.step()
