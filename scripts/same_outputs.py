@@ -11,7 +11,8 @@ folder, then compares:
 ``--train`` trains every config of ``configs/`` briefly (``--updates`` updates in fp32, on
 the demo corpus) into ``OUT/models/<config>``, and the demo config ``--demo-updates`` updates
 into ``OUT/<label>/demo-train`` (its checkpoint's parameters are compared bit for bit). Without
-``--train`` a label reuses the models and trains only its own demo run. Each label then
+``--train`` a label reuses the models and trains only its own demo run (none with
+``--demo-updates 0``, for a label produced in parts with ``--configs``). Each label then
 writes, per config, ``nmt translate`` (beam 5, with --scores and --alignments to a file), ``nmt score
 --tokens`` and ``nmt align`` of the first ``--lines`` lines of the test split, in fp32.
 ``--compare`` lists every file that differs and exits 1 if any does.
@@ -96,8 +97,12 @@ def produce(args: argparse.Namespace) -> None:
             train(config, model, args.updates, out / "models.log", args.updates)
         print(f"decoding {config.stem}", flush=True)
         outputs(model, src, trg, label / config.stem, log)
+    if not args.demo_updates:
+        return
     print(f"demo's first {args.demo_updates} updates", flush=True)
-    train(ROOT / "configs/demo.yaml", label / "demo-train", args.demo_updates, log, args.demo_updates)
+    train(
+        ROOT / "configs/demo.yaml", label / "demo-train", args.demo_updates, log, args.demo_updates
+    )
 
 
 def parameters(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -130,7 +135,9 @@ def main() -> None:
     parser.add_argument("--train", action="store_true")
     parser.add_argument("--configs", help="comma-separated config names (default: all)")
     parser.add_argument("--updates", type=int, default=60)
-    parser.add_argument("--demo-updates", type=int, default=100)
+    parser.add_argument(
+        "--demo-updates", type=int, default=100, help="0: no demo training run this time"
+    )
     parser.add_argument("--lines", type=int, default=200)
     parser.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"))
     args = parser.parse_args()
