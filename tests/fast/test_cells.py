@@ -19,6 +19,7 @@ from nmt.fast import FastPaths, cells, sinks
 from nmt.fast.cells import input_gate_table, rnn_step
 from nmt.model import build_model
 from nmt.model.decoder import Prepared
+from nmt.model.seq2seq import Guide
 
 
 @pytest.mark.parametrize("kind", [nn.GRU, nn.LSTM])
@@ -269,9 +270,9 @@ def test_the_static_loss_of_a_padded_batch_is_the_plain_loss_of_the_batch(
         (0.0, (1e-12, 1e-10, 1e-12)),
         (0.3, (1e-6, 1e-5, 1e-7)),
     ):
-        want_loss, want_nll = plain.loss(*batch.tensors(), 0.1, batch.guide, weight)
+        want_loss, want_nll = plain.loss(*batch.tensors(), 0.1, Guide(batch.guide, weight))
         got_loss, got_nll = ready.static_loss(
-            padded.src, padded.trg_in, padded.trg_out, 0.1, padded.guide, weight
+            padded.src, padded.trg_in, padded.trg_out, 0.1, Guide(padded.guide, weight)
         )
         torch.testing.assert_close(got_loss, want_loss, rtol=rtol, atol=atol)
         torch.testing.assert_close(got_nll, want_nll, rtol=1e-12, atol=1e-12)
