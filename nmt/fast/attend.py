@@ -26,13 +26,23 @@ class KernelProducts(Products):
     def attend(
         self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: Tensor | None
     ) -> tuple[Tensor, Tensor] | None:
-        factors = [query, keys, values] + ([scale] if scale is not None else [])
-        wanted = torch.is_grad_enabled() and any(factor.requires_grad for factor in factors)
-        if wanted or torch.jit.is_tracing() or query.dim() != 3 or query.device.type != "cpu":
+        if not query.is_cpu or query.dim() != 3 or torch.jit.is_tracing():
+            return None
+        if torch.is_grad_enabled() and (
+            query.requires_grad
+            or keys.requires_grad
+            or values.requires_grad
+            or (scale is not None and scale.requires_grad)
+        ):
             return None  # (before the scale is read: on a GPU that would wait on the device)
-        rows, steps = query.shape[:2]
-        flat = query.reshape(rows * steps, query.size(2))
-        found = compiled.attend(flat, keys, values, mask, 1.0 if scale is None else float(scale))
+        rows, steps, width = query.shape
+        found = compiled.attend(
+            query.reshape(rows * steps, width),
+            keys,
+            values,
+            mask,
+            1.0 if scale is None else float(scale),
+        )
         if found is None:
             return None
         context, alphas = found

@@ -292,7 +292,7 @@ def softmax_xent(
 
 def _decoding_library(tensor: Tensor) -> ctypes.CDLL | None:
     """The library, where a search step's float32 CPU tensor can go through it."""
-    if tensor.device.type != "cpu" or tensor.dtype != torch.float32 or tensor.dim() != 2:
+    if not tensor.is_cpu or tensor.dtype != torch.float32 or tensor.dim() != 2:
         return None
     return library() if tensor.is_contiguous() else None
 
@@ -340,18 +340,17 @@ def attend(
         return None
     sentences, length, width = keys.shape
     if (
-        values.shape[:2] != keys.shape[:2]
-        or tuple(mask.shape) != (sentences, length)
+        values.size(0) != sentences
+        or values.size(1) != length
+        or mask.size(0) != sentences
+        or mask.size(1) != length
         or mask.dtype != torch.bool
-        or not mask.is_contiguous()
         or query.size(1) != width
         or query.size(0) % sentences
-        or not (keys.is_contiguous() and values.is_contiguous())
         or keys.dtype != torch.float32
         or values.dtype != torch.float32
-        or keys.device.type != "cpu"
-        or values.device.type != "cpu"
-        or mask.device.type != "cpu"
+        or not (keys.is_cpu and values.is_cpu and mask.is_cpu)
+        or not (keys.is_contiguous() and values.is_contiguous() and mask.is_contiguous())
     ):
         return None
     lib = _decoding_library(query)

@@ -64,20 +64,21 @@ class Product:
         self._transposed: Tensor | None = None  # (I, O)
 
     def __call__(self, x: Tensor) -> Tensor:
-        if x.dim() != 2:
-            return self(x.reshape(-1, x.size(-1))).view(*x.shape[:-1], -1)
-        if self.prepared and x.size(0) >= MIN_ROWS and x.dtype == torch.float32:
+        shape = x.shape
+        rows = x.reshape(-1, shape[-1]) if len(shape) != 2 else x  # (N, I)
+        if self.prepared and rows.size(0) >= MIN_ROWS and x.dtype == torch.float32:
             layout = self._layout
             if layout is None:
                 layout = torch.ops.mkldnn._reorder_linear_weight(self.weight, ROWS_HINT)
                 self._layout = layout
-            return torch.ops.mkldnn._linear_pointwise(
-                x.contiguous(), layout, self.bias, "none", [], ""
+            out = torch.ops.mkldnn._linear_pointwise(
+                rows.contiguous(), layout, self.bias, "none", [], ""
             )
-        transposed = self.transposed()
-        if self.bias is not None:
-            return torch.addmm(self.bias, x, transposed)
-        return x @ transposed
+        elif self.bias is not None:
+            out = torch.addmm(self.bias, rows, self.transposed())
+        else:
+            out = rows @ self.transposed()
+        return out.view(*shape[:-1], -1) if len(shape) != 2 else out
 
     def transposed(self) -> Tensor:
         """W^T (I, O), contiguous, what the plain product multiplies by: made on first use."""

@@ -96,18 +96,16 @@ class LuongDecoder(Decoder):
         """h_t: (B, T, H), positions t: (T,), coverage -> h~_t (B, T, H), alphas (B, T, S),
         coverage. Over a folded memory (``for_search``) the context is W_cc c_t already, and
         ``combine_hidden`` multiplies h_t by W_ch where given."""
-        if memory.folded is not None:  # whose values are the folded ones (``for_search``)
-            context, alphas, coverage = self.attention.attend(outputs, memory, positions, coverage)
+        context, alphas, coverage = self.attention.attend(outputs, memory, positions, coverage)
+        if memory.folded is None:
+            attentional = torch.tanh(combine(torch.cat([context, outputs], dim=-1)))  # (B, T, H)
+        else:  # whose values are the folded ones (``for_search``): context is W_cc c_t
             if combine_hidden is not None:
                 hidden = combine_hidden(outputs)
             else:
-                w_ch = self.combine.weight[:, -self.hidden_size :]  # (H, H)
-                hidden = outputs @ w_ch.t()
-            attentional = torch.tanh(context + hidden)  # (B, T, H)
-            return self.dropout(attentional), alphas, coverage
-        context, alphas, coverage = self.attention.attend(outputs, memory, positions, coverage)
-        attentional = torch.tanh(combine(torch.cat([context, outputs], dim=-1)))  # (B, T, H)
-        return self.dropout(attentional), alphas, coverage
+                hidden = outputs @ self.combine.weight[:, -self.hidden_size :].t()  # W_ch h_t
+            attentional = torch.tanh_(hidden.add_(context))  # (B, T, H)
+        return self.dropout(attentional) if self.training else attentional, alphas, coverage
 
     def _recur(
         self,
