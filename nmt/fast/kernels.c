@@ -126,33 +126,39 @@ STORE_ROW(f32, float)
 
 /* ---------------------------------------------------------------------------------- cells */
 
-/* One unit of each cell from its pre-activations, the one definition every row loop below calls
- * (training's forward rows and search's, in any matmul dtype: the loads are the caller's).
+/* One unit of each cell from its pre-activations, the one definition every row loop below uses
+ * (training's forward rows and search's, in any matmul dtype: the loads are the caller's). Each
+ * is a macro that fills a local unit: GCC 12 (-O3, an AVX2 EPYC) vectorised the same loops
+ * through an inline function 1.4-1.7x slower.
  * GRU: a_r, a_z the sums W_i x + b_i + W_h h + b_h (as the matmul or the caller added them),
  * x_n = W_in x + b_in, h_n = W_hn h + b_hn, and h before the step. */
 typedef struct {
     float n, h; /* n, and h' = n + z (h - n), that is (1 - z) n + z h */
 } gru_unit;
 
-static inline gru_unit gru_cell(float a_r, float a_z, float x_n, float h_n, float h_prev) {
-    float r = sigmoid(a_r);
-    float z = sigmoid(a_z);
-    float n = tanh_approx(x_n + r * h_n);
-    return (gru_unit){n, n + z * (h_prev - n)};
-}
+#define GRU_CELL(U, A_R, A_Z, X_N, H_N, H_PREV)                                                \
+    do {                                                                                       \
+        float r_ = sigmoid(A_R);                                                               \
+        float z_ = sigmoid(A_Z);                                                               \
+        (U).n = tanh_approx((X_N) + r_ * (H_N));                                               \
+        (U).h = (U).n + z_ * ((H_PREV) - (U).n);                                               \
+    } while (0)
 
 /* LSTM: a_i, a_f, a_g, a_o the sums W_i x + b_i + W_h h + b_h, and c before the step. */
 typedef struct {
     float i, f, g, o, c, tanh_c, h; /* the gates, c' = f c + i g, tanh(c'), h' = o tanh(c') */
 } lstm_unit;
 
-static inline lstm_unit lstm_cell(float a_i, float a_f, float a_g, float a_o, float c_prev) {
-    lstm_unit u = {sigmoid(a_i), sigmoid(a_f), tanh_approx(a_g), sigmoid(a_o), 0.0f, 0.0f, 0.0f};
-    u.c = u.f * c_prev + u.i * u.g;
-    u.tanh_c = tanh_approx(u.c);
-    u.h = u.o * u.tanh_c;
-    return u;
-}
+#define LSTM_CELL(U, A_I, A_F, A_G, A_O, C_PREV)                                               \
+    do {                                                                                       \
+        (U).i = sigmoid(A_I);                                                                  \
+        (U).f = sigmoid(A_F);                                                                  \
+        (U).g = tanh_approx(A_G);                                                              \
+        (U).o = sigmoid(A_O);                                                                  \
+        (U).c = (U).f * (C_PREV) + (U).i * (U).g;                                              \
+        (U).tanh_c = tanh_approx((U).c);                                                       \
+        (U).h = (U).o * (U).tanh_c;                                                            \
+    } while (0)
 
 /* ------------------------------------------------------------------------------------ GRU */
 
@@ -162,18 +168,21 @@ static inline lstm_unit lstm_cell(float a_i, float a_f, float a_g, float a_o, fl
     static NOINLINE MAYBE_UNUSED void gru_cell_row_##SUFFIX(                                   \
         const float *restrict gx, const MM *restrict gh, const float *restrict hp,             \
         float *restrict ho, int64_t H) {                                                       \
-        for (int64_t j = 0; j < H; j++)                                                        \
-            ho[j] = gru_cell(gx[j] + LOAD_##SUFFIX(gh, j), gx[H + j] + LOAD_##SUFFIX(gh, H + j), \
-                             gx[2 * H + j], LOAD_##SUFFIX(gh, 2 * H + j), hp[j])               \
-                        .h;                                                                    \
+        for (int64_t j = 0; j < H; j++) {                                                      \
+            gru_unit u;                                                                        \
+            GRU_CELL(u, gx[j] + LOAD_##SUFFIX(gh, j), gx[H + j] + LOAD_##SUFFIX(gh, H + j),     \
+                     gx[2 * H + j], LOAD_##SUFFIX(gh, 2 * H + j), hp[j]);                      \
+            ho[j] = u.h;                                                                       \
+        }                                                                                      \
     }                                                                                          \
                                                                                                \
     static NOINLINE void gru_forward_row_##SUFFIX(                                             \
         const MM *restrict a, const float *restrict x, const float *restrict hp,               \
         int going, float *restrict n, float *restrict ho, MM *restrict po, int64_t H) {        \
         for (int64_t j = 0; j < H; j++) {                                                      \
-            gru_unit u = gru_cell(LOAD_##SUFFIX(a, j), LOAD_##SUFFIX(a, H + j), x[j],          \
-                                  LOAD_##SUFFIX(a, 2 * H + j), hp[j]);                         \
+            gru_unit u;                                                                        \
+            GRU_CELL(u, LOAD_##SUFFIX(a, j), LOAD_##SUFFIX(a, H + j), x[j],                     \
+                     LOAD_##SUFFIX(a, 2 * H + j), hp[j]);                                      \
             n[j] = u.n;                                                                        \
             ho[j] = going ? u.h : hp[j];                                                       \
         }                                                                                      \
@@ -237,10 +246,10 @@ GRU(f32, float)
         const float *restrict gx, const MM *restrict gh, const float *restrict cp,             \
         float *restrict ho, float *restrict co, int64_t H) {                                   \
         for (int64_t j = 0; j < H; j++) {                                                      \
-            lstm_unit u = lstm_cell(gx[j] + LOAD_##SUFFIX(gh, j),                              \
-                                    gx[H + j] + LOAD_##SUFFIX(gh, H + j),                      \
-                                    gx[2 * H + j] + LOAD_##SUFFIX(gh, 2 * H + j),              \
-                                    gx[3 * H + j] + LOAD_##SUFFIX(gh, 3 * H + j), cp[j]);      \
+            lstm_unit u;                                                                       \
+            LSTM_CELL(u, gx[j] + LOAD_##SUFFIX(gh, j), gx[H + j] + LOAD_##SUFFIX(gh, H + j),    \
+                      gx[2 * H + j] + LOAD_##SUFFIX(gh, 2 * H + j),                            \
+                      gx[3 * H + j] + LOAD_##SUFFIX(gh, 3 * H + j), cp[j]);                    \
             co[j] = u.c;                                                                       \
             ho[j] = u.h;                                                                       \
         }                                                                                      \
@@ -251,9 +260,9 @@ GRU(f32, float)
         float *restrict act, float *restrict tc, float *restrict co, float *restrict ho,       \
         MM *restrict po, int64_t H) {                                                          \
         for (int64_t j = 0; j < H; j++) {                                                      \
-            lstm_unit u = lstm_cell(LOAD_##SUFFIX(a, j), LOAD_##SUFFIX(a, H + j),              \
-                                    LOAD_##SUFFIX(a, 2 * H + j), LOAD_##SUFFIX(a, 3 * H + j),  \
-                                    cp[j]);                                                    \
+            lstm_unit u;                                                                       \
+            LSTM_CELL(u, LOAD_##SUFFIX(a, j), LOAD_##SUFFIX(a, H + j),                          \
+                      LOAD_##SUFFIX(a, 2 * H + j), LOAD_##SUFFIX(a, 3 * H + j), cp[j]);        \
             act[j] = u.i;                                                                      \
             act[H + j] = u.f;                                                                  \
             act[2 * H + j] = u.g;                                                              \
