@@ -1062,8 +1062,7 @@ def bench_decoding(
     translator = Translator.from_checkpoint(model_path, device.type, "auto")
     src_ids = translator.tokenizer.encode_src(sources)
     # one greedy pass at each batch size of the rows before any run is timed: the
-    # Translator's tables, and the row floor probed for each thread count the rows decode
-    # with (two batches of 64 take two workers, each with a share of the threads)
+    # Translator's tables, and each worker's first batch
     for batch_size in sorted({batch for _, batch in DECODE_SETTINGS}):
         warm = translator.config.decoding.model_copy(
             update={"beam_size": 1, "batch_size": batch_size}

@@ -31,7 +31,6 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import Tensor
 
-from nmt.decoding.floor import MIN_ROWS, probed_floor
 from nmt.fast.packed import Product, StepProducts
 from nmt.fast.source_tables import SourceTables
 from nmt.model import Seq2Seq
@@ -68,13 +67,6 @@ class Stepper(Protocol[State]):
     def native_kernels(self) -> bool:
         """Whether search takes its top-k through nmt's compiled kernels
         (``FastPaths.native_kernels``; ``nmt.fast.topk``)."""
-        ...
-
-    @property
-    def row_floor(self) -> int:
-        """The fewest rows a batch keeps while search drops its ended sentences: 1 where a
-        step gives each row the same bits whatever rows are with it (``nmt.decoding.floor``),
-        else more."""
         ...
 
 
@@ -128,7 +120,6 @@ class Ensemble:
         models: Sequence[Seq2Seq],
         average: str = "linear",
         tables: Sequence[StepTables] | None = None,
-        floors: dict[int, int] | None = None,
     ):
         if not models:
             raise ValueError("an ensemble needs at least one model")
@@ -139,9 +130,6 @@ class Ensemble:
         # what each member's steps look up instead of multiplying (StepTables): made for
         # fixed weights (Translator)
         self.tables = list(tables) if tables else [StepTables() for _ in self.models]
-        # the floor probed for each thread count (``row_floor``), kept by the owner of the
-        # fixed models (Translator); None: MIN_ROWS, not probed
-        self.floors = floors
         self.columns: Tensor | None = None  # (V',) target ids: see ``restricted``
         self.rows: list[Product] | None = None  # each member's product by its W_o rows
         self.allowed: Tensor | None = None  # (B, V') each sentence's own columns
@@ -150,27 +138,12 @@ class Ensemble:
     def native_kernels(self) -> bool:
         return all(model.fast.native_kernels for model in self.models)
 
-    @property
-    def row_floor(self) -> int:
-        """``floor.probed_floor`` for torch's thread count in the calling thread, probed on
-        the first call with that count; MIN_ROWS without ``floors``. Two threads that probe
-        at once each find the same floor."""
-        if self.floors is None:
-            return MIN_ROWS
-        threads = torch.get_num_threads()
-        floor = self.floors.get(threads)
-        if floor is None:
-            floor = self.floors[threads] = probed_floor(
-                Ensemble(self.models, self.average, self.tables)
-            )
-        return floor
-
     def restricted(self, columns: Tensor, allowed: Tensor) -> Ensemble:
         """The ensemble stepped over the target ids ``columns`` (V',) alone (a shortlist,
         ``nmt.decoding.shortlist``): ``step`` takes and gives column indices, and the
         log-probabilities (N, V') of a row of sentence b are normalised over the columns
         ``allowed`` (B, V') gives b, the others -inf."""
-        ensemble = Ensemble(self.models, self.average, self.tables, self.floors)
+        ensemble = Ensemble(self.models, self.average, self.tables)
         ensemble.columns = columns
         ensemble.rows = [
             table.output.columns(columns)

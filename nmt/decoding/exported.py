@@ -36,7 +36,6 @@ from torch import Tensor
 
 from nmt.config import Config, read_yaml, saved_config
 from nmt.data.tokenizer import Tokenizer
-from nmt.decoding.floor import MIN_ROWS
 from nmt.errors import CheckpointError, DependencyError
 from nmt.fast import FastPaths
 
@@ -145,7 +144,6 @@ class ExportedModel:
         }
         # search's top-k over the graphs' log-probabilities: as a model built here would take it
         self.native_kernels = FastPaths().native_kernels
-        self.row_floor = MIN_ROWS  # onnxruntime's kernels: not probed (nmt.decoding.floor)
 
     def sessions(self) -> tuple[Any, Any]:
         """The encoder's and the step's sessions for the calling thread's count of threads."""

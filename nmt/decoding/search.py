@@ -55,7 +55,6 @@ from nmt.decoding.beams import (
 from nmt.decoding.constraints import ConstraintState
 from nmt.decoding.ensemble import Stepper, stepper
 from nmt.decoding.finished import Finished
-from nmt.decoding.floor import MIN_ROWS
 from nmt.decoding.steering import (
     Restriction,
     Steering,
@@ -117,8 +116,7 @@ def greedy_search(
     def step(inputs: _Greedy, strict: bool = False) -> None:
         _greedy_step(scorer, inputs, keep_alphas, bans, in_place=fixed, strict=strict)
 
-    floor = min(MIN_ROWS, scorer.row_floor) if batch > 1 else MIN_ROWS  # (tests lower MIN_ROWS)
-    drop = None if fixed else lambda inputs: _drop_ended(scorer, inputs, floor)
+    drop = None if fixed else lambda inputs: _drop_ended(scorer, inputs)
     key = captured.kept_key(scorer, ("greedy", keep_alphas), graphs)
     done = captured.run_steps(step, g, _greedy_ended, longest, graphs, key, after=drop)
     assert done.scores is not None
@@ -209,9 +207,9 @@ def _next(position: int | Tensor) -> int | Tensor:
     return position.add_(1) if isinstance(position, Tensor) else position + 1
 
 
-def _drop_ended(scorer: Stepper[Any], g: _Greedy, floor: int) -> None:
-    """Rows that have ended leave the batch (``kept_rows``: not below ``floor`` rows)."""
-    chosen = kept_rows(g.ended.tolist(), 1, floor) if g.prev.size(0) > floor else None
+def _drop_ended(scorer: Stepper[Any], g: _Greedy) -> None:
+    """Rows that have ended leave the batch (``kept_rows``: not below MIN_ROWS rows)."""
+    chosen = kept_rows(g.ended.tolist(), 1, MIN_ROWS) if g.prev.size(0) > MIN_ROWS else None
     if chosen is None:
         return
     keep = torch.tensor(chosen, device=g.prev.device)  # (N',)
@@ -268,6 +266,7 @@ def _collect_greedy(
 
 
 DROP_SHARE = 8  # ended sentences are dropped once they are 1/DROP_SHARE of the batch
+MIN_ROWS = 16  # the fewest rows a batch keeps while it drops ended sentences (``kept_rows``)
 
 
 def kept_rows(ended: Sequence[bool], width: int = 1, floor: int = MIN_ROWS) -> list[int] | None:
@@ -276,9 +275,9 @@ def kept_rows(ended: Sequence[bool], width: int = 1, floor: int = MIN_ROWS) -> l
 
     Each drop copies the source memory of the rest, so it waits until an eighth of the
     sentences have ended. A batch never falls below ``floor`` rows (ended sentences stay to
-    fill them): the stepper's ``row_floor``, MIN_ROWS where a matmul library may take other
-    kernels for a few rows, whose round-off differs, so that a sentence's outcome would
-    depend on when the others ended (``nmt.decoding.floor``).
+    fill them): a matmul library may take other kernels, with another round-off, for a few
+    rows than for many (MKL did under 4 rows on a 2-core AMD EPYC and under 16 on a Xeon),
+    and a sentence's outcome would then depend on when the others ended.
     """
     alive = [i for i, done in enumerate(ended) if not done]
     filler = [i for i, done in enumerate(ended) if done]

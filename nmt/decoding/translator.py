@@ -79,8 +79,6 @@ class Translator:
         self.device = device
         self.precision = precision
         self._tables: list[StepTables] | None = None  # see _step_tables
-        # search's row floor per thread count (Ensemble.row_floor)
-        self._floors: dict[int, int] = {}
         self.precision_reason = precision_reason or f"as given: {precision}"
         # each model's lexical shortlist of its training data; None: a model has none
         self.shortlists = list(shortlists) if shortlists is not None else None
@@ -193,7 +191,7 @@ class Translator:
                 "forced scoring and alignment heads need the model's checkpoint: the exported "
                 "graphs only translate; give the run directory and the torch backend"
             )
-        return Ensemble(self.models, decoding.ensemble_average, self._step_tables(), self._floors)
+        return Ensemble(self.models, decoding.ensemble_average, self._step_tables())
 
     def _step_tables(self) -> list[StepTables]:
         """Each model's StepTables, made on the first call: a Translator's models are fixed.

@@ -12,13 +12,6 @@ One row at a time (greedy at batch 1) the prepared layout is slower than torch's
 matrix-vector product, so a single row keeps the plain product. The round-off differs from
 the plain product's (a few 1e-6 in the log-probabilities), as any other kernel's would.
 
-The prepared products matter for one more reason: on an AVX2 EPYC each row's result had the
-same bits whatever the number of rows (1 to 63 checked), where the matmul library takes other
-kernels for a few rows. With every product of a step prepared, a batch's step gives each row
-the same bits whichever rows are still in the batch, so greedy search may drop ended
-sentences down to its last rows (``nmt.decoding.floor``, which checks this on the machine at
-hand: two rows on that EPYC, where a single row takes the plain product).
-
 ``Product`` is what a Translator's ``StepTables`` hold: ``output`` (a shortlist takes its rows,
 ``columns``) and ``StepProducts`` for the decoder's step. Where oneDNN is missing, or for
 ``FastPaths.plain()``, a product multiplies by the weight transposed and contiguous, which the

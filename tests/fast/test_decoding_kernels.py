@@ -246,7 +246,7 @@ def test_search_gives_the_same_translations_with_the_kernels_and_without(
 ) -> None:
     """Beam search (3 best of beam 4) and greedy search of a float32 model, with a shortlist's
     columns and without: the compiled log-softmax and top-k, and with a table the prepared
-    products (W_o, W_hh, W_c) and the probed row floor, against torch's ops without search's
+    products (W_o, W_hh, W_c), against torch's ops without search's
     tables (``native_kernels=False, search_tables=False``, the same weights) give the same
     tokens, and the scores to float32's round-off."""
     monkeypatch.setattr(topk, "NATIVE_MIN", 0)  # the kernel for this tiny model's rows too
@@ -272,7 +272,7 @@ def test_search_gives_the_same_translations_with_the_kernels_and_without(
         products = m.decoder.search_products()
         encoder = m.encoder.source_tables() if m is fast else None  # the slow one: the module
         tables = [StepTables(m.decoder.gate_table(), output, products, encoder)] if tabled else None
-        whole = Ensemble([m], tables=tables, floors={} if tabled else None)
+        whole = Ensemble([m], tables=tables)
         stepper = whole.restricted(columns, allowed) if restricted else whole
         assert stepper.native_kernels is (m is fast)
         results.append(
