@@ -40,8 +40,8 @@ from nmt.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SPECIALS = sorted((PAD_ID, UNK_ID, BOS_ID, EOS_ID))
 ALIGN = 64  # a batch's columns are filled up to a multiple of this with the next most
-# frequent pieces (while there are any): the output layer's matmul and the CPU's chunked
-# top-k (``nmt.fast.topk.CHUNK``) take whole chunks
+# frequent pieces (while there are any): the output layer's matmul and the compiled top-k
+# (blocks of 64 values) take whole blocks
 
 
 @dataclass
