@@ -76,7 +76,7 @@ class BahdanauDecoder(Decoder):
             out = pre.view(*pre.shape[:-1], self.output_size, 2).amax(dim=-1)
         else:
             out = torch.tanh(pre)
-        return self.dropout(out)
+        return self.dropout(out) if self.training else out
 
     def forward(self, trg_in: Tensor, memory: Memory, state: DecoderState) -> tuple[Tensor, Tensor]:
         """trg_in: (B, T) -> features (B, T, O), alphas (B, T, S)."""
@@ -104,7 +104,9 @@ class BahdanauDecoder(Decoder):
     ) -> tuple[Tensor, Tensor, DecoderState]:
         """prev: (B,) -> features (B, O), alphas (B, S), state; ``prepared``: prev's
         first-layer gates and the RNN's W_hh products, where search made them (``Prepared``)."""
-        embedded = self.embedding_dropout(self.embed(prev.unsqueeze(1)))  # (B, 1, E)
+        embedded = self.embed(prev.unsqueeze(1))  # (B, 1, E)
+        if self.training:
+            embedded = self.embedding_dropout(embedded)
         products = prepared.products
         hidden = products.hidden if products is not None else None
         output, context, alphas, state = self._recur(
