@@ -57,21 +57,23 @@ class Product:
         self._transposed: Tensor | None = None  # (I, O)
 
     def __call__(self, x: Tensor) -> Tensor:
-        shape = x.shape
-        rows = x.reshape(-1, shape[-1]) if len(shape) != 2 else x  # (N, I)
-        if self.prepared and rows.size(0) >= MIN_ROWS and x.dtype == torch.float32:
+        # oneDNN's product and the plain one without a bias take x (..., I) as it is: a
+        # search step's (N, 1, I) costs no reshape and view around them
+        rows = x.numel() // x.size(-1)
+        if self.prepared and rows >= MIN_ROWS and x.dtype == torch.float32:
             layout = self._layout
             if layout is None:
                 layout = torch.ops.mkldnn._reorder_linear_weight(self.weight, ROWS_HINT)
                 self._layout = layout
-            out = torch.ops.mkldnn._linear_pointwise(
-                rows.contiguous(), layout, self.bias, "none", [], ""
+            return torch.ops.mkldnn._linear_pointwise(
+                x.contiguous(), layout, self.bias, "none", [], ""
             )
-        elif self.bias is not None:
-            out = torch.addmm(self.bias, rows, self.transposed())
-        else:
-            out = rows @ self.transposed()
-        return out.view(*shape[:-1], -1) if len(shape) != 2 else out
+        if self.bias is None:
+            return x @ self.transposed()
+        if x.dim() == 2:
+            return torch.addmm(self.bias, x, self.transposed())
+        out = torch.addmm(self.bias, x.reshape(rows, x.size(-1)), self.transposed())
+        return out.view(*x.shape[:-1], -1)
 
     def transposed(self) -> Tensor:
         """W^T (I, O), contiguous, what the plain product multiplies by: made on first use."""

@@ -8,6 +8,7 @@ The output layer (projection to the vocabulary) lives in the model, not here.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -54,7 +55,14 @@ class DecoderState:
         """(1,) the target position this step produces, on ``like``'s device."""
         if isinstance(self.step, Tensor):  # an exported step's input
             return self.step.view(1)
-        return torch.arange(self.step, self.step + 1, device=like.device)
+        return _position(self.step, like.device)
+
+
+@functools.lru_cache(maxsize=4096)
+def _position(step: int, device: torch.device) -> Tensor:
+    """(1,) ``step`` on ``device``: made once, read at every search step that reaches it
+    (no score writes its positions)."""
+    return torch.arange(step, step + 1, device=device)
 
 
 @dataclass(frozen=True)
