@@ -209,7 +209,7 @@ def _next(position: int | Tensor) -> int | Tensor:
 
 def _drop_ended(scorer: Stepper[Any], g: _Greedy) -> None:
     """Rows that have ended leave the batch (``kept_rows``: not below MIN_ROWS rows)."""
-    chosen = kept_rows(g.ended.tolist(), 1, MIN_ROWS) if g.prev.size(0) > MIN_ROWS else None
+    chosen = kept_rows(g.ended.tolist()) if g.prev.size(0) > MIN_ROWS else None
     if chosen is None:
         return
     keep = torch.tensor(chosen, device=g.prev.device)  # (N',)
@@ -269,19 +269,19 @@ DROP_SHARE = 8  # ended sentences are dropped once they are 1/DROP_SHARE of the 
 MIN_ROWS = 16  # the fewest rows a batch keeps while it drops ended sentences (``kept_rows``)
 
 
-def kept_rows(ended: Sequence[bool], width: int = 1, floor: int = MIN_ROWS) -> list[int] | None:
+def kept_rows(ended: Sequence[bool], width: int = 1) -> list[int] | None:
     """The sentences (each ``width`` rows: its beams) that a batch keeps when it drops those
     that have ended, or None to keep them all for now.
 
     Each drop copies the source memory of the rest, so it waits until an eighth of the
-    sentences have ended. A batch never falls below ``floor`` rows (ended sentences stay to
+    sentences have ended. A batch never falls below MIN_ROWS rows (ended sentences stay to
     fill them): a matmul library may take other kernels, with another round-off, for a few
     rows than for many (MKL did under 4 rows on a 2-core AMD EPYC and under 16 on a Xeon),
     and a sentence's outcome would then depend on when the others ended.
     """
     alive = [i for i, done in enumerate(ended) if not done]
     filler = [i for i, done in enumerate(ended) if done]
-    wanted = max(len(alive), math.ceil(floor / width))
+    wanted = max(len(alive), math.ceil(MIN_ROWS / width))
     keep = sorted(alive + filler[: max(0, wanted - len(alive))])
     dropped = len(ended) - len(keep)
     return keep if dropped > 0 and dropped * DROP_SHARE >= len(ended) else None
@@ -510,7 +510,7 @@ def _beam_step(
 
 def _drop_done(scorer: Stepper[Any], s: _Beam) -> None:
     """Sentences that are done leave the batch (``kept_rows``: not below MIN_ROWS rows)."""
-    keep = kept_rows(s.done.tolist(), s.width, MIN_ROWS)
+    keep = kept_rows(s.done.tolist(), s.width)
     if keep is None:
         return
     device = s.prev.device

@@ -36,5 +36,4 @@ def row_max(values: Tensor, native: bool = False) -> tuple[Tensor, Tensor]:
     ``values.max(dim=-1)``."""
     if native and values.numel() >= NATIVE_MIN and (found := compiled.top_k(values, 1)):
         return found[0][:, 0], found[1][:, 0]
-    best = values.max(dim=-1)
-    return best.values, best.indices
+    return values.max(dim=-1)

@@ -44,7 +44,7 @@ def _search(
 
         monkeypatch.setattr(Ensemble, "select", counted)
     else:
-        monkeypatch.setattr(search, "kept_rows", lambda ended, width=1, floor=1: None)
+        monkeypatch.setattr(search, "kept_rows", lambda ended, width=1: None)
     scorer = Ensemble(models) if len(models) > 1 else models[0]
     out = beam_search(scorer, src, lengths, decoding, **kwargs)
     assert len(drops) >= 2 if drop else not drops  # the batch did shrink, more than once
