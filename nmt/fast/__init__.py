@@ -9,9 +9,10 @@ dtype), and ``FastPaths.plain()`` turns every one off for the reference:
 - ``cpu_kernels`` (the config's ``run.fast_kernels``): training's CPU paths. They run for
   CPU tensors in a module's training mode, where their gain is (the backward pass);
   evaluation and search take the plain path.
-- ``native_kernels``: whether nmt's compiled C kernels (``fast.compiled``; where no C
-  compiler works, the cells' Python reference and torch's ops) run the CPU paths' time steps and the loss's softmax, and search's
-  log-softmax, top-k, decoder RNN's gates and dot-product attention. Its default is on
+- ``native_kernels``: whether nmt's compiled C kernels (``fast.compiled``) run training's
+  recurrence and the loss's softmax, and search's log-softmax, top-k, decoder RNN's gates
+  and dot-product attention; where no C compiler works, the module's own RNN and torch's
+  ops run instead. Its default is on
   unless the environment says ``NMT_NATIVE_KERNELS=0``, read when the ``FastPaths`` is made,
   i.e. when the model is built; no other code decides by that variable
   (``compiled.status()`` reports the default for the run's record; a search's decoding plan,
@@ -37,7 +38,7 @@ dtype), and ``FastPaths.plain()`` turns every one off for the reference:
 
 | seam | fast path | plain path | when |
 | --- | --- | --- | --- |
-| ``recurrence`` | ``fast.recurrence.run_rnn`` (compiled step kernels: native_kernels) | the module, packed; for a static batch (a captured training step) ``fast.recurrence.unpacked_rnn``, each direction over the padded rows | cpu_kernels, training, CPU |
+| ``recurrence`` | ``fast.recurrence.run_rnn`` (compiled step kernels: native_kernels, float32 weights) | the module, packed; for a static batch (a captured training step) ``fast.recurrence.unpacked_rnn``, each direction over the padded rows | cpu_kernels, training, CPU |
 | ``dropout`` | ``fast.dropout.FastDropout`` (16-bit masks) | ``nn.Dropout`` | cpu_kernels, training, CPU |
 | ``additive_energies`` | ``fast.additive.RecomputedEnergies`` | broadcast v^T tanh(q + k) | cpu_kernels, training, CPU |
 | ``step_products`` | ``fast.sinks.SinkProducts`` (with graphs on, a step's ``linear`` too: Bahdanau's W_q) | ``fast.sinks.Products`` | fused, training |
@@ -117,13 +118,17 @@ class FastPaths:
         if static and lengths is not None and not self._cpu(inputs, training):
             assert not isinstance(state, tuple), "the static path runs a GRU"
             return recurrence.unpacked_rnn(rnn, inputs, lengths, state, training)
-        if not self._cpu(inputs, training):
-            return recurrence.plain_rnn(rnn, inputs, lengths, state)
-        mask = None
-        if lengths is not None:
-            positions = torch.arange(inputs.size(1), device=inputs.device)  # (T,)
-            mask = positions[None, :] < lengths.to(inputs.device)[:, None]  # (B, T)
-        return recurrence.run_rnn(rnn, inputs, mask, state, native=self.native_kernels)
+        if (
+            self._cpu(inputs, training)
+            and self.native_kernels
+            and recurrence.runs_here(rnn, inputs)
+        ):
+            mask = None
+            if lengths is not None:
+                positions = torch.arange(inputs.size(1), device=inputs.device)  # (T,)
+                mask = positions[None, :] < lengths.to(inputs.device)[:, None]  # (B, T)
+            return recurrence.run_rnn(rnn, inputs, mask, state)
+        return recurrence.plain_rnn(rnn, inputs, lengths, state)
 
     def step_rnn(
         self,

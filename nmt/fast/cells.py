@@ -167,8 +167,7 @@ def fused_cells(h: Tensor, *others: Tensor | None) -> bool:
 
 def gru_gates(gates_x: Tensor, gates_h: Tensor, h: Tensor) -> Tensor:
     """The GRU cell's Python reference (the module docstring's equations): the input's and
-    the hidden state's gates (B, 3H), h (B, H) -> h'. The recurrence's reference steps
-    (``fast.gru.ReferenceGRU``) run it too."""
+    the hidden state's gates (B, 3H), h (B, H) -> h'."""
     x_r, x_z, x_n = gates_x.chunk(3, dim=-1)
     h_r, h_z, h_n = gates_h.chunk(3, dim=-1)
     r = torch.sigmoid(x_r + h_r)
@@ -178,8 +177,7 @@ def gru_gates(gates_x: Tensor, gates_h: Tensor, h: Tensor) -> Tensor:
 
 
 def lstm_gates(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
-    """The LSTM cell's Python reference: the summed gates (B, 4H), c (B, H) -> h', c'
-    (``fast.lstm.ReferenceLSTM`` runs it too)."""
+    """The LSTM cell's Python reference: the summed gates (B, 4H), c (B, H) -> h', c'."""
     i, f, g, o = gates.chunk(4, dim=-1)
     c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
     return torch.sigmoid(o) * torch.tanh(c), c

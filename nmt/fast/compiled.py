@@ -244,16 +244,22 @@ class StepKernels:
         self._functions[name](*arguments, *self.sizes, self.threads)
 
 
+def rnn_steps_run(device: torch.device, states: torch.dtype, compute: torch.dtype) -> bool:
+    """Whether the RNN step kernels run on ``device`` for states in ``states`` and matmuls in
+    ``compute``: a CPU, float32 states, bfloat16 or float32 matmuls, and the library."""
+    if device.type != "cpu" or states != torch.float32:
+        return False
+    return compute in (torch.bfloat16, torch.float32) and library() is not None
+
+
 def rnn_kernels(compute: torch.dtype, state: Tensor) -> StepKernels | None:
     """The step kernels for an RNN whose matmuls run in ``compute`` and whose states are like
-    ``state`` (D, B, H), or None where torch ops must run (no library, another device or
-    dtype)."""
-    if state.device.type != "cpu" or state.dtype != torch.float32:
-        return None
-    if compute not in (torch.bfloat16, torch.float32):
+    ``state`` (D, B, H), or None where they cannot run (``rnn_steps_run``)."""
+    if not rnn_steps_run(state.device, state.dtype, compute):
         return None
     lib = library()
-    return None if lib is None else StepKernels(lib, compute, state)
+    assert lib is not None
+    return StepKernels(lib, compute, state)
 
 
 def softmax_xent(

@@ -1,5 +1,5 @@
 """A GRU layer over a whole sequence as one autograd function (nmt.fast.recurrence), and its
-step kernels: the compiled one and the Python reference's.
+steps through the compiled kernels.
 
 Torch's equations and gate order (s the logistic sigmoid):
 
@@ -18,10 +18,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.fast import cells, layer
+from nmt.fast import layer
 from nmt.fast.layer import Record, StepKernel
 
 
@@ -33,8 +32,7 @@ class GRURecord(Record):
     # laid out so that the matmul writes it in place; the backward pass takes r and z from it
     # again, which costs less than storing them in float32
     n: Tensor  # (D, T, B, H)
-    n_in: Tensor | None  # (D, T, B, H) W_in x + b_in: kept for the backward pass by the
-    # reference steps alone
+    n_in: Tensor | None  # (D, T, B, H) W_in x + b_in, for the forward steps (not kept)
 
 
 class GRULayer(torch.autograd.Function):
@@ -67,10 +65,8 @@ class GRULayer(torch.autograd.Function):
             n=h0.new_empty(directions, steps, batch, hidden),
             n_in=n_in,
         )
-        kernel = layer.step_kernel(CompiledGRU, ReferenceGRU, loop.native, record, None)
-        layer.run_forward(kernel, gates_in, record)
-        kept = record if isinstance(kernel, ReferenceGRU) else replace(record, n_in=None)
-        layer.keep_for_backward(ctx, kept, loop, inputs, w_hh)
+        layer.run_forward(GRUSteps(record, None), gates_in, record)
+        layer.keep_for_backward(ctx, replace(record, n_in=None), loop, inputs, w_hh)
         return layer.time_order(record.states, keep), record.states[:, -1].clone()
 
     @staticmethod
@@ -80,8 +76,7 @@ class GRULayer(torch.autograd.Function):
         record = GRURecord(*ctx.saved_tensors)
         grads = layer.start_grads(grad_outputs, grad_h, record, ctx.compute)
         grads.n_in = grad_n_in = torch.empty_like(record.n, dtype=ctx.compute)
-        kernel = layer.step_kernel(CompiledGRU, ReferenceGRU, ctx.native, record, grads)
-        dh0, _ = layer.run_backward(kernel, grads, record)
+        dh0, _ = layer.run_backward(GRUSteps(record, grads), grads, record)
         input_grads = functools.partial(_input_grads, record.w_i, grad_n_in)
         grad_x, *grad_weights = layer.gradients(ctx, record, grads.gates, input_grads)
         return None, grad_x, dh0, *grad_weights
@@ -110,59 +105,28 @@ def _input_grads(
     return grad_x, grad_w_ih, grad_b_ih
 
 
-class _GRUSteps(StepKernel):
-    """The GRU's buffers, for one pass (grads None in the forward pass)."""
+class GRUSteps(StepKernel):
+    """The GRU's steps as kernels.c's nmt_gru_forward and nmt_gru_backward, for one pass
+    (grads None in the forward pass)."""
 
     record: GRURecord
 
     def pre(self, t: int) -> Tensor:
         return self.record.pre[t]
 
-    def n_in(self, t: int) -> Tensor:
-        assert self.record.n_in is not None, "the compiled backward pass's record has no n_in"
-        return self.record.n_in[:, t]
-
-    def grad_n_in(self, t: int) -> Tensor:
-        assert self.grads.n_in is not None
-        return self.grads.n_in[:, t]
-
-
-class CompiledGRU(_GRUSteps):
-    """The GRU's steps as kernels.c's nmt_gru_forward and nmt_gru_backward."""
-
     def forward(self, t: int, keep: Tensor | None, prev_out: Tensor | None) -> None:
         record = self.record
+        assert record.n_in is not None, "the backward pass's record has no n_in"
         h, n, h_out = record.h_before(t), record.n[:, t], record.states[:, t]
-        self.kernels.run("gru_forward", record.pre[t], self.n_in(t), h, keep, n, h_out, prev_out)
+        n_in = record.n_in[:, t]
+        self.kernels.run("gru_forward", record.pre[t], n_in, h, keep, n, h_out, prev_out)
 
     def backward(self, t: int, keep: Tensor | None, recurrent: Tensor) -> None:
-        record = self.record
-        n, h_prev, grad_gates = record.n[:, t], record.h_before(t), self.grads.gates[:, t]
-        cell = record.pre[t], n, h_prev, grad_gates, self.grad_n_in(t)
+        record, grads = self.record, self.grads
+        assert grads.n_in is not None
+        n, h_prev, grad_gates = record.n[:, t], record.h_before(t), grads.gates[:, t]
+        cell = record.pre[t], n, h_prev, grad_gates, grads.n_in[:, t]
         self.compiled_backward("gru_backward", t, keep, recurrent, *cell)
 
     def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
         return self.grads.dh.add_(recurrent), None
-
-
-class ReferenceGRU(_GRUSteps, layer.ReferenceSteps):
-    """The GRU's steps through its Python reference (``fast.cells.gru_gates``), from the
-    record's a and n_in (kept for it): the reference's input gates are (0, 0, n_in) and its
-    hidden ones a."""
-
-    def saved(self, t: int) -> list[Tensor]:
-        return [self.record.pre[t], self.n_in(t), self.record.h_before(t)]
-
-    def cell(self, saved: list[Tensor], keep: Tensor | None) -> list[Tensor]:
-        pre, n_in, h = saved
-        gates_x = F.pad(n_in, (2 * n_in.size(-1), 0))
-        return [layer.kept(cells.gru_gates(gates_x, pre, h), h, keep)]
-
-    def states(self, t: int) -> list[Tensor]:
-        return [self.record.states[:, t]]
-
-    def take(self, t: int, found: list[Tensor]) -> None:
-        d_pre, d_n_in, d_h = found
-        self.grads.gates[:, t].copy_(d_pre)
-        self.grad_n_in(t).copy_(d_n_in)
-        self.grads.dh.copy_(d_h)

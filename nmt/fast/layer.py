@@ -5,10 +5,10 @@ gate gradients of every step.
 A layer runs all its directions at once. Its buffers are laid out (D, T, B, F) in loop order:
 step t of direction d is [d, t] (the backward direction's loop runs backwards in time), so both
 directions of a step are one (D, B, F) view and all steps of a direction one matrix. The loops
-own the matmuls; a ``StepKernel`` does each step's elementwise work, as nmt's compiled kernel
-(nmt.fast.compiled) or through the cell's Python reference (nmt.fast.cells), behind the same
-methods. Steps that every sentence takes in every direction (most, in length-bucketed batches)
-skip the masking.
+own the matmuls; a ``StepKernel`` does each step's elementwise work through nmt's compiled
+kernel (nmt.fast.compiled: the cell's one C definition, which search's steps run too). Steps
+that every sentence takes in every direction (most, in length-bucketed batches) skip the
+masking.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nmt.fast.compiled import StepKernels, rnn_kernels
+from nmt.fast.compiled import rnn_kernels
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,6 @@ class Loop:
 
     keep: Tensor | None  # (D, T, B, 1) float: 1 where the loop's step is a real token; None: all
     compute: torch.dtype  # the matmuls' dtype
-    native: bool  # whether the compiled step kernels run (FastPaths.native_kernels)
 
 
 @dataclass
@@ -68,22 +67,19 @@ class Grads:
 
 class StepKernel(ABC):
     """One cell kind's elementwise work at one time step, all directions at once, over one
-    layer's record (and, for the backward pass, its grads): the compiled kernel (``kernels``)
-    or the cell's Python reference, behind the same methods. ``run_forward`` and
-    ``run_backward`` call it between the matmuls; ``step_kernel`` makes one for a pass."""
+    layer's record (and, for the backward pass, its grads), through the compiled kernels.
+    ``run_forward`` and ``run_backward`` call it between the matmuls."""
 
-    def __init__(self, record: Record, grads: Grads | None, kernels: StepKernels | None):
-        self.record, self._grads, self._kernels = record, grads, kernels
+    def __init__(self, record: Record, grads: Grads | None):
+        self.record, self._grads = record, grads
+        kernels = rnn_kernels(record.prev.dtype, record.h0)
+        assert kernels is not None, "the recurrence runs where its kernels do (runs_here)"
+        self.kernels = kernels
 
     @property
     def grads(self) -> Grads:
         assert self._grads is not None, "a forward pass's kernel has no gradients"
         return self._grads
-
-    @property
-    def kernels(self) -> StepKernels:
-        assert self._kernels is not None, "the reference steps have no compiled kernels"
-        return self._kernels
 
     def compiled_backward(
         self, name: str, t: int, keep: Tensor | None, recurrent: Tensor, *tensors: Tensor
@@ -113,69 +109,6 @@ class StepKernel(ABC):
     @abstractmethod
     def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
         """recurrent: W_h^T times step 0's gate gradients -> dL/dh_0 and (LSTM) dL/dc_0."""
-
-
-class ReferenceSteps(StepKernel):
-    """A cell kind's steps through its Python reference (``fast.cells``), where the compiled
-    kernels do not run (float64, no C compiler, ``native_kernels`` off): the forward pass
-    without gradients, and each backward step its own step again under autograd, from the
-    inputs the record keeps for it (``saved``)."""
-
-    @abstractmethod
-    def saved(self, t: int) -> list[Tensor]:
-        """Step t's inputs, the gates' pre-activations first and the states before it last."""
-
-    @abstractmethod
-    def cell(self, saved: list[Tensor], keep: Tensor | None) -> list[Tensor]:
-        """The reference's states after the step (h', and c' for an LSTM) from ``saved``."""
-
-    @abstractmethod
-    def states(self, t: int) -> list[Tensor]:
-        """Where the record keeps the states after step t, in ``cell``'s order."""
-
-    @abstractmethod
-    def take(self, t: int, found: list[Tensor]) -> None:
-        """The gradients at ``saved(t)`` into the grads."""
-
-    def _saved(self, t: int, leaves: bool) -> list[Tensor]:
-        dtype = self.record.h0.dtype  # the gates' and the states' (the matmul's may be lower)
-        saved = [x.detach().to(dtype) for x in self.saved(t)]
-        return [x.requires_grad_() for x in saved] if leaves else saved
-
-    def forward(self, t: int, keep: Tensor | None, prev_out: Tensor | None) -> None:
-        states = self.cell(self._saved(t, False), keep)
-        for state, kept in zip(states, self.states(t), strict=True):
-            kept.copy_(state)
-        if prev_out is not None:
-            prev_out.copy_(states[0])
-
-    def backward(self, t: int, keep: Tensor | None, recurrent: Tensor) -> None:
-        leaves = self._saved(t, True)
-        with torch.enable_grad():
-            states = self.cell(leaves, keep)
-        grads = self.grads
-        wanted = [grads.dh + recurrent + grads.outputs[:, t]]
-        wanted += [grads.dc] if grads.dc is not None else []
-        found = torch.autograd.grad(
-            states, leaves, wanted, allow_unused=True, materialize_grads=True
-        )
-        self.take(t, list(found))
-
-    def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
-        return self.grads.dh.add_(recurrent), self.grads.dc
-
-
-def step_kernel(
-    compiled: type[StepKernel],
-    reference: type[StepKernel],
-    native: bool,
-    record: Record,
-    grads: Grads | None,
-) -> StepKernel:
-    """A cell kind's compiled steps where native and they can run (a CPU, float32 states, a
-    bfloat16 or float32 matmul, a C compiler), else its reference steps."""
-    kernels = rnn_kernels(record.prev.dtype, record.h0) if native else None
-    return (reference if kernels is None else compiled)(record, grads, kernels)
 
 
 def _reorder(parts: list[Tensor], masks: list[Tensor] | None, targets: list[Tensor]) -> None:
@@ -292,7 +225,7 @@ def time_order(states: Tensor, keep: Tensor | None) -> Tensor:
 
 def keep_for_backward(ctx: Any, record: Record, loop: Loop, inputs: Tensor, w_hh: Tensor) -> None:
     """The record into ``ctx.save_for_backward``, and what else the backward pass needs."""
-    ctx.native, ctx.compute = loop.native, loop.compute
+    ctx.compute = loop.compute
     ctx.input_dtype, ctx.weight_dtype = inputs.dtype, w_hh.dtype
     ctx.save_for_backward(*record.tensors())
 
@@ -323,9 +256,3 @@ def gradients(
         grad_b_ih.to(weights),  # sums accumulated in float32 by torch's reduction
         grad_rec.sum(1).to(weights),
     )
-
-
-def kept(new: Tensor, old: Tensor, keep: Tensor | None) -> Tensor:
-    """A step's new state where ``keep`` (D, B, 1) is 1, the old one where it is 0 (a
-    sentence that has ended keeps its state); ``new`` itself where every sentence steps."""
-    return new if keep is None else torch.lerp(old, new, keep.to(new.dtype))

@@ -1,5 +1,5 @@
 """An LSTM layer over a whole sequence as one autograd function (nmt.fast.recurrence), and its
-step kernels: the compiled one and the Python reference's.
+steps through the compiled kernels.
 
 Torch's equations and gate order (s the logistic sigmoid):
 
@@ -16,8 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nmt.fast import cells, layer
-from nmt.fast.compiled import StepKernels
+from nmt.fast import layer
 from nmt.fast.layer import Grads, Record, StepKernel
 
 
@@ -62,8 +61,7 @@ class LSTMLayer(torch.autograd.Function):
             tanh_c=h0.new_empty(directions, steps, batch, hidden),
             cells=h0.new_empty(directions, steps, batch, hidden),
         )
-        kernel = layer.step_kernel(CompiledLSTM, ReferenceLSTM, loop.native, record, None)
-        layer.run_forward(kernel, gates_in, record)
+        layer.run_forward(LSTMSteps(record, None), gates_in, record)
         layer.keep_for_backward(ctx, record, loop, inputs, w_hh)
         h_n, c_n = record.states[:, -1].clone(), record.cells[:, -1].clone()
         return layer.time_order(record.states, keep), h_n, c_n
@@ -75,8 +73,7 @@ class LSTMLayer(torch.autograd.Function):
         record = LSTMRecord(*ctx.saved_tensors)
         grads = layer.start_grads(grad_outputs, grad_h, record, ctx.compute)
         grads.dc = layer.last_grad(grad_c, record.c0)
-        kernel = layer.step_kernel(CompiledLSTM, ReferenceLSTM, ctx.native, record, grads)
-        dh0, dc0 = layer.run_backward(kernel, grads, record)
+        dh0, dc0 = layer.run_backward(LSTMSteps(record, grads), grads, record)
         input_grads = functools.partial(_input_grads, record.w_i)
         grad_x, *grad_weights = layer.gradients(ctx, record, grads.gates, input_grads)
         return None, grad_x, dh0, dc0, *grad_weights
@@ -90,13 +87,14 @@ def _input_grads(w_i: Tensor, x: Tensor, grad_rec: Tensor) -> tuple[Tensor, Tens
     return grad_x, grad_w_ih, grad_rec.sum(1)
 
 
-class _LSTMSteps(StepKernel):
-    """The LSTM's buffers, for one pass (grads None in the forward pass)."""
+class LSTMSteps(StepKernel):
+    """The LSTM's steps as kernels.c's nmt_lstm_forward and nmt_lstm_backward, for one pass
+    (grads None in the forward pass)."""
 
     record: LSTMRecord
 
-    def __init__(self, record: LSTMRecord, grads: Grads | None, kernels: StepKernels | None):
-        super().__init__(record, grads, kernels)
+    def __init__(self, record: LSTMRecord, grads: Grads | None):
+        super().__init__(record, grads)
         directions, batch, hidden = record.h0.shape
         # the step's matmul output, W_i x + b_i + W_h h + b_h (D, B, 4H) in the matmul dtype
         self._pre = record.prev.new_empty(directions, batch, 4 * hidden)
@@ -108,10 +106,6 @@ class _LSTMSteps(StepKernel):
 
     def pre(self, t: int) -> Tensor:
         return self._pre
-
-
-class CompiledLSTM(_LSTMSteps):
-    """The LSTM's steps as kernels.c's nmt_lstm_forward and nmt_lstm_backward."""
 
     def forward(self, t: int, keep: Tensor | None, prev_out: Tensor | None) -> None:
         record = self.record
@@ -136,30 +130,3 @@ class CompiledLSTM(_LSTMSteps):
 
     def initial_grads(self, recurrent: Tensor) -> tuple[Tensor, Tensor | None]:
         return self.grads.dh.add_(recurrent), self.dc
-
-
-class ReferenceLSTM(_LSTMSteps, layer.ReferenceSteps):
-    """The LSTM's steps through its Python reference (``fast.cells.lstm_gates``); its
-    record's ``gates`` are the pre-activations, kept for the backward steps."""
-
-    def saved(self, t: int) -> list[Tensor]:
-        record = self.record
-        return [record.gates[:, t], record.h_before(t), record.c_before(t)]
-
-    def cell(self, saved: list[Tensor], keep: Tensor | None) -> list[Tensor]:
-        pre, h, c = saved
-        h_new, c_new = cells.lstm_gates(pre, c)
-        return [layer.kept(h_new, h, keep), layer.kept(c_new, c, keep)]
-
-    def states(self, t: int) -> list[Tensor]:
-        return [self.record.states[:, t], self.record.cells[:, t]]
-
-    def forward(self, t: int, keep: Tensor | None, prev_out: Tensor | None) -> None:
-        self.record.gates[:, t].copy_(self._pre)
-        super().forward(t, keep, prev_out)
-
-    def take(self, t: int, found: list[Tensor]) -> None:
-        d_pre, d_h, d_c = found
-        self.grads.gates[:, t].copy_(d_pre)
-        self.grads.dh.copy_(d_h)
-        self.dc.copy_(d_c)

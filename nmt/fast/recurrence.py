@@ -17,10 +17,10 @@ zero, and the final state is the state at the last token. The module's own param
 gates, states and their gradients in the parameters' dtype.
 
 The modules: nmt.fast.gru and nmt.fast.lstm, a layer of each cell kind with its equations and
-its step kernels; nmt.fast.layer, what they share (the loops through time). Each step's
-elementwise work runs as one compiled kernel (kernels.c, through nmt.fast.compiled) where the
-model's ``FastPaths.native_kernels`` says so and a C compiler is available, else through the
-cell's Python reference (nmt.fast.cells), each backward step by autograd.
+its steps; nmt.fast.layer, what they share (the loops through time). Each step's elementwise
+work runs as one compiled kernel (kernels.c, through nmt.fast.compiled), so the recurrence runs
+where those run (``runs_here``: the model's ``FastPaths.native_kernels``, a C compiler, float32
+states); elsewhere the module's own call (``plain_rnn``) does.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from nmt.fast import compiled
 from nmt.fast.dropout import dropout
 from nmt.fast.gru import GRULayer
 from nmt.fast.layer import Loop
@@ -42,16 +43,23 @@ from nmt.runtime import compute_dtype
 RNNState = Tensor | tuple[Tensor, Tensor]
 
 
+def runs_here(rnn: nn.RNNBase, inputs: Tensor) -> bool:
+    """Whether ``run_rnn`` can run ``rnn`` over ``inputs``: its compiled step kernels take the
+    weights' dtype as the states' and the matmuls' dtype here (``compiled.rnn_steps_run``)."""
+    weights = next(rnn.parameters()).dtype
+    return compiled.rnn_steps_run(inputs.device, weights, compute_dtype(inputs.device, weights))
+
+
 def run_rnn(
-    rnn: nn.RNNBase, inputs: Tensor, mask: Tensor | None, state: RNNState | None, *, native: bool
+    rnn: nn.RNNBase, inputs: Tensor, mask: Tensor | None, state: RNNState | None
 ) -> tuple[Tensor, RNNState]:
-    """A batch-first ``nn.GRU``/``nn.LSTM`` over ``inputs`` as the packed module would run it.
+    """A batch-first ``nn.GRU``/``nn.LSTM`` over ``inputs`` as the packed module would run it,
+    where ``runs_here``.
 
     inputs: (B, T, I); mask: (B, T), True at each sentence's tokens (a prefix of its row), or
     None when every position is real; state: (L*D, B, H), a tuple (h, c) for an LSTM, or None
-    for zeros; native: whether the compiled step kernels run (``FastPaths.native_kernels``)
-    -> outputs (B, T, D*H), zero past each sentence's end, and the final state in the
-    module's layout (the state at each sentence's last token).
+    for zeros -> outputs (B, T, D*H), zero past each sentence's end, and the final state in
+    the module's layout (the state at each sentence's last token).
     """
     directions = 2 if rnn.bidirectional else 1
     weights = next(rnn.parameters()).dtype
@@ -61,7 +69,7 @@ def run_rnn(
     if mask is not None:
         step_keep = mask.t().to(weights)  # (T, B)
         keep = torch.stack([step_keep, step_keep.flip(0)][:directions])[..., None]  # (D, T, B, 1)
-    loop = Loop(keep, compute, native)
+    loop = Loop(keep, compute)
     x = inputs
     hiddens, cells = [], []
     with torch.autocast(inputs.device.type, enabled=False):

@@ -3,7 +3,8 @@ every seam of nmt.fast.FastPaths as through its plain path: nmt's CPU kernels (t
 dropout, the additive score's recomputed layer) against torch's own (run.fast_kernels: false),
 the step-by-step decoders' attention memory and Luong's W_c through gradient sinks against
 plain autograd, the fused output loss against F.cross_entropy, and all of them at once against
-FastPaths.plain(); float64, padding present, every decoder and each score kind."""
+FastPaths.plain(); float64, padding present, every decoder and each score kind (the compiled
+kernels, which run float32 alone, against the float64 model within float32's round-off)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 import nmt.fast.sinks
 from nmt.config import from_dict
 from nmt.data.batching import make_batch
-from nmt.fast import FastPaths
+from nmt.fast import FastPaths, compiled
 from nmt.fast.additive import RecomputedEnergies
 from nmt.fast.sinks import PLAIN_PRODUCTS, SinkProducts, WeightSink
 from nmt.model import build_model
@@ -96,10 +97,40 @@ KERNEL_CASES = [
 ]
 
 
+@pytest.mark.skipif(compiled.library() is None, reason="no compiled kernels")
 @pytest.mark.parametrize(("style", "feeding", "rnn", "layers"), KERNEL_CASES)
-def test_fast_kernels_give_the_plain_loss_and_gradients(style, feeding, rnn, layers) -> None:
+def test_fast_kernels_give_the_plain_loss_and_gradients(
+    style, feeding, rnn, layers, monkeypatch
+) -> None:
+    """float32, where the compiled kernels run (the recurrence, the loss): within float32's
+    round-off of the float64 model through torch's own paths."""
     model, batch = _model(style, feeding, rnn, layers, "general"), _batch()
-    _assert_same(_loss_and_grads(model, batch), _plain_loss_and_grads(model, batch))
+    wide = _plain_loss_and_grads(model, batch)
+    calls = _count_compiled(monkeypatch)
+    (loss, nll, grads) = _loss_and_grads(model.float(), batch)
+    assert calls == {"forward", "backward", "softmax_xent"}
+    torch.testing.assert_close(loss.double(), wide[0], rtol=1e-6, atol=0)
+    torch.testing.assert_close(nll.double(), wide[1], rtol=1e-6, atol=0)
+    for ours, expected in zip(grads, wide[2], strict=True):
+        torch.testing.assert_close(ours.double(), expected, rtol=1e-4, atol=1e-5)
+
+
+def _count_compiled(monkeypatch) -> set[str]:
+    """The kinds of compiled kernel calls made from now on (this test's)."""
+    calls: set[str] = set()
+    run, softmax_xent = compiled.StepKernels.run, compiled.softmax_xent
+
+    def counted_run(self, name, *tensors):
+        calls.add(name.split("_")[1])
+        run(self, name, *tensors)
+
+    def counted_softmax(*args):
+        calls.add("softmax_xent")
+        return softmax_xent(*args)
+
+    monkeypatch.setattr(compiled.StepKernels, "run", counted_run)
+    monkeypatch.setattr(compiled, "softmax_xent", counted_softmax)
+    return calls
 
 
 @pytest.mark.parametrize(("style", "feeding"), DECODERS)

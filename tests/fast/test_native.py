@@ -1,11 +1,10 @@
-"""nmt.fast.compiled: the compiled CPU step kernels against the float64 equations (through
-run_rnn, with padding), against the reference steps (fast.cells), their sigmoid and tanh against
-float64 on the whole float range, their bfloat16 rounding against torch's, the loader's
-fallbacks, and FastPaths.native_kernels as the one switch (NMT_NATIVE_KERNELS its default)."""
+"""nmt.fast.compiled: the compiled CPU step kernels' sigmoid and tanh against float64 on the
+whole float range, their bfloat16 rounding against torch's, the loader's fallbacks, and
+FastPaths.native_kernels as the one switch (NMT_NATIVE_KERNELS its default). The recurrence
+through them against the float64 equations: tests/fast/test_rnn.py."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -13,72 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_rnn import LENGTHS, _inputs, _rnn, _split, _state, reference
+from test_rnn import LENGTHS, _inputs, _rnn, _state, reference
 
 from nmt.fast import FastPaths
 from nmt.fast import compiled as native
-from nmt.fast.recurrence import run_rnn
+from nmt.fast.recurrence import runs_here
 
 needs_kernels = pytest.mark.skipif(
     native.library() is None, reason=f"no compiled kernels: {native.status()}"
 )
-CASES = list(itertools.product(["gru", "lstm"], [False, True], [1, 2]))
-IDS = [f"{cell}-{'bi' if bi else 'uni'}-L{layers}" for cell, bi, layers in CASES]
-
-
-def _run(cell, bidirectional, layers, compiled: bool, autocast: bool):
-    """run_rnn in float32 on ragged lengths -> outputs, final h (and c), the gradients of a
-    random projection of them w.r.t. inputs, initial state and weights, and the inputs."""
-    torch.manual_seed(0)
-    rnn = _rnn(cell, bidirectional, layers, torch.float32)
-    directions = 2 if bidirectional else 1
-    x, lengths, h0, c0 = _inputs(directions, layers, cell == "lstm", torch.float32)
-    for tensor in (x, h0, c0):
-        if tensor is not None:
-            tensor.requires_grad_(True)
-    mask = torch.arange(x.size(1))[None] < lengths[:, None]
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        outputs, final = run_rnn(rnn, x, mask, _state(h0, c0), native=compiled)
-    hidden, cell_state = _split(final)
-    results = [outputs, hidden] + ([cell_state] if cell_state is not None else [])
-    torch.manual_seed(1)
-    loss = sum((r * torch.randn_like(r)).sum() for r in results)
-    wrt = [x, h0] + ([c0] if c0 is not None else []) + list(rnn.parameters())
-    grads = torch.autograd.grad(loss, wrt)
-    assert (outputs[~mask] == 0).all()  # nothing past a sentence's end
-    return [r.detach() for r in results], grads, (rnn, x, lengths, h0, c0)
-
-
-@needs_kernels
-@pytest.mark.parametrize(("cell", "bidirectional", "layers"), CASES, ids=IDS)
-def test_compiled_steps_match_equations_and_the_reference_steps(cell, bidirectional, layers):
-    results, grads, (rnn, x, lengths, h0, c0) = _run(cell, bidirectional, layers, True, False)
-    eager_results, eager_grads, _ = _run(cell, bidirectional, layers, False, False)
-    # the float64 equations, sentence by sentence over the real tokens
-    with torch.no_grad():
-        ref = reference(rnn.double(), x.double(), lengths, h0.double(), _double(c0))
-    for ours, expected in zip(results, [r for r in ref if r is not None], strict=True):
-        torch.testing.assert_close(ours.double(), expected, rtol=0, atol=2e-6)
-    for ours, eager in zip(results, eager_results, strict=True):
-        torch.testing.assert_close(ours, eager, rtol=0, atol=1e-6)
-    for ours, eager in zip(grads, eager_grads, strict=True):
-        torch.testing.assert_close(ours, eager, rtol=1e-5, atol=1e-5)
-
-
-def _double(tensor):
-    return None if tensor is None else tensor.double()
-
-
-@needs_kernels
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
-def test_compiled_steps_under_bf16_autocast_match_the_reference_steps(cell):
-    """bf16 matmuls: the same roundings as the reference steps, up to a rare flip of the
-    last bf16 bit where the float32 values straddle a rounding boundary."""
-    results, grads, _ = _run(cell, True, 2, True, True)
-    eager_results, eager_grads, _ = _run(cell, True, 2, False, True)
-    for ours, eager in zip([*results, *grads], [*eager_results, *eager_grads], strict=True):
-        torch.testing.assert_close(ours, eager, rtol=2e-2, atol=2e-2)
-        assert (ours - eager).abs().mean() <= 1e-3 * eager.abs().mean() + 1e-6
 
 
 def _gru_step(pre: torch.Tensor, n_in: torch.Tensor, h: torch.Tensor, prev: torch.Tensor | None):
@@ -206,10 +148,10 @@ def test_a_failing_compiler_falls_back_to_torch_ops(monkeypatch, tmp_path, caplo
     assert native.status().startswith("off: could not build them")
     assert list(tmp_path.glob("*.so")) == []  # nothing half-written left behind
     torch.manual_seed(5)
-    rnn = _rnn("gru", True, 1, torch.float32)
+    rnn = _rnn("gru", True, 1, torch.float32).train()
     x, lengths, h0, _ = _inputs(2, 1, False, torch.float32, LENGTHS)
-    mask = torch.arange(x.size(1))[None] < lengths[:, None]
-    outputs, _ = run_rnn(rnn, x, mask, h0, native=True)  # the reference steps
+    assert not runs_here(rnn, x)
+    outputs, _ = FastPaths().recurrence(rnn, x, lengths, h0, training=True)  # the module's
     with torch.no_grad():
         ref, _, _ = reference(rnn.double(), x.double(), lengths, h0.double(), None)
     torch.testing.assert_close(outputs.double(), ref, rtol=0, atol=2e-6)
