@@ -313,8 +313,16 @@ def test_help_lists_the_commands() -> None:
 
 @pytest.mark.parametrize("command", list(FLAGS))
 def test_help_lists_every_flag(command: str) -> None:
-    """Each command's help lists its flags, in their order, each once."""
-    assert _rows(_help(*command.split()), "Options") == FLAGS[command]
+    """Each command's help lists its flags, in their order, each once (in this process: the
+    entry point's own help is ``test_help_lists_the_commands``')."""
+    from typer.testing import CliRunner
+
+    from nmt.cli import app
+
+    arguments = [*command.split(), "--help"]
+    result = CliRunner().invoke(app, arguments, prog_name="nmt", env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert _rows(result.stdout, "Options") == FLAGS[command]
 
 
 def test_one_batch_equals_line_by_line(trained: Path) -> None:

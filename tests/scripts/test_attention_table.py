@@ -37,6 +37,7 @@ def test_every_decoder_meets_every_score() -> None:
     assert table.row_overrides("bahdanau:dot", 256)[-1] == "model.encoder.hidden_size=128"
 
 
+@pytest.mark.slow
 def test_a_row_is_trained_scored_skipped_and_tabled(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

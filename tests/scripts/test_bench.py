@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from nmt.fast import compiled as native
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,6 +214,7 @@ def test_the_large_sizes_make_a_valid_two_layer_config() -> None:
     assert "--large" in bench.child_arguments(options)
 
 
+@pytest.mark.slow
 def test_profile_step_runs_and_writes_its_figures(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
@@ -230,6 +233,7 @@ def test_profile_step_runs_and_writes_its_figures(tmp_path: Path) -> None:
     assert "ms a step" in done.stdout
 
 
+@pytest.mark.slow
 def test_decoding_backends_add_their_rows_and_commands(tmp_path: Path) -> None:
     """--backends: torch over the whole vocabulary (the default rows use the model's
     shortlist), torch one batch at a time (the default, on 2 threads, decodes 2 at once),
@@ -277,6 +281,7 @@ def test_decoding_backends_add_their_rows_and_commands(tmp_path: Path) -> None:
     assert "onnxruntime int8" in proc.stdout
 
 
+@pytest.mark.slow
 def test_training_with_deferred_reads_times_the_same_updates(tmp_path: Path) -> None:
     """training.deferred_reads (a GPU's default) on a CPU: each update read once the next
     one's backward is queued, as nmt train reads it; the windows' losses are those of the

@@ -16,6 +16,7 @@ pytest.importorskip("uvicorn", reason="nmt serve's extra is not installed")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_load_test_measures_both_modes(run: Path, corpus: Path, tmp_path: Path) -> None:
     out = tmp_path / "load"
     command = [
