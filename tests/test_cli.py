@@ -1,4 +1,7 @@
-"""End to end through the command line, as a user types it: train -> translate -> eval."""
+"""End to end through the command line, as a user types it: train -> translate -> eval.
+
+The run is trained, and stdin piped to translate, by ``python -m nmt`` in a fresh process; the
+other commands go through the same entry point in this process."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import clirun
 import pytest
 import yaml
 from synthetic import write_corpus
@@ -18,16 +22,20 @@ from nmt.fast import compiled as native
 from nmt.runtime import cpu_name
 
 
-def nmt(
-    *args: str, stdin: str | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess:
+def nmt(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """``nmt ARGS`` through the console entry point, in this process (``clirun.nmt``)."""
+    result = clirun.nmt(*args, stdin=(stdin or "").encode("utf-8"))
+    return subprocess.CompletedProcess(args, result.code, result.out, result.err)
+
+
+def nmt_process(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """``python -m nmt ARGS`` in a fresh interpreter, as a user types it."""
     return subprocess.run(
         [sys.executable, "-m", "nmt", *args],
         input=stdin,
         capture_output=True,
         text=True,
         timeout=300,
-        cwd=cwd,
     )
 
 
@@ -67,7 +75,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "run": {"dir": str(root / "run")},
     }
     (root / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    result = nmt("train", str(root / "config.yaml"), "--override", "training.seed=3")
+    result = nmt_process("train", str(root / "config.yaml"), "--override", "training.seed=3")
     assert result.returncode == 0, result.stderr
     return root
 
@@ -107,7 +115,7 @@ def test_translate_and_eval_from_files(trained: Path) -> None:
 
 
 def test_translate_stdin_keeps_one_line_per_line(trained: Path) -> None:
-    result = nmt("translate", "--model", str(trained / "run"), stdin="sol luna\n\nmar\n")
+    result = nmt_process("translate", "--model", str(trained / "run"), stdin="sol luna\n\nmar\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:3] == ["LUNA SOL", "", "MAR"]
     assert result.stdout.count("\n") == 3
