@@ -115,28 +115,20 @@ def test_only_cpu_training_with_fast_kernels_tunes_malloc(
     assert calls == [1]
 
 
-def _kernel_cache_seen_by_the_command(env: dict[str, str]) -> str:
-    """The ONEDNN_PRIMITIVE_CACHE_CAPACITY that torch would read in an `nmt` process."""
-    code = (
-        "import os, sys\n"
-        "from nmt import cli\n"
-        "sys.argv = ['nmt', '--version']\n"
-        "try:\n"
-        "    cli.main()\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
-    )
-    return result.stdout.strip().splitlines()[-1]
+def _kernel_cache_seen_by_the_command(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The ONEDNN_PRIMITIVE_CACHE_CAPACITY that torch would read in an `nmt` process: what the
+    environment holds after the command's entry point ran (``nmt --version``)."""
+    monkeypatch.setattr(sys, "argv", ["nmt", "--version"])
+    with pytest.raises(SystemExit):
+        cli.main()
+    return os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]
 
 
-def test_the_command_caps_onednns_kernel_cache_unless_the_user_did() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
-    assert _kernel_cache_seen_by_the_command(env) == "32"
-    assert _kernel_cache_seen_by_the_command({**env, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "7"}) == "7"
+def test_the_command_caps_onednns_kernel_cache_unless_the_user_did(monkeypatch) -> None:
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    assert _kernel_cache_seen_by_the_command(monkeypatch) == "32"
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "7")
+    assert _kernel_cache_seen_by_the_command(monkeypatch) == "7"
 
 
 # ----------------------------------------------------------------------------- tcache restart

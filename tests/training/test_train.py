@@ -490,7 +490,15 @@ def test_a_decay_over_epochs_reaches_zero_at_the_last_epoch(corpus: Path, tmp_pa
     """schedule linear with only epochs: the logged rate falls by the same step every update
     and the last update of the last epoch has the smallest positive rate."""
     run_dir = tmp_path / "run"
-    run_training(corpus, run_dir, schedule="linear", epochs=2, log_every=1, max_steps=None)
+    run_training(
+        corpus,
+        run_dir,
+        schedule="linear",
+        epochs=2,
+        log_every=1,
+        max_steps=None,
+        validate_every=100,
+    )
     records = train_records(run_dir)
     steps, rates = [r["step"] for r in records], [r["lr"] for r in records]
     total = steps[-1]
