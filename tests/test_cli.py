@@ -28,17 +28,6 @@ def nmt(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, result.code, result.out, result.err)
 
 
-def nmt_process(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    """``python -m nmt ARGS`` in a fresh interpreter, as a user types it."""
-    return subprocess.run(
-        [sys.executable, "-m", "nmt", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("e2e")
@@ -75,7 +64,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "run": {"dir": str(root / "run")},
     }
     (root / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    result = nmt_process("train", str(root / "config.yaml"), "--override", "training.seed=3")
+    result = clirun.nmt_process("train", str(root / "config.yaml"), "--override", "training.seed=3")
     assert result.returncode == 0, result.stderr
     return root
 
@@ -115,7 +104,8 @@ def test_translate_and_eval_from_files(trained: Path) -> None:
 
 
 def test_translate_stdin_keeps_one_line_per_line(trained: Path) -> None:
-    result = nmt_process("translate", "--model", str(trained / "run"), stdin="sol luna\n\nmar\n")
+    run = str(trained / "run")
+    result = clirun.nmt_process("translate", "--model", run, input="sol luna\n\nmar\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:3] == ["LUNA SOL", "", "MAR"]
     assert result.stdout.count("\n") == 3

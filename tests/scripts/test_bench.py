@@ -128,10 +128,10 @@ def test_quick_tiny_run_writes_every_figure(tmp_path: Path) -> None:
     assert table_row in proc.stdout
     from nmt.fast.allocator import MALLOC_TUNABLES, _glibc
 
-    if os.environ.get("GLIBC_TUNABLES", MALLOC_TUNABLES) == MALLOC_TUNABLES:
-        if _glibc():  # its subprocess runs with the malloc settings `nmt train` restarts with
-            assert train["glibc_tunables"] == MALLOC_TUNABLES
-            assert f"GLIBC_TUNABLES: {MALLOC_TUNABLES}" in proc.stdout
+    # its subprocess runs with the malloc settings `nmt train` restarts with
+    if _glibc() and os.environ.get("GLIBC_TUNABLES", MALLOC_TUNABLES) == MALLOC_TUNABLES:
+        assert train["glibc_tunables"] == MALLOC_TUNABLES
+        assert f"GLIBC_TUNABLES: {MALLOC_TUNABLES}" in proc.stdout
     assert train["native_kernels"] == native.status()  # the subprocess saw what this one sees
     assert f"RNN step kernels: {native.status()}" in proc.stdout
 
