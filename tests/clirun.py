@@ -105,7 +105,8 @@ def tiny_config(root: Path, train: str = "train", **data: object) -> dict:
         },
         "training": {"epochs": 1, "max_steps": 3, "batch_tokens": 400, "validate_every": 100},
         "decoding": {"max_len_ratio": 1.5, "max_len_offset": 5},
-        "run": {"dir": str(root / "run")},
+        # no tensorboard: no heatmap drawn at each validation (the tests that read it turn it on)
+        "run": {"dir": str(root / "run"), "tensorboard": False},
     }
 
 

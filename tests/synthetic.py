@@ -101,5 +101,5 @@ def aligned_config(root: Path) -> dict:
             "precision": "fp32",
         },
         "decoding": {"max_len_ratio": 1.5, "max_len_offset": 5},
-        "run": {"dir": str(root / "run"), "device": "cpu"},
+        "run": {"dir": str(root / "run"), "device": "cpu", "tensorboard": False},
     }

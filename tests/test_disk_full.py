@@ -123,9 +123,9 @@ def test_another_os_error_names_the_file_without_the_space_advice(
 # ----------------------------------------------------------------------------- training
 
 
-def train_config(corpus: Path, root: Path, **training: object) -> Path:
+def train_config(corpus: Path, root: Path, tensorboard: bool = False, **training: object) -> Path:
     config = tiny_config(corpus)
-    config["run"]["dir"] = str(root / "run")
+    config["run"] |= {"dir": str(root / "run"), "tensorboard": tensorboard}
     config["training"] |= {"max_steps": 12, "validate_every": 4, "log_every": 2, **training}
     return write_config(root / "config.yaml", config)
 
@@ -187,7 +187,7 @@ def test_metrics_on_a_full_disk_stop_training_in_one_line(
     under them after the first checkpoint (step 4)."""
     import torch.utils.tensorboard as tensorboard
 
-    config = train_config(corpus, tmp_path)
+    config = train_config(corpus, tmp_path, tensorboard=True)
     run_dir = tmp_path / "run"
     full = lambda: (run_dir / "last.pt").exists()  # noqa: E731
 

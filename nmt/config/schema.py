@@ -417,6 +417,11 @@ class RunConfig(Section):
         description="CPU training: nmt's speed paths (nmt/fast) and malloc settings, glibc's "
         "tcache off included; false: torch's plain path, e.g. to compare (docs/guide/speed.md)",
     )
+    tensorboard: bool = Field(
+        True,
+        description="write tensorboard's scalars and the dev attention heatmaps to "
+        "run_dir/tensorboard; false: metrics.jsonl and the log alone, and no heatmap is drawn",
+    )
 
 
 class Config(Section):

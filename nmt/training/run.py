@@ -121,7 +121,12 @@ class Run:
             corpora=corpora,
             progress=progress,
             # a resumed run's logs forget what the killed run logged after its checkpoint
-            tracker=Tracker(run_dir, place.is_main, progress.step if saved is not None else None),
+            tracker=Tracker(
+                run_dir,
+                place.is_main,
+                progress.step if saved is not None else None,
+                tensorboard=config.run.tensorboard,
+            ),
             place=place,
             # the minutes of the invocations it resumes count too
             clock=Clock(started - 60 * progress.minutes, cfg.max_minutes),

@@ -80,27 +80,36 @@ def _quiet_tensorboard_thread() -> None:
 
 
 class Tracker:
-    """Writes scalars and images; a no-op off rank 0.
+    """Writes scalars to metrics.jsonl and, with ``tensorboard`` (``run.tensorboard``), scalars
+    and images to tensorboard; a no-op off rank 0.
 
     ``resumed_at``: the step of the checkpoint a resumed run starts from. What the killed run
     logged after it is dropped from metrics.jsonl and hidden from tensorboard (its
     ``purge_step``), so that both show one history, the same as an uninterrupted run's.
     """
 
-    def __init__(self, run_dir: Path, enabled: bool = True, resumed_at: int | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        enabled: bool = True,
+        resumed_at: int | None = None,
+        tensorboard: bool = True,
+    ):
         self.enabled = enabled
         self.metrics_path = run_dir / "metrics.jsonl"
         self.tensorboard = run_dir / "tensorboard"
         self.writer: Any = None
         if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-
             purge = None
             if resumed_at is not None:
                 _truncate_metrics(self.metrics_path, resumed_at)
                 purge = resumed_at + 1
             else:
                 self._start_afresh()
+            if not tensorboard:
+                return
+            from torch.utils.tensorboard import SummaryWriter
+
             _quiet_tensorboard_thread()
             with self._writing(self.tensorboard):
                 self.writer = SummaryWriter(log_dir=str(self.tensorboard), purge_step=purge)
@@ -132,18 +141,24 @@ class Tracker:
                 raise
             raise write_error(path, cause) from exc
 
+    @property
+    def images(self) -> bool:
+        """Whether images are kept (tensorboard is written): the caller draws them only then."""
+        return self.writer is not None
+
     def scalars(self, step: int, values: dict[str, float], split: str) -> None:
         if not self.enabled:
             return
-        with self._writing(self.tensorboard):
-            for name, value in values.items():
-                self.writer.add_scalar(f"{split}/{name}", value, step)
+        if self.writer is not None:
+            with self._writing(self.tensorboard):
+                for name, value in values.items():
+                    self.writer.add_scalar(f"{split}/{name}", value, step)
         record = {"split": split, "step": step, "time": round(time.time(), 3), **values}
         with self._writing(self.metrics_path), self.metrics_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
     def image(self, step: int, name: str, rgb: np.ndarray) -> None:
-        if self.enabled:
+        if self.images:
             with self._writing(self.tensorboard):
                 self.writer.add_image(name, rgb, step, dataformats="HWC")
 

@@ -145,7 +145,7 @@ def alignment_metrics(
         refs = [content_reference(reference, mask) for _, reference, mask in pairs]
         metrics["aer_content"] = 100 * score_alignments(hyps, refs).aer
     first = results[0]
-    if tracker.enabled and first is not None and first.alphas is not None:
+    if tracker.images and first is not None and first.alphas is not None:
         _reference_image(translator, alignment, first.alphas, tracker, step)
     return metrics
 
@@ -257,7 +257,7 @@ def agree(metrics: dict[str, float], place: Distributed, device: torch.device) -
 
 
 def _attention_image(translator: Translator, corpora: Corpora, tracker: Tracker, step: int) -> None:
-    if not tracker.enabled:
+    if not tracker.images:
         return
     from nmt.plots import attention_figure_array
 

@@ -17,7 +17,7 @@ def kept(corpus: Path) -> Path:
     """A tiny run that kept three step-N.pt checkpoints (validation every 2 of 6 steps)."""
     config = tiny_config(corpus)
     config["training"].update({"max_steps": 6, "validate_every": 2, "keep_last": 3})
-    config["run"] = {"dir": str(corpus / "kept"), "device": "cpu"}
+    config["run"] = {"dir": str(corpus / "kept"), "device": "cpu", "tensorboard": False}
     path = write_config(corpus / "kept.yaml", config)
     result = nmt("train", str(path), "--quiet")
     assert result.code == 0, result.err
@@ -66,7 +66,7 @@ def test_a_checkpoint_of_another_architecture_is_refused(
     """A model config that differs is one line naming both files and the key."""
     config = tiny_config(corpus)
     config["model"]["decoder"] = {**config["model"]["decoder"], "hidden_size": 12}
-    config["run"] = {"dir": str(tmp_path / "other"), "device": "cpu"}
+    config["run"] = {"dir": str(tmp_path / "other"), "device": "cpu", "tensorboard": False}
     path = write_config(tmp_path / "other.yaml", config)
     assert nmt("train", str(path), "--quiet").code == 0
     out = tmp_path / "avg.pt"
@@ -97,7 +97,7 @@ def test_a_save_interval_keeps_checkpoints_between_validations(
     config["training"].update(
         {"max_steps": 6, "validate_every": 4, "save_every": 2, "keep_last": 3}
     )
-    config["run"] = {"dir": str(tmp_path / "run"), "device": "cpu"}
+    config["run"] = {"dir": str(tmp_path / "run"), "device": "cpu", "tensorboard": False}
     assert nmt("train", str(write_config(tmp_path / "c.yaml", config)), "--quiet").code == 0
     names = sorted(p.name for p in (tmp_path / "run").glob("step-*.pt"))
     assert names == ["step-00000002.pt", "step-00000004.pt", "step-00000006.pt"]

@@ -52,7 +52,7 @@ def twin(corpus: Path, run: Path) -> Path:
     config = tiny_config(corpus)
     config["training"]["seed"] = 7
     config["model"]["decoder"]["style"] = "bahdanau"
-    config["run"] = {"dir": str(corpus / "twin"), "device": "cpu"}
+    config["run"] = {"dir": str(corpus / "twin"), "device": "cpu", "tensorboard": False}
     result = nmt("train", str(write_config(corpus / "twin.yaml", config)), "--quiet")
     assert result.code == 0, result.err
     return corpus / "twin"

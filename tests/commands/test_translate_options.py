@@ -46,7 +46,7 @@ def other(corpus: Path, run: Path) -> Path:
     """A tiny run with another tokenizer (tokenizer.vocab_size 45 instead of 40)."""
     config = tiny_config(corpus)
     config["tokenizer"]["vocab_size"] = 45
-    config["run"] = {"dir": str(corpus / "other"), "device": "cpu"}
+    config["run"] = {"dir": str(corpus / "other"), "device": "cpu", "tensorboard": False}
     result = nmt("train", str(write_config(corpus / "other.yaml", config)), "--quiet")
     assert result.code == 0, result.err
     return corpus / "other"

@@ -116,7 +116,7 @@ def test_bad_guided_alignment_settings_are_one_line(
     config = tiny_config(corpus)
     config["training"].update(training)
     config["tokenizer"].update(tokenizer)
-    config["run"] = {"dir": str(tmp_path / "run")}
+    config["run"] = {"dir": str(tmp_path / "run"), "tensorboard": False}
     result = nmt("train", str(write_config(tmp_path / "c.yaml", config)))
     assert result.code == 2 and expected in result.error
     assert not (tmp_path / "run").exists()

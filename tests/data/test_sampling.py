@@ -151,7 +151,7 @@ def _config(root: Path, **tokenizer: object) -> Config:
         {
             "data": data_section(root),
             "tokenizer": {"vocab_size": 40, "type": "unigram", **tokenizer},
-            "run": {"dir": str(root / "run")},
+            "run": {"dir": str(root / "run"), "tensorboard": False},
         }
     )
 
@@ -205,7 +205,7 @@ def test_bad_sampling_settings_are_one_line(
 ) -> None:
     config = tiny_config(corpus)
     config["tokenizer"].update(tokenizer)
-    config["run"] = {"dir": str(tmp_path / "run")}
+    config["run"] = {"dir": str(tmp_path / "run"), "tensorboard": False}
     result = nmt("train", str(write_config(tmp_path / "c.yaml", config)))
     assert result.code == 2 and expected in result.error and "\n" not in result.error.strip()
     assert not (tmp_path / "run").exists()
@@ -230,7 +230,7 @@ def test_a_tiny_model_still_learns_with_sampled_segmentations(
             "attention": {"score": "general"},
         },
         "training": {"epochs": 12, "batch_tokens": 600, "learning_rate": 0.005, "seed": 3},
-        "run": {"dir": str(tmp_path / "run")},
+        "run": {"dir": str(tmp_path / "run"), "tensorboard": False},
     }
     result = nmt("train", str(write_config(tmp_path / "c.yaml", config)), "--quiet")
     assert result.code == 0, result.error

@@ -47,7 +47,7 @@ def _config(root: Path, **data: Any) -> Config:
         {
             "data": {**data_section(root), **data},
             "tokenizer": {"vocab_size": 40, "type": "bpe"},
-            "run": {"dir": str(root / "run")},
+            "run": {"dir": str(root / "run"), "tensorboard": False},
         }
     )
 

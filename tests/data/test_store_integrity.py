@@ -241,7 +241,7 @@ def _config(root: Path) -> Config:
         {
             "data": {**data_section(root), "cache_dir": str(root / "shared")},
             "tokenizer": {"vocab_size": 40, "type": "bpe"},
-            "run": {"dir": str(root / "run")},
+            "run": {"dir": str(root / "run"), "tensorboard": False},
         }
     )
 

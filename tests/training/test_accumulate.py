@@ -158,7 +158,7 @@ def test_ddp_all_reduces_once_per_update(tmp_path: Path) -> None:
 def _config(corpus: Path, root: Path, **training: object) -> Path:
     config = tiny_config(corpus)
     config["training"].update({"accumulate": 3, "validate_every": 2, **training})
-    config["run"] = {"dir": str(root / "run"), "device": "cpu"}
+    config["run"] = {"dir": str(root / "run"), "device": "cpu", "tensorboard": False}
     return write_config(root / "c.yaml", config)
 
 

@@ -38,7 +38,7 @@ def _refuses_huge_allocations() -> bool:
 def _config(tmp_path: Path, corpus: Path, hidden: int) -> Path:
     config = tiny_config(corpus)
     config["model"]["encoder"] = {"hidden_size": hidden}
-    config["run"] = {"device": "cpu", "dir": str(tmp_path / "run")}
+    config["run"] = {"device": "cpu", "dir": str(tmp_path / "run"), "tensorboard": False}
     return write_config(tmp_path / "c.yaml", config)
 
 

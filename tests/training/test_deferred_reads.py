@@ -54,7 +54,7 @@ def _config(corpus: Path, run_dir: Path, deferred: bool, device: str = "cpu", **
                 **training,
             },
             "decoding": {"max_len_offset": 3, "max_len_ratio": 1.0},
-            "run": {"dir": str(run_dir), "device": device},
+            "run": {"dir": str(run_dir), "device": device, "tensorboard": False},
         }
     )
 

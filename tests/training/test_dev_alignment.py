@@ -19,6 +19,7 @@ def _corpus(root: Path) -> Path:
 def _config(root: Path, **data: object) -> Path:
     config = aligned_config(root)
     config["data"].update({"test": None, "dev_alignment": str(root / "dev.align"), **data})
+    config["run"]["tensorboard"] = True
     return write_config(root / "config.yaml", config)
 
 
@@ -59,7 +60,7 @@ def test_validation_scores_the_attention_like_nmt_align(tmp_path: Path) -> None:
     assert last["aer"] == pytest.approx(100 * report["aer"], abs=1e-9)
     assert last["aer_content"] == pytest.approx(100 * report["content_words"]["aer"], abs=1e-9)
     assert report["content_words"]["sure"] < report["sure"]  # "el"/"y" links are left out
-    assert "dev/attention_reference" in _image_tags(run)
+    assert {"dev/attention_reference", "dev/attention"} <= set(_image_tags(run))
     assert "AER (content words)" in (run / "train.log").read_text(encoding="utf-8")
 
 

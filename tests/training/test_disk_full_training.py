@@ -68,7 +68,7 @@ def config(corpus: Path, run_dir: Path) -> dict:
             "best_metric": "loss",  # dev loss falls at every validation: best.pt each time
         },
         "decoding": {"max_len_offset": 3, "max_len_ratio": 1.0},
-        "run": {"dir": str(run_dir), "device": "cpu"},
+        "run": {"dir": str(run_dir), "device": "cpu", "tensorboard": False},
     }
 
 

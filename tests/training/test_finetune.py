@@ -19,7 +19,7 @@ def source(corpus: Path) -> Path:
     """The run fine-tuning starts from (a few steps on the reversal task)."""
     config = tiny_config(corpus)
     config["training"].update({"max_steps": 4})
-    config["run"] = {"dir": str(corpus / "source"), "device": "cpu"}
+    config["run"] = {"dir": str(corpus / "source"), "device": "cpu", "tensorboard": False}
     result = nmt("train", str(write_config(corpus / "source.yaml", config)), "--quiet")
     assert result.code == 0, result.err
     return corpus / "source"
@@ -29,7 +29,7 @@ def _finetune_config(corpus: Path, root: Path, source: Path, **training: object)
     config = tiny_config(corpus)
     config["tokenizer"] = {"vocab_size": 60, "type": "unigram"}  # not used: init_from's is
     config["training"].update({"init_from": str(source), "seed": 7, **training})
-    config["run"] = {"dir": str(root / "run"), "device": "cpu"}
+    config["run"] = {"dir": str(root / "run"), "device": "cpu", "tensorboard": False}
     return write_config(root / "finetune.yaml", config)
 
 
@@ -119,7 +119,7 @@ def test_bad_finetuning_settings(
     """A missing checkpoint, everything frozen, an unknown part: one line, nothing written."""
     config = tiny_config(corpus)
     config["training"].update(training)
-    config["run"] = {"dir": str(tmp_path / "run")}
+    config["run"] = {"dir": str(tmp_path / "run"), "tensorboard": False}
     result = nmt("train", str(write_config(tmp_path / "c.yaml", config)))
     assert expected in result.error
     assert not (tmp_path / "run").exists()

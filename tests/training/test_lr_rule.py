@@ -63,7 +63,7 @@ def test_a_run_trains_at_the_scaled_rate(tmp_path: Path) -> None:
                 "log_every": 1,
                 "validate_every": 100,
             },
-            "run": {"dir": str(tmp_path / "run"), "device": "cpu"},
+            "run": {"dir": str(tmp_path / "run"), "device": "cpu", "tensorboard": False},
         }
     )
     run_dir = train(config, quiet=True)

@@ -148,7 +148,7 @@ def test_a_run_with_prefetch_trains_as_one_without(
             {"accumulate": 2, "epochs": 2, "max_steps": 30, "log_every": 1, "validate_every": 10}
         )
         config["tokenizer"].update({"type": "unigram", "sampling_alpha": 0.2})
-        config["run"] = {"dir": str(root / "run"), "device": "cpu"}
+        config["run"] = {"dir": str(root / "run"), "device": "cpu", "tensorboard": False}
         path = write_config(root / "c.yaml", config)
         threads.clear()
         result = nmt("train", str(path), "--quiet", "-O", f"training.prefetch={setting}")

@@ -22,7 +22,7 @@ def _prepare(rank: int, world: int, port: int, root: Path) -> None:
             {
                 "data": data_section(root),
                 "tokenizer": {"vocab_size": 40, "type": "bpe"},
-                "run": {"dir": str(root / "run")},
+                "run": {"dir": str(root / "run"), "tensorboard": False},
             }
         )
         corpora, tokenizer = load_corpora_in_turn(config, root / "run", None, place)

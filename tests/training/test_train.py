@@ -48,8 +48,11 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def raw_config(corpus: Path, run_dir: Path, **training: Any) -> dict[str, Any]:
-    """A 9k-parameter Luong model with dropout, so that resume must restore the RNG."""
+def raw_config(
+    corpus: Path, run_dir: Path, tensorboard: bool = False, **training: Any
+) -> dict[str, Any]:
+    """A 9k-parameter Luong model with dropout, so that resume must restore the RNG; without
+    tensorboard (its heatmaps are most of a validation's time here) unless asked."""
     return {
         "data": data_section(corpus),
         "tokenizer": {"vocab_size": 40, "type": "bpe"},
@@ -62,12 +65,14 @@ def raw_config(corpus: Path, run_dir: Path, **training: Any) -> dict[str, Any]:
             **training,
         },
         "decoding": {"max_len_offset": 3, "max_len_ratio": 1.0},
-        "run": {"dir": str(run_dir), "device": "cpu"},
+        "run": {"dir": str(run_dir), "device": "cpu", "tensorboard": tensorboard},
     }
 
 
-def run_training(corpus: Path, run_dir: Path, resume: bool = False, **training: Any) -> Path:
-    config = from_dict(raw_config(corpus, run_dir, **training))
+def run_training(
+    corpus: Path, run_dir: Path, resume: bool = False, tensorboard: bool = False, **training: Any
+) -> Path:
+    config = from_dict(raw_config(corpus, run_dir, tensorboard, **training))
     return train(config, resume=resume, quiet=True)
 
 
@@ -575,7 +580,9 @@ def test_plateau_halving_and_early_stopping_in_a_run(corpus: Path, tmp_path: Pat
 @pytest.fixture(scope="module")
 def short_run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("short") / "run"
-    return run_training(corpus, run_dir, max_steps=30, keep_last=3, best_metric="loss")
+    return run_training(
+        corpus, run_dir, max_steps=30, keep_last=3, best_metric="loss", tensorboard=True
+    )
 
 
 def test_keep_last_keeps_the_newest_step_checkpoints(short_run: Path) -> None:
@@ -631,6 +638,17 @@ def test_run_info_describes_the_run(short_run: Path) -> None:
     assert config.training.max_steps == 30 and config.training.keep_last == 3
 
 
+def test_without_tensorboard_the_run_is_the_same_and_writes_no_events(
+    corpus: Path, short_run: Path, tmp_path: Path
+) -> None:
+    """run.tensorboard false: the same updates, checkpoints and metrics.jsonl, and no
+    tensorboard folder (so no heatmap is drawn)."""
+    run_dir = run_training(corpus, tmp_path / "run", max_steps=30, keep_last=3, best_metric="loss")
+    assert_same_run(run_dir, short_run)
+    assert not (run_dir / "tensorboard").exists()
+    assert (short_run / "tensorboard").is_dir()
+
+
 def test_a_restart_without_a_checkpoint_starts_the_history_afresh(
     corpus: Path, short_run: Path, tmp_path: Path
 ) -> None:
@@ -641,7 +659,7 @@ def test_a_restart_without_a_checkpoint_starts_the_history_afresh(
     for stale in run_dir.glob("*.pt"):  # as if killed before the first checkpoint
         stale.unlink()
     assert read_metrics(run_dir)  # the dead run's records are there
-    run_training(corpus, run_dir, resume=True, max_steps=30, keep_last=3, best_metric="loss")
+    run_training(corpus, run_dir, True, True, max_steps=30, keep_last=3, best_metric="loss")
     assert history(run_dir) == history(short_run)
     steps = [(r["split"], r["step"]) for r in read_metrics(run_dir)]
     assert len(steps) == len(set(steps))  # no step logged twice
@@ -649,8 +667,11 @@ def test_a_restart_without_a_checkpoint_starts_the_history_afresh(
 
     events = list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert len(events) == 1  # the dead run's event file is gone
-    scalars = EventAccumulator(str(events[0])).Reload().Scalars("train/loss")
+    accumulated = EventAccumulator(str(events[0]), size_guidance={"images": 0}).Reload()
+    scalars = accumulated.Scalars("train/loss")
     assert [s.step for s in scalars] == [r["step"] for r in train_records(run_dir)]
+    heatmaps = accumulated.Images("dev/attention")  # the dev heatmap of every validation
+    assert [h.step for h in heatmaps] == [r["step"] for r in dev_records(run_dir)]
 
 
 def test_the_commit_recorded_is_nmt_s_own_or_none(tmp_path: Path) -> None:
@@ -686,7 +707,7 @@ def test_resume_refuses_a_model_change_in_one_line(
     corpus: Path, short_run: Path, tmp_path: Path
 ) -> None:
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump(raw_config(corpus, short_run)), encoding="utf-8")
+    config.write_text(yaml.safe_dump(raw_config(corpus, short_run, True)), encoding="utf-8")
     before = (short_run / "last.pt").read_bytes()
     result = nmt("train", str(config), "--resume", "-q", "--override", "model.embedding_size=24")
     assert result.error.startswith("error: model.embedding_size: changed since")
@@ -706,7 +727,7 @@ def test_resume_applies_and_reports_an_allowed_change(corpus: Path, tmp_path: Pa
 
 def test_resuming_a_finished_run_takes_no_step(short_run: Path, corpus: Path) -> None:
     before = saved(short_run / "last.pt")
-    run_training(corpus, short_run, resume=True, max_steps=30, keep_last=3, best_metric="loss")
+    run_training(corpus, short_run, True, True, max_steps=30, keep_last=3, best_metric="loss")
     after = saved(short_run / "last.pt")
     assert after["progress"]["step"] == 30
     assert_same_weights(after["model"], before["model"])
