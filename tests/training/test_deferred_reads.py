@@ -43,7 +43,9 @@ def _config(corpus: Path, run_dir: Path, deferred: bool, device: str = "cpu", **
         {
             "data": data_section(corpus),
             "tokenizer": {"vocab_size": 40, "type": "bpe"},
-            "model": luong_model_section(),  # with dropout: the random state must follow
+            "model": luong_model_section(
+                input_feeding=False
+            ),  # dropout: the random state must follow
             "training": {
                 "epochs": 2,
                 "batch_tokens": 200,

@@ -58,7 +58,7 @@ def config(corpus: Path, run_dir: Path) -> dict:
     return {
         "data": data_section(corpus),
         "tokenizer": {"vocab_size": 40, "type": "bpe"},
-        "model": luong_model_section(),
+        "model": luong_model_section(input_feeding=False),
         "training": {
             "epochs": 1,  # 33 steps
             "batch_tokens": 200,

@@ -51,12 +51,13 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def raw_config(
     corpus: Path, run_dir: Path, tensorboard: bool = False, **training: Any
 ) -> dict[str, Any]:
-    """A 9k-parameter Luong model with dropout, so that resume must restore the RNG; without
-    tensorboard (its heatmaps are most of a validation's time here) unless asked."""
+    """A 9k-parameter Luong model with dropout, so that resume must restore the RNG, without
+    input feeding (faster); without tensorboard (its heatmaps are most of a validation's time
+    here) unless asked."""
     return {
         "data": data_section(corpus),
         "tokenizer": {"vocab_size": 40, "type": "bpe"},
-        "model": luong_model_section(),
+        "model": luong_model_section(input_feeding=False),
         "training": {
             "epochs": 3,
             "batch_tokens": 200,
