@@ -21,10 +21,10 @@ except ImportError:  # pragma: no cover - older typer on click
     from click.globals import get_current_context  # type: ignore[no-redef]
 
 from nmt import __version__
+from nmt.allocator import limit_kernel_cache
 from nmt.config import MAX_LENGTH, DecodingConfig, RunConfig, TrainingConfig
 from nmt.decoding.options import Backend, Naming, decoding_options
 from nmt.errors import NMTError
-from nmt.fast.allocator import limit_kernel_cache
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -91,9 +91,10 @@ def train(
 ) -> None:
     """Train a model: data, tokenizer, checkpoints, logs and tensorboard go to the run dir."""
     from nmt.config import load
+
+    cfg = load(config, override or [])  # a config's error comes before torch's import
     from nmt.training import train as run_training
 
-    cfg = load(config, override or [])
     try:
         run_training(cfg, run_dir, resume=resume, quiet=quiet, restart=_state["may_restart"])
     except KeyboardInterrupt:
@@ -639,10 +640,13 @@ def eval_(
 
     With --model, the decoding options (--beam, --length-penalty, ...) apply to its
     translation of the split."""
-    from nmt.commands.common import Models
     from nmt.commands.evaluate import EvalRequest, evaluate_command
 
-    models = Models(model, device, precision) if model else None
+    models = None
+    if model:  # scoring files alone needs no torch
+        from nmt.commands.common import Models
+
+        models = Models(model, device, precision)
     systems = {"hypotheses": list(hypotheses or []), "references": list(ref or [])}
     report = evaluate_command(_request(EvalRequest, locals(), models=models, **systems))
     typer.echo(report.to_json() if json_out else report.to_table())

@@ -65,6 +65,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from nmt import checkpoint, files  # noqa: E402
+from nmt.allocator import limit_kernel_cache  # noqa: E402
 from nmt.commands.export import ExportRequest, export_command  # noqa: E402
 from nmt.config import Config, apply_override, from_dict  # noqa: E402
 from nmt.data.batching import (  # noqa: E402
@@ -82,7 +83,6 @@ from nmt.decoding.steering import Steering  # noqa: E402
 from nmt.decoding.translator import Translator  # noqa: E402
 from nmt.decoding.workers import worker_count  # noqa: E402
 from nmt.fast import compiled  # noqa: E402
-from nmt.fast.allocator import limit_kernel_cache  # noqa: E402
 from nmt.fast.precision import choose_precision  # noqa: E402
 from nmt.model import Seq2Seq, build_model, count_parameters  # noqa: E402
 from nmt.runtime import (  # noqa: E402

@@ -5,7 +5,7 @@ than cores makes OpenMP spin and tiny models run far slower, so every test proce
 `nmt` subprocess a test starts, uses a single thread.
 
 Every `nmt` subprocess also starts with the malloc tunables that `nmt train` on a CPU would
-otherwise restart itself to get (``nmt.fast.allocator.MALLOC_TUNABLES``): the same settings,
+otherwise restart itself to get (``nmt.allocator.MALLOC_TUNABLES``): the same settings,
 without a second import of torch for each training command. The restart itself is tested in
 tests/fast/test_allocator.py, which clears them.
 """
@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from nmt.fast.allocator import MALLOC_TUNABLES  # noqa: E402
+from nmt.allocator import MALLOC_TUNABLES  # noqa: E402
 
 os.environ.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)  # read by the subprocesses' glibc
 

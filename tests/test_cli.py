@@ -309,6 +309,35 @@ def test_help_lists_the_commands() -> None:
     assert _rows(_help(), "Commands") == COMMANDS
 
 
+STARTS_WITHOUT_TORCH = """
+import sys
+from nmt import cli
+
+for arguments in sys.argv[1:]:
+    sys.argv = ["nmt", *arguments.split("|")]
+    try:
+        cli.main()
+    except SystemExit as exit:
+        print(exit.code)
+print("torch" in sys.modules)
+"""
+
+
+def test_help_a_config_error_and_scoring_files_start_without_torch(tmp_path: Path) -> None:
+    """What answers at once does not wait seconds for torch's import: help, a config that is
+    not there, and `nmt eval` of files (sacrebleu alone)."""
+    (tmp_path / "hyp.txt").write_text("the cat sat on the mat\n", encoding="utf-8")
+    hyp, missing = tmp_path / "hyp.txt", tmp_path / "missing.yaml"
+    calls = ["--help", "translate|--help", f"train|{missing}", f"eval|{hyp}|--ref|{hyp}|--json"]
+    done = subprocess.run(
+        [sys.executable, "-c", STARTS_WITHOUT_TORCH, *calls], capture_output=True, text=True
+    )
+    assert done.stdout.splitlines()[-1] == "False", done.stdout + done.stderr
+    assert f"error: {missing}: no such config file" in done.stderr
+    assert [line for line in done.stdout.splitlines() if line in ("0", "2")] == ["0", "0", "2", "0"]
+    assert '"bleu": 100.0' in done.stdout
+
+
 @pytest.mark.parametrize("command", list(FLAGS))
 def test_help_lists_every_flag(command: str) -> None:
     """Each command's help lists its flags, in their order, each once (in this process: the

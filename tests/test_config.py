@@ -9,7 +9,6 @@ import yaml
 from pydantic import ValidationError
 
 from nmt.config import (
-    SCORES,
     Config,
     apply_override,
     changed_keys,
@@ -19,7 +18,7 @@ from nmt.config import (
     to_yaml,
 )
 from nmt.errors import ConfigError
-from nmt.model import build_model
+from nmt.model import build_model, registry
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SHIPPED = sorted(CONFIG_DIR.glob("*.yaml"))
@@ -142,7 +141,7 @@ def test_bad_type_or_range_names_the_key(section: str, key: str, value: object) 
 def test_bad_score_lists_valid_names() -> None:
     message = _error({"model": {"attention": {"score": "dott"}}})
     assert "model.attention.score" in message and "'dott'" in message
-    for name in SCORES:
+    for name in registry.SCORES:
         assert name in message
 
 

@@ -21,9 +21,6 @@ from hypothesis import strategies as st
 from schemakeys import leaf_keys
 
 from nmt.config import (
-    CONTENT_SCORES,
-    DECODER_STYLES,
-    SCORES,
     Config,
     apply_override,
     from_dict,
@@ -32,6 +29,11 @@ from nmt.config import (
 )
 from nmt.config import ConfigError as _ConfigError  # the same class as nmt.errors.ConfigError
 from nmt.errors import ConfigError
+from nmt.model import registry
+
+SCORES = tuple(registry.SCORES)  # the shipped names, aliases included
+CONTENT_SCORES = tuple(registry.content_scores())
+DECODER_STYLES = tuple(registry.DECODERS)
 
 assert _ConfigError is ConfigError
 

@@ -1,6 +1,7 @@
 """The body of `nmt eval`, in three modes: score hypothesis files against references, translate
 a split of the run's own data with the model and score it (``--model``), or score an
-alignment file against reference links (``--align``)."""
+alignment file against reference links (``--align``). Scoring files needs no torch: the other
+modes import what they run when they run."""
 
 from __future__ import annotations
 
@@ -8,15 +9,18 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nmt import evaluate
-from nmt.commands.align import AlignmentReport, evaluate_alignments
-from nmt.commands.common import Models, check_writes, progress_bar
 from nmt.config import DataConfig
 from nmt.data.corpus import local_files, read_pairs
 from nmt.decoding.options import decoding_options
 from nmt.errors import ConfigError, DataError
 from nmt.files import atomic_write_text
+
+if TYPE_CHECKING:
+    from nmt.commands.align import AlignmentReport
+    from nmt.commands.common import Models
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ def evaluate_command(request: EvalRequest) -> evaluate.Report | AlignmentReport:
         alone = not request.hypotheses and request.models is None
         if request.align is None or request.align_ref is None or not alone:
             raise ConfigError("give --align HYP with --align-ref GOLD (and no other systems)")
+        from nmt.commands.align import evaluate_alignments
+
         return evaluate_alignments(
             request.align, request.align_ref, request.align_src, request.align_trg
         )
@@ -63,6 +69,8 @@ def evaluate_split(models: Models, request: EvalRequest) -> evaluate.Report:
     """Translate a split (dev, test, train or a data.eval_splits name) of the first run's own
     data with the models (several: their ensemble) and score it, decoding as `nmt translate`
     does."""
+    from nmt.commands.common import check_writes, progress_bar
+
     out = request.save_hypotheses
     if out is not None:
         check_writes("--save-hypotheses", out, {"--model": models.files()})

@@ -21,9 +21,6 @@ from nmt.config.loading import (
     unknown_keys,
 )
 from nmt.config.model import (
-    CONTENT_SCORES,
-    DECODER_STYLES,
-    SCORES,
     AttentionConfig,
     DecoderConfig,
     EncoderConfig,
@@ -40,13 +37,10 @@ from nmt.config.schema import (
 from nmt.errors import ConfigError
 
 __all__ = [
-    "CONTENT_SCORES",
-    "DECODER_STYLES",
     "MAX_LAYERS",
     "MAX_LENGTH",
     "MAX_VOCAB",
     "MAX_WIDTH",
-    "SCORES",
     "AttentionConfig",
     "Config",
     "ConfigError",

@@ -1,24 +1,28 @@
 """The model section of the config: embeddings, encoder, decoder and attention, and the rules
 between their sizes and score functions.
 
-Valid names come from the model's registry (nmt.model.registry), read when a config is validated
-(a score registered later is a valid name without an edit here), and so do the rules each score
-class declares; this module only reads them.
+Valid names come from the model's registry (nmt.model.registry), read when a model section is
+validated (a score registered later is a valid name without an edit here), and so do the rules
+each score class declares; this module only reads them. The registry is imported then, not
+with this module: it imports torch, and the commands that validate no model section (help,
+usage errors, ``nmt eval`` of files) start without it.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from nmt.config.base import MAX_LAYERS, MAX_LENGTH, MAX_WIDTH, Section
-from nmt.model.registry import DECODERS, content_scores
-from nmt.model.registry import SCORES as SCORE_CLASSES
 
-SCORES = tuple(SCORE_CLASSES)  # the shipped names model.attention.score takes, aliases included
-CONTENT_SCORES = tuple(content_scores())  # those usable as model.attention.local_score
-DECODER_STYLES = tuple(DECODERS)
+
+def registry() -> ModuleType:
+    """nmt.model.registry: the decoders and the registered scores, with their rules."""
+    from nmt.model import registry as module
+
+    return module
 
 
 class EncoderConfig(Section):
@@ -36,8 +40,7 @@ class DecoderConfig(Section):
 
     style: str = Field(
         "bahdanau",
-        description=f"{', '.join(DECODER_STYLES)}; bahdanau: attend from s_{{i-1}} (pre-step), "
-        "luong: from h_t (post-step)",
+        description="bahdanau: attend from s_{i-1} (pre-step); luong: from h_t (post-step)",
     )
     rnn: Literal["gru", "lstm"] = Field("gru", description="recurrent cell")
     hidden_size: int = Field(256, ge=1, le=MAX_WIDTH, description="decoder state size")
@@ -57,10 +60,9 @@ class DecoderConfig(Section):
 
     @model_validator(mode="after")
     def _known_style(self) -> DecoderConfig:
-        if self.style not in DECODER_STYLES:  # the caller prefixes "model.decoder."
-            raise ValueError(
-                f"style: got {self.style!r}, expected one of {', '.join(DECODER_STYLES)}"
-            )
+        styles = registry().DECODERS
+        if self.style not in styles:  # the caller prefixes "model.decoder."
+            raise ValueError(f"style: got {self.style!r}, expected one of {', '.join(styles)}")
         return self
 
 
@@ -68,7 +70,9 @@ class AttentionConfig(Section):
     """The score function that weighs the source positions at each target step (every variant,
     its equation and its paper: docs/models.md)."""
 
-    score: str = Field("additive", description=f"score function: {', '.join(SCORES)}")
+    score: str = Field(
+        "additive", description="score function, by name (docs/models.md; or a registered one)"
+    )
     hidden_size: int | None = Field(
         None,
         ge=1,
@@ -101,7 +105,8 @@ class AttentionConfig(Section):
     )
     local_score: str = Field(
         "general",
-        description=f"local-m/local-p: score inside the window: {', '.join(CONTENT_SCORES)}",
+        description="local-m/local-p: score inside the window, a score of one query and one "
+        "key (docs/models.md)",
     )
     coverage: Literal["none", "sum", "linguistic", "neural"] = Field(
         "none",
@@ -122,11 +127,10 @@ class AttentionConfig(Section):
     @model_validator(mode="after")
     def _known_names(self) -> AttentionConfig:
         problems = []
-        if self.score not in SCORE_CLASSES:  # as registered now
-            problems.append(
-                f"score: got {self.score!r}, expected one of {', '.join(SCORE_CLASSES)}"
-            )
-        content = content_scores()
+        scores = registry().SCORES  # as registered now
+        if self.score not in scores:
+            problems.append(f"score: got {self.score!r}, expected one of {', '.join(scores)}")
+        content = registry().content_scores()
         if self.local_score not in content:
             problems.append(
                 f"local_score: got {self.local_score!r}, expected one of "
@@ -147,9 +151,10 @@ class ModelConfig(Section):
     tie_embeddings: bool = Field(
         False, description="share the target embedding with the output layer"
     )
-    encoder: EncoderConfig = EncoderConfig()
-    decoder: DecoderConfig = DecoderConfig()
-    attention: AttentionConfig = AttentionConfig()
+    # made when a config is, not at import (their checks read the registry)
+    encoder: EncoderConfig = Field(default_factory=EncoderConfig)
+    decoder: DecoderConfig = Field(default_factory=DecoderConfig)
+    attention: AttentionConfig = Field(default_factory=AttentionConfig)
     alignment_head: bool = Field(
         False,
         description="a second attention that reads each target word once it is known (its "
@@ -175,9 +180,10 @@ class ModelConfig(Section):
         att = self.attention
         enc_out = _encoder_units(self.encoder)
         dec_hidden = self.decoder.hidden_size
-        outer = SCORE_CLASSES[att.score]
+        scores = registry().SCORES
+        outer = scores[att.score]
         key, score = ("local_score", att.local_score) if outer.windowed else ("score", att.score)
-        inner = SCORE_CLASSES[score]
+        inner = scores[score]
         problems = []
         if inner.equal_sizes and enc_out != dec_hidden:
             problems.append(
@@ -198,7 +204,7 @@ class ModelConfig(Section):
                 f"{score!r}; set scale: none" + (" (cosine has beta)" if score == "cosine" else "")
             )
         if att.coverage != "none" and not outer.covers:
-            covering = ", ".join(name for name, cls in SCORE_CLASSES.items() if cls.covers)
+            covering = ", ".join(name for name, cls in scores.items() if cls.covers)
             problems.append(
                 f"model.attention.coverage: {att.coverage!r} feeds the additive score, not "
                 f"{att.score!r}; use score: one of {covering}, or coverage: none"

@@ -429,7 +429,7 @@ class Config(Section):
 
     data: DataConfig = DataConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
-    model: ModelConfig = ModelConfig()
+    model: ModelConfig = Field(default_factory=ModelConfig)  # checked when a config is made
     training: TrainingConfig = TrainingConfig()
     decoding: DecodingConfig = DecodingConfig()
     run: RunConfig = RunConfig()

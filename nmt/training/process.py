@@ -1,13 +1,13 @@
 """The training process's settings, made once before it trains: oneDNN's kernel cache, glibc's
-malloc (``nmt.fast.allocator`` says why) and torch's threads. ``nmt train`` and
+malloc (``nmt.allocator`` says why) and torch's threads. ``nmt train`` and
 scripts/bench.py's training processes both start here."""
 
 from __future__ import annotations
 
 import os
 
+from nmt import allocator
 from nmt.config import Config
-from nmt.fast import allocator
 from nmt.runtime import choose_device, set_threads
 
 

@@ -94,7 +94,7 @@ def write_run_info(
         "threads": torch.get_num_threads(),
         **precision.record(),
         "world_size": world_size,
-        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),  # nmt.fast.allocator.MALLOC_TUNABLES
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),  # nmt.allocator.MALLOC_TUNABLES
         "native_kernels": compiled.status()
         if device.type == "cpu" and config.run.fast_kernels
         else None,

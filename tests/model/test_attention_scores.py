@@ -12,11 +12,13 @@ import math
 import pytest
 import torch
 
-from nmt.config import SCORES, AttentionConfig
+from nmt.config import AttentionConfig
 from nmt.model.attention import masked_softmax
 from nmt.model.positional import LocalAttention
 from nmt.model.registry import SCORES as SCORE_CLASSES
 from nmt.model.registry import build_attention
+
+SCORES = tuple(SCORE_CLASSES)  # the shipped names, aliases included
 
 B, T, S = 3, 3, 6
 LENGTHS = [6, 4, 1]

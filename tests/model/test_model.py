@@ -11,11 +11,13 @@ import torch
 import torch.nn.functional as F
 
 import nmt.fast.loss
-from nmt.config import SCORES, ModelConfig, from_dict
+from nmt.config import ModelConfig, from_dict
 from nmt.data.batching import make_batch
 from nmt.data.tokenizer import PAD_ID
 from nmt.errors import ConfigError
-from nmt.model import Seq2Seq, build_model
+from nmt.model import Seq2Seq, build_model, registry
+
+SCORES = tuple(registry.SCORES)  # the shipped names, aliases included
 
 SRC_VOCAB, TRG_VOCAB = 11, 13
 

@@ -126,7 +126,7 @@ def test_quick_tiny_run_writes_every_figure(tmp_path: Path) -> None:
         f"| {train['tokens_per_s']['median']:,.0f} | {train['peak_rss_gib']:,.2f} |"
     )
     assert table_row in proc.stdout
-    from nmt.fast.allocator import MALLOC_TUNABLES, _glibc
+    from nmt.allocator import MALLOC_TUNABLES, _glibc
 
     # its subprocess runs with the malloc settings `nmt train` restarts with
     if _glibc() and os.environ.get("GLIBC_TUNABLES", MALLOC_TUNABLES) == MALLOC_TUNABLES:

@@ -18,8 +18,7 @@ import pytest
 import yaml
 from synthetic import data_section, luong_model_section, write_corpus
 
-from nmt import cli
-from nmt.fast import allocator
+from nmt import allocator, cli
 
 # The start of a script for a fresh process: glibc's malloc statistics (mallinfo2, 2.33 and
 # later) through ctypes.
@@ -38,7 +37,7 @@ MAPPED_WHILE_HELD = (
     MALLINFO2
     + """
 import sys, torch
-from nmt.fast.allocator import tune_allocator
+from nmt.allocator import tune_allocator
 if sys.argv[1] == "tuned":
     assert tune_allocator()
 before = libc.mallinfo2().hblkhd
