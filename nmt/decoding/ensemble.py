@@ -32,7 +32,6 @@ import torch
 from torch import Tensor
 
 from nmt.fast.packed import Product, StepProducts
-from nmt.fast.source_tables import SourceTables
 from nmt.model import Seq2Seq
 from nmt.model.attention import Memory
 from nmt.model.decoder import DecoderState, Prepared
@@ -82,23 +81,21 @@ class StepTables:
     (``Decoder.gate_table``), ``output``, the product by W_o on a CPU (``FastPaths.product``:
     from oneDNN's prepared layout, else by W_o transposed and contiguous), and ``products``,
     the decoder step's own products on a CPU (``Decoder.search_products``), and ``source``,
-    the encoder's tables on a CPU (``Encoder.source_tables``); each None where the member
-    multiplies as it is."""
+    the encoder's first-layer input gates of every source piece on a CPU
+    (``Encoder.gate_table``); each None where the member multiplies as it is."""
 
     gates: Tensor | None = None
     output: Product | None = None
     products: StepProducts | None = None
-    source: SourceTables | None = None
+    source: Tensor | None = None
 
     def weights(self) -> list[Tensor]:
         """Every tensor the tables hold (what a kept captured step reads besides the
         model's parameters: ``decoding.captured.kept_key``)."""
-        held = [self.gates] if self.gates is not None else []
+        held = [table for table in (self.gates, self.source) if table is not None]
         products = [self.output] if self.output is not None else []
         if self.products is not None:
             products += self.products.all()
-        if self.source is not None:
-            held += self.source.weights()
         return held + [product.weight for product in products]
 
 

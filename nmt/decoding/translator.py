@@ -197,7 +197,7 @@ class Translator:
         """Each model's StepTables, made on the first call: a Translator's models are fixed.
         In float32 alone (under autocast the module's matmuls run in the lower precision);
         the output layer's and the decoder step's products and the encoder's tables on a CPU
-        (``FastPaths.product``, ``Decoder.search_products``, ``Encoder.source_tables``)."""
+        (``FastPaths.product``, ``Decoder.search_products``, ``Encoder.gate_table``)."""
         if self._tables is None:
             fp32 = self.precision == "fp32"
             cpu = self.device.type == "cpu"
@@ -206,7 +206,7 @@ class Translator:
                     m.decoder.gate_table() if fp32 else None,
                     m.fast.product(m.generator.weight) if fp32 and cpu else None,
                     m.decoder.search_products() if fp32 and cpu else None,
-                    m.encoder.source_tables() if fp32 and cpu else None,
+                    m.encoder.gate_table() if fp32 and cpu else None,
                 )
                 for m in self.models
             ]

@@ -23,8 +23,8 @@ dtype), and ``FastPaths.plain()`` turns every one off for the reference:
 - ``search_tables``: what search makes once per model instead of at every step. The
   embedding's part of a step-by-step decoder's first RNN gates is looked up in a table
   (``fast.cells.input_gate_table``), on every device; so is the encoder's first RNN layer's
-  on a CPU, whose loop over time search then runs through compiled kernels
-  (``fast.source_tables``). A beam search with a Luong decoder over a memory its beams share
+  on a CPU, whose loop over time search then runs as training's recurrence does
+  (``fast.recurrence.gate_table``). A beam search with a Luong decoder over a memory its beams share
   multiplies W_c's context half into the values once per batch
   (``LuongDecoder.for_search``). Search's products by fixed weights on a CPU (the output
   layer's W_o, the decoder's W_hh and Luong's W_c) multiply from layouts prepared once for
@@ -47,7 +47,7 @@ dtype), and ``FastPaths.plain()`` turns every one off for the reference:
 | ``step_rnn`` | ``fast.cells.rnn_step`` (capturable; each layer's gates as torch's fused cell on a GPU) | the module's call | graphs on, training |
 | ``teacher_steps`` | ``fast.cells.teacher_steps``: the embedding's first-layer input gates of every position in one product, each step's W_ih and W_hh (with their biases) behind ``fast.sinks.WeightSink`` | each step multiplies its whole input | graphs on, fused, training |
 | ``input_gate_table`` | ``fast.cells.input_gate_table``, then ``step_rnn``'s ``rnn_step`` (each layer's gates as ``fast.compiled.rnn_cell``: native_kernels, evaluation without gradients, CPU, float32) | the module's call | search_tables, a Translator's search in float32 |
-| ``source_tables`` | ``fast.source_tables.SourceTables.run``: the encoder's first-layer input gates looked up, each direction's loop in one call (``fast.compiled.rnn_direction``: native_kernels and MKL) | the module, packed | search_tables, a Translator's search in float32 on a CPU |
+| ``source_rnn`` | ``fast.recurrence.run_rnn`` with the encoder's first-layer input gates looked up (``source_gates``: ``fast.recurrence.gate_table``; native_kernels) | the module, packed | search_tables, a Translator's search in float32 on a CPU |
 | ``output_loss`` | ``fast.loss.OutputLayerLoss`` (compiled kernel: cpu_kernels, native_kernels, training, CPU) | ``F.cross_entropy`` | fused |
 | ``product`` | ``fast.packed.Product`` from oneDNN's prepared layout (two rows or more) | the weight transposed, contiguous | search_tables, a Translator's search in float32 on a CPU |
 | ``log_softmax`` | ``fast.compiled.log_softmax_`` (in place, the mask inside) | ``masked_fill``, ``F.log_softmax`` | native_kernels, evaluation, CPU, float32 |
@@ -76,7 +76,6 @@ from nmt.fast import (
     packed,
     recurrence,
     sinks,
-    source_tables,
 )
 from nmt.fast.dropout import FastDropout
 
@@ -123,10 +122,7 @@ class FastPaths:
             and self.native_kernels
             and recurrence.runs_here(rnn, inputs)
         ):
-            mask = None
-            if lengths is not None:
-                positions = torch.arange(inputs.size(1), device=inputs.device)  # (T,)
-                mask = positions[None, :] < lengths.to(inputs.device)[:, None]  # (B, T)
+            mask = None if lengths is None else _real(lengths, inputs.size(1), inputs.device)
             return recurrence.run_rnn(rnn, inputs, mask, state)
         return recurrence.plain_rnn(rnn, inputs, lengths, state)
 
@@ -178,14 +174,21 @@ class FastPaths:
         embedding (V, G*H), for search to look up (``cells.input_gate_table``), or None."""
         return cells.input_gate_table(embed, rnn) if self.search_tables else None
 
-    def source_tables(
-        self, embed: nn.Embedding, rnn: nn.RNNBase
-    ) -> source_tables.SourceTables | None:
-        """An encoder's tables for search on a CPU: its first layer's input gates of every
-        source piece, and its products (``fast.source_tables``), or None."""
-        if not self.search_tables:
+    def source_gates(self, embed: nn.Embedding, rnn: nn.RNNBase) -> Tensor | None:
+        """An encoder's first RNN layer's input gates of every source piece (D, V, G*H), for
+        search on a CPU to look up (``recurrence.gate_table``, ``source_rnn``), or None."""
+        if not (self.search_tables and self.native_kernels):
             return None
-        return source_tables.source_tables(embed, rnn, self.native_kernels)
+        return recurrence.gate_table(embed, rnn)
+
+    def source_rnn(
+        self, rnn: nn.RNNBase, table: Tensor, src: Tensor, lengths: Tensor
+    ) -> tuple[Tensor, cells.RNNState]:
+        """Search's encoder RNN over source ids src (B, S) with lengths (B,), without
+        gradient: the first layer's input gates looked up in ``table`` (``source_gates``), the
+        recurrence as training's (``recurrence.run_rnn``) -> as ``recurrence``'s."""
+        mask = _real(lengths, src.size(1), src.device)
+        return recurrence.run_rnn(rnn, None, mask, None, recurrence.looked_up(table, src))
 
     def product(self, weight: Tensor, bias: Tensor | None = None) -> packed.Product:
         """Search's product x W^T + b by a fixed float32 weight W (O, I) on a CPU
@@ -250,3 +253,9 @@ class FastPaths:
         if allowed is not None:
             logits = logits.masked_fill(~allowed, -math.inf)
         return F.log_softmax(logits, dim=-1)
+
+
+def _real(lengths: Tensor, steps: int, device: torch.device) -> Tensor:
+    """(B, T) bool: True at each sentence's tokens, a prefix of its row of ``steps``."""
+    positions = torch.arange(steps, device=device)  # (T,)
+    return positions[None, :] < lengths.to(device)[:, None]

@@ -226,15 +226,14 @@ def _layer_sink(rnn: nn.RNNBase, kind: str, layer: int) -> Callable[[Tensor], Te
 TABLE_LIMIT = 1 << 26  # the largest table of input gates, in values (256 MB in float32)
 
 
-def input_gate_table(embed: nn.Embedding, rnn: nn.RNNBase, direction: str = "") -> Tensor | None:
+def input_gate_table(embed: nn.Embedding, rnn: nn.RNNBase) -> Tensor | None:
     """The table T (V, G*H) of a decoder's first RNN layer's input gates of the embedding
     (see the module docstring), without gradient, in the weights' dtype; None where it would
-    hold more than TABLE_LIMIT values. ``direction``: the parameters' suffix, "_reverse" for
-    a bidirectional encoder's backward direction (``fast.source_tables``). Whoever holds it
-    must make it again when the weights change (a Translator's models are fixed)."""
+    hold more than TABLE_LIMIT values (the encoder's: ``recurrence.gate_table``). Whoever
+    holds it must make it again when the weights change (a Translator's models are fixed)."""
     weight: Tensor = embed.weight
-    w_ih = cast(Tensor, getattr(rnn, f"weight_ih_l0{direction}"))
-    bias: Tensor | None = getattr(rnn, f"bias_ih_l0{direction}", None)
+    w_ih = cast(Tensor, rnn.weight_ih_l0)
+    bias: Tensor | None = getattr(rnn, "bias_ih_l0", None)
     if weight.size(0) * w_ih.size(0) > TABLE_LIMIT:
         return None
     with torch.no_grad():

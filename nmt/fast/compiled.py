@@ -23,7 +23,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -96,24 +95,11 @@ _DECODING: dict[str, list[type]] = {
     "lstm_cell": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I32],  # gx, gh, c, h_out, c_out
     # q, keys, values, mask, B, R, S, A, F, scale, alphas, context
     "attend": [_PTR] * 4 + [_I64] * 5 + [ctypes.c_float, _PTR, _PTR, _I32],
-    # blas, lstm, table, ids, gates_x, lengths, B, S, H, w_t, bias, out, out_stride, backward,
-    # h_final, c_final, scratch
-    "rnn_direction": [
-        _PTR,
-        _I32,
-        *[_PTR] * 4,
-        *[_I64] * 3,
-        *[_PTR] * 3,
-        _I64,
-        _I32,
-        *[_PTR] * 3,
-        _I32,
-    ],
 }
 TOP_K_MAX = 128  # a larger k: torch's top-k (each value that enters shifts up to k others)
 
 
-_state: dict[str, ctypes.CDLL | int | None | str] = {}
+_state: dict[str, ctypes.CDLL | None | str] = {}
 
 
 def cache_dir() -> Path:
@@ -422,137 +408,3 @@ def rnn_cell(
         threads,
     )
     return h_out, c_out
-
-
-def blas_sgemm() -> int | None:
-    """The address of the ``sgemm_`` in torch's CPU library where that library carries MKL
-    (the x86 builds do): MKL's Fortran interface, 32-bit integers, the routine torch.addmm
-    runs a float32 product through. None elsewhere (another BLAS, whose integer width nmt
-    does not know); looked up once per process."""
-    if "sgemm" in _state:
-        return _state["sgemm"]  # type: ignore[return-value]
-    address = None
-    for path in sorted((Path(torch.__file__).parent / "lib").glob("libtorch_cpu.*")):
-        try:
-            torch_cpu = ctypes.CDLL(str(path))
-            if hasattr(torch_cpu, "mkl_get_max_threads"):
-                address = ctypes.cast(torch_cpu.sgemm_, ctypes.c_void_p).value
-        except (OSError, AttributeError):
-            continue
-        break
-    _state["sgemm"] = address
-    return address
-
-
-@dataclass
-class Direction:
-    """One direction of an encoder's RNN layer through a batch (``rnn_direction``): its input
-    gates as ``table`` (V, G*H) rows of the pieces ``ids`` (B, S), or as ``gates_x`` (B, S,
-    G*H) in time order (a later layer's); ``w_t`` (H, G*H), W_h transposed, and ``bias``
-    (G*H,) or None; ``backward``: each sentence read from its last token."""
-
-    table: Tensor | None
-    ids: Tensor | None
-    gates_x: Tensor | None
-    w_t: Tensor
-    bias: Tensor | None
-    backward: bool
-
-
-def rnn_direction(
-    direction: Direction, lengths: Tensor, out: Tensor, h_final: Tensor, c_final: Tensor | None
-) -> bool:
-    """``direction`` through the sentences of ``lengths`` (B,) int64, longest first, in one
-    call (kernels.c's ``nmt_rnn_direction_f32``): the state after each step into ``out``
-    (B, S, H) at the position it read (a strided view: the direction's half of a layer's
-    outputs), zero past each end; each sentence's state after its last step into h_final
-    (B, H) (and c_final, an LSTM's cell, else None). Returns False, touching nothing, where it
-    cannot run: no library or MKL sgemm, or tensors that are not float32 CPU tensors of
-    those shapes, contiguous (out: along H). Piece ids outside the table raise ValueError."""
-    lib, blas = library(), blas_sgemm()
-    d = direction
-    if lib is None or blas is None or not _direction_fits(d, lengths, out, h_final, c_final):
-        return False
-    batch, steps = out.shape[:2]
-    hidden, width = d.w_t.shape
-    if d.table is not None and d.ids is not None:
-        read = d.ids[torch.arange(steps)[None, :] < lengths[:, None]]  # the ids the loop reads
-        if read.numel() and (int(read.min()) < 0 or int(read.max()) >= d.table.size(0)):
-            raise ValueError(f"piece ids outside the table's {d.table.size(0)} rows")
-    lstm = c_final is not None
-    scratch = torch.empty(batch * ((4 if lstm else 2) * hidden + width))
-    lib.nmt_rnn_direction_f32(
-        blas,
-        int(lstm),
-        _address(d.table),
-        _address(d.ids),
-        _address(d.gates_x),
-        lengths.data_ptr(),
-        batch,
-        steps,
-        hidden,
-        d.w_t.data_ptr(),
-        _address(d.bias),
-        out.data_ptr(),
-        out.stride(1),
-        int(d.backward),
-        h_final.data_ptr(),
-        _address(c_final),
-        scratch.data_ptr(),
-        torch.get_num_threads(),
-    )
-    return True
-
-
-def _direction_fits(
-    d: Direction, lengths: Tensor, out: Tensor, h_final: Tensor, c_final: Tensor | None
-) -> bool:
-    """Whether ``rnn_direction``'s tensors are what the kernel reads: float32 on the CPU,
-    contiguous (out along H, its rows apart), of matching shapes, lengths longest first."""
-    floats = [
-        d.w_t,
-        out,
-        h_final,
-        *(t for t in (d.table, d.gates_x, d.bias, c_final) if t is not None),
-    ]
-    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in floats) or out.dim() != 3:
-        return False
-    (batch, steps, size), (hidden, width) = out.shape, d.w_t.shape
-    gates = 4 if c_final is not None else 3
-    if d.table is not None:
-        inputs_fit = (
-            d.ids is not None
-            and d.table.dim() == 2
-            and d.table.size(1) == width
-            and d.ids.dtype == torch.int64
-            and tuple(d.ids.shape) == (batch, steps)
-            and d.table.is_contiguous()
-            and d.ids.is_contiguous()
-        )
-    elif d.gates_x is not None:
-        inputs_fit = d.gates_x.is_contiguous() and d.gates_x.shape == (batch, steps, width)
-    else:
-        inputs_fit = False
-    return (
-        inputs_fit
-        and width == gates * hidden
-        and size == hidden
-        and out.stride(2) == 1
-        and out.stride(1) >= hidden
-        and out.stride(0) == steps * out.stride(1)
-        and tuple(h_final.shape) == (batch, hidden)
-        and (c_final is None or c_final.shape == h_final.shape)
-        and (d.bias is None or tuple(d.bias.shape) == (width,))
-        and all(
-            t.is_contiguous() for t in (d.w_t, h_final, lengths, c_final, d.bias) if t is not None
-        )
-        and tuple(lengths.shape) == (batch,)
-        and lengths.dtype == torch.int64
-        and bool((lengths[1:] <= lengths[:-1]).all())
-        and (batch == 0 or int(lengths[0]) <= steps)
-    )
-
-
-def _address(tensor: Tensor | None) -> int | None:
-    """A tensor's data pointer for ctypes, or None (NULL)."""
-    return tensor.data_ptr() if tensor is not None else None

@@ -41,16 +41,14 @@ class GRULayer(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, loop: layer.Loop, inputs: Tensor, h0: Tensor, *weights: Tensor
+        ctx: Any, loop: layer.Loop, inputs: Tensor | None, h0: Tensor, *weights: Tensor
     ) -> tuple[Tensor, Tensor]:
         w_ih, w_hh, b_ih, b_hh = weights
         keep, compute = loop.keep, loop.compute
         directions, _, hidden = w_hh.shape
-        x = layer.loop_inputs(inputs, directions, compute)  # (D, T, B, I)
         w_i, w_h = w_ih.to(compute), w_hh.to(compute)  # (D, 3H, I), (D, 3H, H)
-        bias = b_ih.clone()  # (D, 3H); b_hn stays inside r * (W_hn h + b_hn)
-        bias[:, : 2 * hidden] += b_hh[:, : 2 * hidden]
-        gates_in = layer.input_gates(x, w_i, bias)  # (D, T, B, 3H)
+        bias = layer.input_bias(b_ih, b_hh, gru=True)  # (D, 3H)
+        x, gates_in = layer.inputs_and_gates(loop, inputs, w_i, bias)  # (D, T, B, I / 3H)
         n_in = gates_in[..., 2 * hidden :].to(h0.dtype, copy=True)  # (D, T, B, H)
         gates_in[..., 2 * hidden :] = b_hh[:, None, None, 2 * hidden :]  # joins W_hn h
         _, steps, batch, _ = x.shape

@@ -1,7 +1,7 @@
 /* nmt's fused CPU kernels: the elementwise work of one RNN time step (GRU and LSTM, forward
  * and backward, all directions at once; and a search step's, without gradients) in one pass
  * over its tensors, where torch runs a small op for each operation; and search's log-softmax,
- * top-k and dot-product attention, and its encoder's loop over time (nmt_rnn_direction_f32).
+ * top-k and dot-product attention.
  * nmt.fast.compiled compiles this file with the machine's C compiler on first use and calls
  * it through ctypes; nmt.fast.gru and nmt.fast.lstm run torch ops instead where no compiler
  * is found or their model's FastPaths says so.
@@ -615,98 +615,4 @@ void nmt_lstm_cell_f32(const float *gx, const float *gh, const float *c, float *
     for (int64_t b = 0; b < B; b++)
         lstm_cell_row_f32(gx + b * 4 * H, gh + b * 4 * H, c + b * H, h_out + b * H, c_out + b * H,
                           H);
-}
-
-/* One direction of an encoder's RNN layer through a batch in a pass without gradients (search's
- * encoder, nmt.fast.source_tables), the loop over time in one call, float32:
- *   the rows sorted longest first, lengths (B,) >= 0 non-increasing; step t runs the rows
- *   whose sentence has a t-th token (a prefix) at position p = t forward, or p = len - 1 - t
- *   backward (each sentence read from its own last token);
- *   its input gates x the row of table (V, G*H) of the piece ids[b * S + p] where table is not
- *   NULL, else gates_x[(b * S + p) * G*H ...] (a later layer's, in time order);
- *   its recurrent gates W_h h + b_h by the BLAS's sgemm (blas: a Fortran sgemm_ with 32-bit
- *   integers, MKL's), w_t (H, G*H) = W_h transposed, bias (G*H) or NULL, as torch.addmm(b, h,
- *   w_t) (the bias copied in, then beta 1) or h @ w_t (beta 0) calls it: the same bits;
- *   the cells as a search step's (gru_cell_row_f32, lstm_cell_row_f32).
- * -> out[(b * S + p) * out_stride + j], j < H: the state after step t at the position it read,
- *   and 0 at each position past the row's end; h_final (B, H) (and c_final) the state after
- *   each row's last step (0 for a row of length 0).
- * scratch: 2 B H floats for the states (4 B H for an LSTM) and B G H for the recurrent gates. */
-typedef void (*sgemm_fn)(const char *, const char *, const int *, const int *, const int *,
-                         const float *, const float *, const int *, const float *, const int *,
-                         const float *, float *, const int *);
-
-/* What a direction's steps share (nmt_rnn_direction_f32's arguments). */
-typedef struct {
-    int32_t lstm, backward;
-    const float *table, *gates_x;
-    const int64_t *ids, *lengths;
-    int64_t S, H, GH, out_stride;
-    float *out, *h_final, *c_final;
-} direction_t;
-
-/* Step t's cells over its first ``rows`` rows, from the recurrent gates gh (rows, G*H) and the
- * states before it (hp, cp) to those after it (ho, co), written at the positions read. */
-static void direction_cells(const direction_t *d, int64_t t, int64_t rows, const float *gh,
-                            const float *hp, const float *cp, float *ho, float *co,
-                            int32_t threads) {
-    const int64_t H = d->H, GH = d->GH, S = d->S;
-    _Pragma("omp parallel for schedule(static) num_threads(threads) if (rows * H >= MIN_PARALLEL)")
-    for (int64_t b = 0; b < rows; b++) {
-        int64_t p = d->backward ? d->lengths[b] - 1 - t : t;
-        const float *x = d->table != NULL ? d->table + d->ids[b * S + p] * GH
-                                          : d->gates_x + (b * S + p) * GH;
-        if (d->lstm)
-            lstm_cell_row_f32(x, gh + b * GH, cp + b * H, ho + b * H, co + b * H, H);
-        else
-            gru_cell_row_f32(x, gh + b * GH, hp + b * H, ho + b * H, H);
-        memcpy(d->out + (b * S + p) * d->out_stride, ho + b * H, (size_t)H * sizeof(float));
-        if (d->lengths[b] == t + 1) { /* the row's last step */
-            memcpy(d->h_final + b * H, ho + b * H, (size_t)H * sizeof(float));
-            if (d->lstm) memcpy(d->c_final + b * H, co + b * H, (size_t)H * sizeof(float));
-        }
-    }
-}
-
-/* Zeros at each row's positions past its end, and as the final state of a row of length 0. */
-static void direction_ends(const direction_t *d, int64_t B) {
-    const size_t row = (size_t)d->H * sizeof(float);
-    for (int64_t b = 0; b < B; b++) {
-        int64_t length = d->lengths[b] > 0 ? d->lengths[b] : 0;
-        for (int64_t p = length; p < d->S; p++)
-            memset(d->out + (b * d->S + p) * d->out_stride, 0, row);
-        if (length > 0) continue;
-        memset(d->h_final + b * d->H, 0, row);
-        if (d->lstm) memset(d->c_final + b * d->H, 0, row);
-    }
-}
-
-void nmt_rnn_direction_f32(void *blas, int32_t lstm, const float *table, const int64_t *ids,
-                           const float *gates_x, const int64_t *lengths, int64_t B, int64_t S,
-                           int64_t H, const float *w_t, const float *bias, float *out,
-                           int64_t out_stride, int32_t backward, float *h_final, float *c_final,
-                           float *scratch, int32_t threads) {
-    const direction_t d = {lstm, backward, table, gates_x, ids, lengths, S, H, (lstm ? 4 : 3) * H,
-                           out_stride, out, h_final, c_final};
-    sgemm_fn sgemm = (sgemm_fn)blas;
-    float *h[2] = {scratch, scratch + B * H};
-    float *c[2] = {scratch + 2 * B * H, scratch + 3 * B * H}; /* an LSTM's alone */
-    float *gh = scratch + (lstm ? 4 : 2) * B * H;
-    memset(h[0], 0, (size_t)(B * H) * sizeof(float));
-    if (lstm) memset(c[0], 0, (size_t)(B * H) * sizeof(float));
-    const int m = (int)d.GH, k = (int)H;
-    const float one = 1.0f, zero = 0.0f;
-    int64_t rows = B;
-    for (int64_t t = 0; t < S; t++) {
-        while (rows > 0 && lengths[rows - 1] <= t) rows--;
-        if (rows == 0) break;
-        const int n = (int)rows;
-        for (int64_t b = 0; bias != NULL && b < rows; b++)
-            memcpy(gh + b * d.GH, bias, (size_t)d.GH * sizeof(float));
-        sgemm("N", "N", &m, &n, &k, &one, w_t, &m, h[t & 1], &k, bias != NULL ? &one : &zero,
-              gh, &m);
-        direction_cells(&d, t, rows, gh, h[t & 1], c[t & 1], h[(t + 1) & 1], c[(t + 1) & 1],
-                        threads);
-    }
-    direction_ends(&d, B);
 }

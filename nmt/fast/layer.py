@@ -30,6 +30,10 @@ class Loop:
 
     keep: Tensor | None  # (D, T, B, 1) float: 1 where the loop's step is a real token; None: all
     compute: torch.dtype  # the matmuls' dtype
+    # the first layer's input gates (D, T, B, G*H) in loop order, W_i x + the joined bias
+    # (``input_bias``), looked up by search (``recurrence.gate_table``); the layer then reads
+    # no inputs, writes over these, and runs without gradient
+    gates: Tensor | None = None
 
 
 @dataclass
@@ -131,6 +135,31 @@ def loop_inputs(inputs: Tensor, directions: int, compute: torch.dtype) -> Tensor
     return x
 
 
+def input_bias(b_ih: Tensor, b_hh: Tensor, gru: bool) -> Tensor:
+    """The bias a layer adds to W_i x (D, G*H): b_i and the parts of b_h summed with it, all
+    of an LSTM's and a GRU's r and z (b_hn stays inside r * (W_hn h + b_hn))."""
+    if not gru:
+        return b_ih + b_hh
+    bias = b_ih.clone()
+    hidden = b_hh.size(-1) // 3
+    bias[:, : 2 * hidden] += b_hh[:, : 2 * hidden]
+    return bias
+
+
+def inputs_and_gates(
+    loop: Loop, inputs: Tensor | None, w_i: Tensor, bias: Tensor
+) -> tuple[Tensor, Tensor]:
+    """A layer's inputs (B, T, I) in loop order (D, T, B, I), in the matmul dtype, and their
+    input gates W_i x + bias (D, T, B, G*H); where the loop gives the gates (search), those
+    and an empty x."""
+    if loop.gates is not None:
+        directions, steps, batch, _ = loop.gates.shape
+        return loop.gates.new_empty(directions, steps, batch, 0), loop.gates
+    assert inputs is not None
+    x = loop_inputs(inputs, w_i.size(0), loop.compute)
+    return x, input_gates(x, w_i, bias)
+
+
 def input_gates(x: Tensor, w_i: Tensor, bias: Tensor) -> Tensor:
     """W_i x + b for every step at once: x (D, T, B, I), w_i (D, G*H, I), bias (D, G*H) ->
     (D, T, B, G*H), in the matmul dtype."""
@@ -223,10 +252,13 @@ def time_order(states: Tensor, keep: Tensor | None) -> Tensor:
     return out.view(batch, steps, directions * features)
 
 
-def keep_for_backward(ctx: Any, record: Record, loop: Loop, inputs: Tensor, w_hh: Tensor) -> None:
+def keep_for_backward(
+    ctx: Any, record: Record, loop: Loop, inputs: Tensor | None, w_hh: Tensor
+) -> None:
     """The record into ``ctx.save_for_backward``, and what else the backward pass needs."""
     ctx.compute = loop.compute
-    ctx.input_dtype, ctx.weight_dtype = inputs.dtype, w_hh.dtype
+    ctx.input_dtype = inputs.dtype if inputs is not None else None
+    ctx.weight_dtype = w_hh.dtype
     ctx.save_for_backward(*record.tensors())
 
 

@@ -40,14 +40,19 @@ class LSTMLayer(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, loop: layer.Loop, inputs: Tensor, h0: Tensor, c0: Tensor, *weights: Tensor
+        ctx: Any,
+        loop: layer.Loop,
+        inputs: Tensor | None,
+        h0: Tensor,
+        c0: Tensor,
+        *weights: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
         w_ih, w_hh, b_ih, b_hh = weights
         keep, compute = loop.keep, loop.compute
         directions, gate_size, hidden = w_hh.shape
-        x = layer.loop_inputs(inputs, directions, compute)  # (D, T, B, I)
         w_i, w_h = w_ih.to(compute), w_hh.to(compute)  # (D, 4H, I), (D, 4H, H)
-        gates_in = layer.input_gates(x, w_i, b_ih + b_hh)  # (D, T, B, 4H)
+        bias = layer.input_bias(b_ih, b_hh, gru=False)
+        x, gates_in = layer.inputs_and_gates(loop, inputs, w_i, bias)  # (D, T, B, I / 4H)
         _, steps, batch, _ = x.shape
         record = LSTMRecord(
             x,

@@ -28,15 +28,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from nmt.fast import compiled
+from nmt.fast.cells import TABLE_LIMIT
 from nmt.fast.dropout import dropout
 from nmt.fast.gru import GRULayer
-from nmt.fast.layer import Loop
+from nmt.fast.layer import Loop, input_bias, input_gates
 from nmt.fast.lstm import LSTMLayer
 from nmt.runtime import compute_dtype
 
@@ -51,7 +53,11 @@ def runs_here(rnn: nn.RNNBase, inputs: Tensor) -> bool:
 
 
 def run_rnn(
-    rnn: nn.RNNBase, inputs: Tensor, mask: Tensor | None, state: RNNState | None
+    rnn: nn.RNNBase,
+    inputs: Tensor | None,
+    mask: Tensor | None,
+    state: RNNState | None,
+    gates: Tensor | None = None,
 ) -> tuple[Tensor, RNNState]:
     """A batch-first ``nn.GRU``/``nn.LSTM`` over ``inputs`` as the packed module would run it,
     where ``runs_here``.
@@ -59,20 +65,25 @@ def run_rnn(
     inputs: (B, T, I); mask: (B, T), True at each sentence's tokens (a prefix of its row), or
     None when every position is real; state: (L*D, B, H), a tuple (h, c) for an LSTM, or None
     for zeros -> outputs (B, T, D*H), zero past each sentence's end, and the final state in
-    the module's layout (the state at each sentence's last token).
+    the module's layout (the state at each sentence's last token). ``gates``: instead of
+    inputs, the first layer's input gates (D, T, B, G*H) in loop order (``looked_up``: search,
+    without gradient).
     """
     directions = 2 if rnn.bidirectional else 1
     weights = next(rnn.parameters()).dtype
-    compute = compute_dtype(inputs.device, weights)
-    h0, c0 = _initial_state(rnn, inputs, state, weights)
+    given = inputs if inputs is not None else gates
+    assert given is not None and (gates is None or not torch.is_grad_enabled())
+    compute = compute_dtype(given.device, weights)
+    batch = given.size(0) if inputs is not None else given.size(2)
+    h0, c0 = _initial_state(rnn, given, batch, state, weights)
     keep = None
     if mask is not None:
         step_keep = mask.t().to(weights)  # (T, B)
         keep = torch.stack([step_keep, step_keep.flip(0)][:directions])[..., None]  # (D, T, B, 1)
-    loop = Loop(keep, compute)
+    loop = Loop(keep, compute, gates)
     x = inputs
     hiddens, cells = [], []
-    with torch.autocast(inputs.device.type, enabled=False):
+    with torch.autocast(given.device.type, enabled=False):
         for layer in range(rnn.num_layers):
             rows = slice(layer * directions, (layer + 1) * directions)
             h0_layer = h0[rows].to(weights).contiguous()
@@ -85,20 +96,59 @@ def run_rnn(
                 x, h_n, c_n = LSTMLayer.apply(loop, x, h0_layer, c0_layer, *params)
                 cells.append(c_n)
             hiddens.append(h_n)
+            loop = replace(loop, gates=None)  # a later layer multiplies its inputs
             if layer < rnn.num_layers - 1:
                 x = dropout(x, rnn.dropout, rnn.training)
     hidden = torch.cat(hiddens)
+    assert x is not None
     return x, ((hidden, torch.cat(cells)) if c0 is not None else hidden)
 
 
+def gate_table(embed: nn.Embedding, rnn: nn.RNNBase) -> Tensor | None:
+    """The first layer's input gates of every piece of ``embed`` per direction, as ``run_rnn``
+    forms them (W_i E_x + ``layer.input_bias``): (D, V, G*H), without gradient, for search to
+    look up (``looked_up``) instead of multiplying, valid until the weights change. None
+    where ``run_rnn`` cannot run ``rnn`` over the embedding (``runs_here``; a batch-first
+    GRU/LSTM without projections in the embedding's dtype) or a direction's table would hold
+    more than ``cells.TABLE_LIMIT`` values."""
+    weight: Tensor = embed.weight
+    if (
+        not isinstance(rnn, (nn.GRU, nn.LSTM))
+        or not rnn.batch_first
+        or rnn.proj_size > 0
+        or next(rnn.parameters()).dtype != weight.dtype
+        or not runs_here(rnn, weight)
+    ):
+        return None
+    w_ih, _, b_ih, b_hh = _layer_parameters(rnn, 0)  # (D, G*H, E), ..., (D, G*H)
+    if weight.size(0) * w_ih.size(1) > TABLE_LIMIT:
+        return None
+    with torch.no_grad():
+        bias = input_bias(b_ih, b_hh, gru=not isinstance(rnn, nn.LSTM))
+        return input_gates(weight.expand(w_ih.size(0), 1, -1, -1), w_ih, bias)[:, 0]
+
+
+def looked_up(table: Tensor, src: Tensor) -> Tensor:
+    """The input gates of source ids src (B, T) from ``gate_table``'s table (D, V, G*H), in
+    ``run_rnn``'s loop order (D, T, B, G*H): the backward direction's steps reversed in
+    time."""
+    directions, _, width = table.shape
+    ids = src.t()  # (T, B)
+    gates = table.new_empty(directions, *ids.shape, width)
+    for d in range(directions):
+        order = ids if d == 0 else ids.flip(0)
+        torch.index_select(table[d], 0, order.reshape(-1), out=gates[d].view(-1, width))
+    return gates
+
+
 def _initial_state(
-    rnn: nn.RNNBase, inputs: Tensor, state: RNNState | None, weights: torch.dtype
+    rnn: nn.RNNBase, like: Tensor, batch: int, state: RNNState | None, weights: torch.dtype
 ) -> tuple[Tensor, Tensor | None]:
     """h0 and (LSTM) c0 (L*D, B, H): the given state, or zeros."""
     if state is None:
         directions = 2 if rnn.bidirectional else 1
-        shape = (rnn.num_layers * directions, inputs.size(0), rnn.hidden_size)
-        state = inputs.new_zeros(shape, dtype=weights)
+        shape = (rnn.num_layers * directions, batch, rnn.hidden_size)
+        state = like.new_zeros(shape, dtype=weights)
         if isinstance(rnn, nn.LSTM):
             state = (state, torch.zeros_like(state))
     return state if isinstance(state, tuple) else (state, None)
@@ -162,7 +212,7 @@ def unpacked_rnn(
     real = positions < lengths[:, None]  # (B, T)
     order = reversal(lengths, steps)  # (B, T)
     last = (lengths - 1)[:, None, None]  # (B, 1, 1)
-    h0 = _initial_state(rnn, inputs, state, weights)[0]
+    h0 = _initial_state(rnn, inputs, inputs.size(0), state, weights)[0]
     outside = _outside_autocast(rnn, inputs.device.type)
     x = inputs.to(weights) if outside else inputs
     finals = []

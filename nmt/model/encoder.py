@@ -10,7 +10,6 @@ import torch
 from torch import Tensor, nn
 
 from nmt.fast import FastPaths
-from nmt.fast.source_tables import SourceTables
 from nmt.vocab import PAD_ID
 
 if TYPE_CHECKING:
@@ -71,17 +70,18 @@ class Encoder(nn.Module):
         self,
         src: Tensor,
         src_lengths: Tensor,
-        tables: SourceTables | None = None,
+        table: Tensor | None = None,
         static: bool = False,
     ) -> EncoderOutput:
-        """src: (B, S) ids; src_lengths: (B,) -> EncoderOutput. ``tables``: this encoder's
-        ``source_tables``, for a search's fixed weights (evaluation mode). ``static``: the
-        lengths on src's device, never read on the host (``FastPaths.recurrence``)."""
+        """src: (B, S) ids; src_lengths: (B,) -> EncoderOutput. ``table``: this encoder's
+        ``gate_table``, for a search's fixed weights (evaluation mode, without gradient).
+        ``static``: the lengths on src's device, never read on the host
+        (``FastPaths.recurrence``)."""
         mask = src != PAD_ID  # (B, S)
         # annotations (B, S, D*H), padding never entering the recurrence
-        if tables is not None:
-            assert not self.training, "the source tables are for search"
-            outputs, final = tables.run(src, src_lengths)
+        if table is not None:
+            assert not self.training, "the gate table is for search"
+            outputs, final = self.fast.source_rnn(self.rnn, table, src, src_lengths)
         else:
             embedded = self.embedding_dropout(self.embed(src))  # (B, S, E)
             outputs, final = self.fast.recurrence(
@@ -97,11 +97,11 @@ class Encoder(nn.Module):
             cell=cell.view(shape) if cell is not None else None,
         )
 
-    def source_tables(self) -> SourceTables | None:
-        """The first RNN layer's input gates of every source piece and the RNN's products,
-        made once for search (``FastPaths.source_tables``: a CPU, float32), or None: what
-        ``forward`` takes as ``tables``, valid until the weights change."""
-        return self.fast.source_tables(self.embed, self.rnn)
+    def gate_table(self) -> Tensor | None:
+        """The first RNN layer's input gates of every source piece (D, V, G*H), made once for
+        search (``FastPaths.source_gates``: a CPU, float32), or None: what ``forward`` takes
+        as ``table``, valid until the weights change."""
+        return self.fast.source_gates(self.embed, self.rnn)
 
 
 class Bridge(nn.Module):

@@ -13,7 +13,6 @@ from torch import Tensor, nn
 
 from nmt.fast import FastPaths
 from nmt.fast.graphs import CaptureError, StepGraphs
-from nmt.fast.source_tables import SourceTables
 from nmt.model.aligner import AlignmentHead
 from nmt.model.attention import Memory
 from nmt.model.decoder import Decoder, DecoderState
@@ -64,13 +63,13 @@ class Seq2Seq(nn.Module):
         self,
         src: Tensor,
         src_lengths: Tensor,
-        tables: SourceTables | None = None,
+        table: Tensor | None = None,
         static: bool = False,
     ) -> tuple[Memory, DecoderState]:
-        """src: (B, S) -> attention memory and the decoder's initial state; ``tables``: the
-        encoder's for search (``Encoder.source_tables``); ``static``: the lengths on the
+        """src: (B, S) -> attention memory and the decoder's initial state; ``table``: the
+        encoder's for search (``Encoder.gate_table``); ``static``: the lengths on the
         device, never read on the host (``static_loss``)."""
-        enc = self.encoder(src, src_lengths, tables, static)
+        enc = self.encoder(src, src_lengths, table, static)
         memory = self.decoder.attention.prepare(enc.outputs, enc.mask)
         hidden, cell = self.bridge(enc)
         return memory, self.decoder.initial_state(hidden, cell)

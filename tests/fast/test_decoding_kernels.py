@@ -270,7 +270,7 @@ def test_search_gives_the_same_translations_with_the_kernels_and_without(
         # and the step's products, from oneDNN's layouts for the fast model
         output = m.fast.product(m.generator.weight)
         products = m.decoder.search_products()
-        encoder = m.encoder.source_tables() if m is fast else None  # the slow one: the module
+        encoder = m.encoder.gate_table() if m is fast else None  # the slow one: the module
         tables = [StepTables(m.decoder.gate_table(), output, products, encoder)] if tabled else None
         whole = Ensemble([m], tables=tables)
         stepper = whole.restricted(columns, allowed) if restricted else whole

@@ -188,7 +188,7 @@ def _tables(model: Seq2Seq) -> StepTables:
         model.decoder.gate_table(),
         model.fast.product(model.generator.weight),
         model.decoder.search_products(),
-        model.encoder.source_tables(),
+        model.encoder.gate_table(),
     )
 
 
