@@ -122,7 +122,11 @@ class FastPaths:
             and self.native_kernels
             and recurrence.runs_here(rnn, inputs)
         ):
-            mask = None if lengths is None else _real(lengths, inputs.size(1), inputs.device)
+            mask = (
+                None
+                if lengths is None
+                else recurrence.real_positions(lengths, inputs.size(1), inputs.device)
+            )
             return recurrence.run_rnn(rnn, inputs, mask, state)
         return recurrence.plain_rnn(rnn, inputs, lengths, state)
 
@@ -187,7 +191,7 @@ class FastPaths:
         """Search's encoder RNN over source ids src (B, S) with lengths (B,), without
         gradient: the first layer's input gates looked up in ``table`` (``source_gates``), the
         recurrence as training's (``recurrence.run_rnn``) -> as ``recurrence``'s."""
-        mask = _real(lengths, src.size(1), src.device)
+        mask = recurrence.real_positions(lengths, src.size(1), src.device)
         return recurrence.run_rnn(rnn, None, mask, None, recurrence.looked_up(table, src))
 
     def product(self, weight: Tensor, bias: Tensor | None = None) -> packed.Product:
@@ -253,9 +257,3 @@ class FastPaths:
         if allowed is not None:
             logits = logits.masked_fill(~allowed, -math.inf)
         return F.log_softmax(logits, dim=-1)
-
-
-def _real(lengths: Tensor, steps: int, device: torch.device) -> Tensor:
-    """(B, T) bool: True at each sentence's tokens, a prefix of its row of ``steps``."""
-    positions = torch.arange(steps, device=device)  # (T,)
-    return positions[None, :] < lengths.to(device)[:, None]

@@ -128,6 +128,12 @@ def gate_table(embed: nn.Embedding, rnn: nn.RNNBase) -> Tensor | None:
         return input_gates(weight.expand(w_ih.size(0), 1, -1, -1), w_ih, bias)[:, 0]
 
 
+def real_positions(lengths: Tensor, steps: int, device: torch.device) -> Tensor:
+    """(B, T) bool: True at each sentence's tokens, a prefix of its row of ``steps``."""
+    positions = torch.arange(steps, device=device)  # (T,)
+    return positions[None, :] < lengths.to(device)[:, None]
+
+
 def looked_up(table: Tensor, src: Tensor) -> Tensor:
     """The input gates of source ids src (B, T) from ``gate_table``'s table (D, V, G*H), in
     ``run_rnn``'s loop order (D, T, B, G*H): the backward direction's steps reversed in
@@ -208,8 +214,7 @@ def unpacked_rnn(
     directions = 2 if rnn.bidirectional else 1
     weights = next(rnn.parameters()).dtype
     steps = inputs.size(1)
-    positions = torch.arange(steps, device=inputs.device)
-    real = positions < lengths[:, None]  # (B, T)
+    real = real_positions(lengths, steps, inputs.device)  # (B, T)
     order = reversal(lengths, steps)  # (B, T)
     last = (lengths - 1)[:, None, None]  # (B, 1, 1)
     h0 = _initial_state(rnn, inputs, inputs.size(0), state, weights)[0]
