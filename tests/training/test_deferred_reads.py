@@ -156,6 +156,8 @@ def test_non_finite_updates_in_a_row_still_stop_the_run(
     assert all(torch.isfinite(w).all() for w in state["model"].values())
 
 
+# fp16's scaler asked for on a CUDA device this machine may lack: torch warns and disables it
+@pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled:UserWarning")
 def test_when_updates_are_deferred(corpus: Path, tmp_path: Path) -> None:
     """null: on a GPU; never with fp16's scaler or several ranks."""
     config = _config(corpus, tmp_path, None)  # type: ignore[arg-type]
