@@ -1,4 +1,4 @@
-"""What each of training's CPU speed paths earns: the bench's training steps, each path turned
+"""What each of training's speed paths earns: the bench's training steps, each path turned
 off alone, paired with everything on.
 
 A speed path keeps its lines where training is measurably faster (or lighter) with it. For
@@ -9,6 +9,8 @@ tokens/s, everything on's over it, and the first timed step's loss beside everyt
 
     python scripts/ablate_training.py --configs bahdanau,luong-nofeed --rounds 3
     python scripts/ablate_training.py --precision bf16      # on a CPU with native bf16
+    python scripts/ablate_training.py --device cuda --precision auto \
+        --paths fused_loss,gradient_sinks,weight_sink     # a GPU's paths (CUDA graphs on)
 
 A path is turned off by replacing, for its variant alone (the model's build included), the
 function through which it runs with the plain path's; each replacement counts its calls (a
@@ -93,14 +95,19 @@ PATHS: dict[str, tuple[Any, str, Callable[..., Any]]] = {
 
 
 def run_variant(
-    config: Any, corpus: Any, tokenizer: Any, device: torch.device, batches: list[Any]
+    config: Any, corpus: Any, tokenizer: Any, device: torch.device, steps: int
 ) -> tuple[float, float]:
-    """A fresh model's warm-up step, then the timed ones -> (target tokens/s, the first timed
-    step's loss per target token)."""
+    """A fresh model's warm-up step (with CUDA graphs, and one untimed step per shape the
+    timed ones meet), then the timed ones -> (target tokens/s, the first timed step's loss
+    per target token)."""
     seed_everything(bench.SEED)
     model = allocate_model(config, tokenizer, device).train()
     step, _ = bench.make_step(config, model, corpus, device)
+    tokens = config.training.batch_tokens
+    batches = bench.training_batches(corpus, tokens, steps + 1, model.graphs is not None)
     step(batches[0])
+    bench.capture_shapes(model, step, batches[1:], corpus, tokens)
+    bench.synchronize(device)
     started = time.perf_counter()
     results = [step(indices) for indices in batches[1:]]
     bench.synchronize(device)
@@ -108,55 +115,53 @@ def run_variant(
     return sum(r[1] for r in results) / seconds, float(results[0][0]())
 
 
-def ablate(args: argparse.Namespace, paths: list[str]) -> dict[str, Any]:
-    """Every figure, per configuration and variant (``everything_on`` first)."""
-    report: dict[str, Any] = {"precision": args.precision, "configs": {}}
+def ablate(args: argparse.Namespace, name: str, paths: list[str]) -> dict[str, Any]:
+    """One configuration's figures, per variant (``everything_on`` first)."""
     variants = ["everything_on", *paths]
-    for name in args.configs.split(","):
-        argv = ["--device", "cpu", "--precision", args.precision, "--configs", name]
-        argv += ["--work-dir", args.work_dir, "--data", args.data] + ["--tiny"] * args.tiny
-        options = bench.parse_args(argv)
-        config = bench.bench_config(name, options)
-        device = choose_device(config.run.device)
-        corpora, tokenizer = bench.load_data(config, Path(args.work_dir))
-        decided, options = bench.resolve_precision(options, name, device, tokenizer.trg_vocab_size)
-        config = bench.bench_config(name, options)
-        setup_process(config, restart=False)
-        batches = bench.training_batches(
-            corpora.train, config.training.batch_tokens, args.steps + 1
-        )
-        speeds: dict[str, list[float]] = {v: [] for v in variants}
-        losses: dict[str, float] = {}
-        calls = {v: {"calls": 0} for v in variants}
-        for _ in range(args.rounds):
-            for variant in variants:
-                off = PATHS.get(variant)
-                with replaced(*off, calls[variant]) if off else contextlib.nullcontext():
-                    speed, first = run_variant(config, corpora.train, tokenizer, device, batches)
-                speeds[variant].append(speed)
-                losses[variant] = first
-        on = statistics.median(speeds["everything_on"])
-        report["configs"][name] = {
-            "precision": decided,
-            "variants": {
-                v: {
-                    "tokens_per_s": speeds[v],
-                    "median_tokens_per_s": statistics.median(speeds[v]),
-                    "on_over_off": on / statistics.median(speeds[v]),
-                    "calls": calls[v]["calls"],
-                    "first_loss": losses[v],
-                }
-                for v in variants
-            },
-        }
-    return report
+    argv = ["--device", args.device, "--precision", args.precision, "--configs", name]
+    argv += ["--work-dir", args.work_dir, "--data", args.data] + ["--tiny"] * args.tiny
+    for override in args.override:
+        argv += ["--override", override]
+    options = bench.parse_args(argv)
+    config = bench.bench_config(name, options)
+    device = choose_device(config.run.device)
+    corpora, tokenizer = bench.load_data(config, Path(args.work_dir))
+    decided, options = bench.resolve_precision(options, name, device, tokenizer.trg_vocab_size)
+    config = bench.bench_config(name, options)
+    setup_process(config, restart=False)
+    speeds: dict[str, list[float]] = {v: [] for v in variants}
+    losses: dict[str, float] = {}
+    calls = {v: {"calls": 0} for v in variants}
+    for _ in range(args.rounds):
+        for variant in variants:
+            off = PATHS.get(variant)
+            with replaced(*off, calls[variant]) if off else contextlib.nullcontext():
+                speed, first = run_variant(config, corpora.train, tokenizer, device, args.steps)
+            speeds[variant].append(speed)
+            losses[variant] = first
+    on = statistics.median(speeds["everything_on"])
+    return {
+        "precision": decided,
+        "variants": {
+            v: {
+                "tokens_per_s": speeds[v],
+                "median_tokens_per_s": statistics.median(speeds[v]),
+                "on_over_off": on / statistics.median(speeds[v]),
+                "calls": calls[v]["calls"],
+                "first_loss": losses[v],
+            }
+            for v in variants
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add = parser.add_argument
     add("--configs", default="bahdanau,luong-feed,luong-nofeed", help="bench configurations")
-    add("--precision", default="fp32", help="training precision (fp32, bf16, auto)")
+    add("--device", default="cpu", choices=("auto", "cpu", "cuda"))
+    add("--precision", default="fp32", help="training precision (fp32, bf16, fp16, auto)")
+    add("--override", action="append", default=[], help="config override (repeatable)")
     add("--steps", type=int, default=4, help="timed steps per variant and round")
     add("--rounds", type=int, default=3, help="rounds, each variant once per round")
     add("--paths", default=",".join(PATHS), help="the paths to turn off")
@@ -170,17 +175,19 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--paths: unknown {', '.join(unknown)}; known: {', '.join(PATHS)}")
     args.rounds, args.steps = max(1, args.rounds), max(1, args.steps)
-    report = ablate(args, paths)
-    report["threads"] = torch.get_num_threads()
-    for name, figures in report["configs"].items():
-        print(f"{name} ({figures['precision']['precision']}), target tokens/s:")
+    report: dict[str, Any] = {"device": args.device, "precision": args.precision}
+    report.update(threads=torch.get_num_threads(), configs={})
+    for name in args.configs.split(","):  # each printed and written once done
+        figures = report["configs"][name] = ablate(args, name, paths)
+        print(f"{name} ({figures['precision']['precision']}), target tokens/s:", flush=True)
         for variant, row in figures["variants"].items():
             print(
                 f"  {variant:20s} {row['median_tokens_per_s']:8,.0f}  {row['on_over_off']:5.2f}x"
-                f"  calls {row['calls']:5d}  first loss {row['first_loss']:.6f}"
+                f"  calls {row['calls']:5d}  first loss {row['first_loss']:.6f}",
+                flush=True,
             )
-    if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        if args.json is not None:
+            args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return 0
 
 

@@ -13,10 +13,12 @@
 # stage reads-{false,true}.json (the bench with training.deferred_reads off, then on), with
 # the recipe stage recipe.txt (configs/bible_gpu.yaml trained from scratch, its wall clock,
 # and beam 5's test and books BLEU with their signatures), with the batches stage
-# batch-<tokens>.json (the bench's training at 4,000 to 32,000-token batches).
+# batch-<tokens>.json (the bench's training at 4,000 to 32,000-token batches), with the
+# ablate stage ablate.{txt,json} (scripts/ablate_training.py: the fused loss and the sinks,
+# each off alone, CUDA graphs on).
 #
 #   OUT=runs/gpu bash scripts/gpu_check.sh [STAGE ...]   # stages: tests bench large profile rnn
-#                                                        # decode prefetch reads batches recipe (default: the
+#                                                        # decode prefetch reads batches ablate recipe (default: the
 #                                                        # first five)
 #   CONFIGS=bahdanau bash scripts/gpu_check.sh bench      # scripts/bench.py --configs
 #   BENCH_SECONDS=120 LARGE_SECONDS=140 TEST_SECONDS=150 DECODE_SECONDS=180 ...  # stage limits
@@ -196,6 +198,14 @@ PY
             bench_override "batch-$tokens" "${BATCH_SECONDS:-90}" matmul,train \
                 "training.batch_tokens=$tokens"
         done >> "$OUT/bench.md" ;;
+    ablate)
+        # what the GPU's training paths earn (scripts/ablate_training.py): each turned off
+        # alone, CUDA graphs on, alternated with everything on
+        timeout "${ABLATE_SECONDS:-240}" $PY scripts/ablate_training.py --device cuda \
+            --precision auto --configs "$CONFIGS" --rounds 2 \
+            --paths fused_loss,gradient_sinks,weight_sink \
+            --work-dir "$PWD/runs/bench" --data "$PWD/data/bible" --json "$OUT/ablate.json" \
+            2>&1 | tee "$OUT/ablate.txt" | tail -20 ;;
     recipe)
         # configs/bible_gpu.yaml from scratch (data preparation included), timed, then beam 5
         # on the test and books splits with sacrebleu's signatures; RECIPE_OVERRIDES: -O ...
@@ -214,7 +224,7 @@ PY
                 timeout 60 $PY -m nmt eval --model "$run" --split $split --beam 5 2>&1 | tail -12
             done
         } 2>&1 | tee "$OUT/recipe.txt" ;;
-    *) echo "unknown stage $stage (tests bench large profile rnn decode prefetch reads batches recipe)" ;;
+    *) echo "unknown stage $stage (tests bench large profile rnn decode prefetch reads batches ablate recipe)" ;;
     esac
 done
 echo "== done"
