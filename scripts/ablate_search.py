@@ -55,7 +55,7 @@ Switch = Callable[[Translator, dict[str, int]], contextlib.AbstractContextManage
 
 
 @contextlib.contextmanager
-def _replaced(
+def swapped(
     owner: Any, name: str, plain: Callable[..., Any], calls: dict[str, int]
 ) -> Iterator[None]:
     """``owner.name`` replaced by ``plain``, counting its calls under ``calls["calls"]``."""
@@ -73,7 +73,7 @@ def _replaced(
 
 
 def replaced(owner: Any, name: str, plain: Callable[..., Any]) -> Switch:
-    return lambda _translator, calls: _replaced(owner, name, plain, calls)
+    return lambda _translator, calls: swapped(owner, name, plain, calls)
 
 
 def without_table(field: str) -> Switch:

@@ -35,7 +35,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,29 +47,12 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 
 import bench  # noqa: E402
+from ablate_search import swapped  # noqa: E402
 
 from nmt.fast import FastPaths, additive, compiled, loss, recurrence, sinks  # noqa: E402
 from nmt.runtime import choose_device, seed_everything  # noqa: E402
 from nmt.training.process import setup_process  # noqa: E402
 from nmt.training.run import allocate_model  # noqa: E402
-
-
-@contextlib.contextmanager
-def replaced(
-    owner: Any, name: str, plain: Callable[..., Any], calls: dict[str, int]
-) -> Iterator[None]:
-    """``owner.name`` replaced by ``plain``, counting its calls under ``calls["calls"]``."""
-    original = getattr(owner, name)  # a path renamed away fails here, loudly
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls["calls"] += 1
-        return plain(*args, **kwargs)
-
-    setattr(owner, name, counted)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 def _plain_loss(*args: Any, **kwargs: Any) -> Any:
@@ -135,7 +118,7 @@ def ablate(args: argparse.Namespace, name: str, paths: list[str]) -> dict[str, A
     for _ in range(args.rounds):
         for variant in variants:
             off = PATHS.get(variant)
-            with replaced(*off, calls[variant]) if off else contextlib.nullcontext():
+            with swapped(*off, calls[variant]) if off else contextlib.nullcontext():
                 speed, first = run_variant(config, corpora.train, tokenizer, device, args.steps)
             speeds[variant].append(speed)
             losses[variant] = first

@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 from schemakeys import leaf_keys
+from scripted import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load_script(name: str):  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_config_reference_is_up_to_date() -> None:
-    reference = _load_script("config_reference")
+    reference = load_script("config_reference")
     assert (ROOT / "docs" / "config.md").read_text(encoding="utf-8") == reference.render(), (
         "docs/config.md is stale: run .venv/bin/python scripts/config_reference.py"
     )
@@ -49,7 +41,7 @@ def test_readme_opens_with_the_two_commands() -> None:
 
 
 def test_cli_reference_is_up_to_date() -> None:
-    reference = _load_script("cli_reference")
+    reference = load_script("cli_reference")
     assert (ROOT / "docs" / "cli.md").read_text(encoding="utf-8") == reference.render(), (
         "docs/cli.md is stale: run .venv/bin/python scripts/cli_reference.py"
     )

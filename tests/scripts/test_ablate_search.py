@@ -3,12 +3,12 @@ search reaches, and turning it off leaves every translation as it was."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from scripted import load_script
 
 from nmt.fast import compiled
 
@@ -16,13 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "ablate_search", ROOT / "scripts/ablate_search.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("ablate_search")
 
 
 @pytest.mark.skipif(compiled.library() is None, reason="needs the compiled kernels")

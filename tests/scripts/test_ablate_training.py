@@ -3,13 +3,13 @@ configuration's training reaches, each variant trains, and every path is back on
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from scripted import load_script
 
 from nmt.fast import FastPaths, compiled, recurrence
 
@@ -18,13 +18,7 @@ WORDS = "sol luna mar rio casa perro gato libro agua fuego tierra aire".split()
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "ablate_training", ROOT / "scripts/ablate_training.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("ablate_training")
 
 
 def _corpus(root: Path) -> None:

@@ -4,7 +4,6 @@ table."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -12,19 +11,14 @@ from types import ModuleType
 import pytest
 import yaml
 from clirun import write_config
+from scripted import load_script
 from synthetic import aligned_config, write_aligned_corpus
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "attention_table", ROOT / "scripts/attention_table.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("attention_table")
 
 
 def test_every_decoder_meets_every_score() -> None:

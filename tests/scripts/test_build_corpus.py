@@ -7,27 +7,16 @@ The OSIS fixtures are real entries of ``mod2imp engWEB2015eb`` (World English Bi
 from __future__ import annotations
 
 import gzip
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from scripted import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data" / "bible"
 
 
-def _load_builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("build_corpus", ROOT / "scripts/build_corpus.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-bc = _load_builder()
+bc = load_script("build_corpus")
 text = bc.osis_to_text
 
 

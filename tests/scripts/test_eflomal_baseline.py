@@ -3,25 +3,9 @@ optional extra, run by the script; its symmetrisation is nmt's, tested with the 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
+from scripted import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load() -> ModuleType:
-    path = ROOT / "scripts/eflomal_baseline.py"
-    spec = importlib.util.spec_from_file_location("eflomal_baseline", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-baseline = _load()
+baseline = load_script("eflomal_baseline")
 
 
 def test_eflomal_sees_as_many_tokens_as_the_reference_indexes() -> None:
