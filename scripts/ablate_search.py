@@ -15,7 +15,10 @@ it runs with the plain path's (each replacement counts its calls: a path a model
 reaches shows 0). Paths:
 
 - ``packed``: products by fixed weights from oneDNN's prepared layout (``fast.packed``);
+- ``attend_kernel``: a dot-product score's whole attention step in one compiled kernel;
+- ``top_k_kernel``: the compiled top-k and row maximum (``fast.topk``);
 - ``log_softmax_kernel``: the compiled log-softmax, in place;
+- ``rnn_cell_kernel``: the decoder RNN's gates in one compiled call per layer;
 - ``decoder_gate_table``: the decoder's first-layer input gates looked up (``StepTables.gates``);
 - ``encoder_gate_table``: the encoder's, looked up (``StepTables.source``);
 - ``luong_fold``: W_c's context half multiplied into the memory once per batch
@@ -45,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from nmt.decoding import translator as translator_module  # noqa: E402
 from nmt.decoding.translator import Translator  # noqa: E402
-from nmt.fast import compiled, packed  # noqa: E402
+from nmt.fast import attend, compiled, packed  # noqa: E402
 from nmt.model import decoder, luong  # noqa: E402
 
 Switch = Callable[[Translator, dict[str, int]], contextlib.AbstractContextManager[None]]
@@ -97,7 +100,10 @@ def _nothing(
 
 PATHS: dict[str, Switch] = {
     "packed": replaced(packed, "available", lambda: False),
+    "attend_kernel": replaced(attend.KernelProducts, "attend", lambda self, *args: None),
+    "top_k_kernel": replaced(compiled, "top_k", lambda values, k: None),
     "log_softmax_kernel": replaced(compiled, "log_softmax_", lambda logits, allowed: False),
+    "rnn_cell_kernel": replaced(compiled, "rnn_cell", lambda *tensors: None),
     "decoder_gate_table": without_table("gates"),
     "encoder_gate_table": without_table("source"),
     "luong_fold": replaced(luong.LuongDecoder, "for_search", decoder.Decoder.for_search),

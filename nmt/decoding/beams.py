@@ -15,6 +15,7 @@ from torch import Tensor
 from nmt.decoding.constraints import ConstraintState
 from nmt.decoding.finished import Finished
 from nmt.decoding.steering import constrained_beams
+from nmt.fast.topk import top_k
 from nmt.vocab import EOS_ID
 
 
@@ -61,16 +62,17 @@ class Beams:
 
 
 def top_candidates(
-    beams: Beams, log_probs: Tensor, beam_size: int
+    beams: Beams, log_probs: Tensor, beam_size: int, native: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(B*K, V) -> scores, source beam, token of the 2K best continuations, each (B, 2K).
 
     A sentence's best 2K continuations are among each of its hypotheses' own best 2K
     tokens (a hypothesis adds one score to all of its tokens), so the top-k runs per row
-    and then over the K x 2K survivors, without a (B, K, V) sum."""
+    and then over the K x 2K survivors, without a (B, K, V) sum. ``native``: the row top-k
+    through the compiled kernel (``nmt.fast.topk``)."""
     batch = beams.scores.size(0)
     width = min(2 * beam_size, log_probs.size(-1))
-    row_best, row_tokens = log_probs.topk(width, dim=-1)  # (B*K, 2K)
+    row_best, row_tokens = top_k(log_probs, width, native)  # (B*K, 2K)
     total = beams.scores.view(-1, 1) + row_best  # (B*K, 2K)
     scores, flat = total.view(batch, -1).topk(2 * beam_size, dim=-1)  # (B, 2K)
     return scores, flat // width, row_tokens.view(batch, -1).gather(1, flat)

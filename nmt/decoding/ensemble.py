@@ -64,8 +64,8 @@ class Stepper(Protocol[State]):
 
     @property
     def native_kernels(self) -> bool:
-        """Whether the models' steps take nmt's compiled kernels
-        (``FastPaths.native_kernels``): the decoding plan's kernels."""
+        """Whether search takes its top-k through nmt's compiled kernels
+        (``FastPaths.native_kernels``; ``nmt.fast.topk``)."""
         ...
 
 

@@ -61,6 +61,7 @@ from nmt.decoding.steering import (
     restrictions,
     search_limits,
 )
+from nmt.fast.topk import row_max
 from nmt.model import Seq2Seq
 from nmt.vocab import BOS_ID, EOS_ID
 
@@ -187,7 +188,7 @@ def _greedy_step(
             g.alphas = step_alphas.new_zeros((*g.tokens.shape, width)).float()  # (B, T, S)
     for ban in bans:
         ban.apply(log_probs, g)
-    best, chosen = log_probs.max(dim=-1)  # (N,), (N,)
+    best, chosen = row_max(log_probs, scorer.native_kernels)  # (N,), (N,)
     _write_column(g.tokens, g.rows, g.position, chosen)
     _write_column(g.scores, g.rows, g.position, best.masked_fill(g.ended, 0.0))
     if g.alphas is not None:
@@ -471,7 +472,9 @@ def _beam_step(
     log_probs, step_alphas, state = scorer.step(s.prev, s.state)  # (N, V), (N, S)
     for ban in bans:
         ban.apply(log_probs, s)
-    top_scores, origins, top_tokens = top_candidates(beams, log_probs, beam_size)  # (B, 2K)
+    top_scores, origins, top_tokens = top_candidates(
+        beams, log_probs, beam_size, scorer.native_kernels
+    )  # (B, 2K)
     kept = None  # this step's attention, when a hypothesis keeps it or sums it
     if beams.alphas is not None or beams.coverage is not None:
         kept = step_alphas.float()

@@ -10,8 +10,8 @@ dtype), and ``FastPaths.plain()`` turns every one off for the reference:
   CPU tensors in a module's training mode, where their gain is (the backward pass);
   evaluation and search take the plain path.
 - ``native_kernels``: whether nmt's compiled C kernels (``fast.compiled``) run training's
-  recurrence and the loss's softmax, search's encoder over its looked-up input gates
-  (``source_rnn``) and search's log-softmax; where no C compiler works, the module's own RNN and torch's
+  recurrence and the loss's softmax, and search's log-softmax, top-k, decoder RNN's gates
+  and dot-product attention; where no C compiler works, the module's own RNN and torch's
   ops run instead. Its default is on
   unless the environment says ``NMT_NATIVE_KERNELS=0``, read when the ``FastPaths`` is made,
   i.e. when the model is built; no other code decides by that variable
@@ -42,14 +42,18 @@ dtype), and ``FastPaths.plain()`` turns every one off for the reference:
 | ``dropout`` | ``fast.dropout.FastDropout`` (16-bit masks) | ``nn.Dropout`` | cpu_kernels, training, CPU |
 | ``additive_energies`` | ``fast.additive.RecomputedEnergies`` | broadcast v^T tanh(q + k) | cpu_kernels, training, CPU |
 | ``step_products`` | ``fast.sinks.SinkProducts`` (with graphs on, a step's ``linear`` too: Bahdanau's W_q) | ``fast.sinks.Products`` | fused, training |
+| ``search_products`` | ``fast.attend.KernelProducts``: a dot-product score's energies, mask, softmax and context as ``fast.compiled.attend`` | ``fast.sinks.Products`` | native_kernels, search without gradients, CPU, float32 |
 | ``step_linear`` | ``fast.sinks.WeightSink`` | the ``nn.Linear`` | fused, training |
 | ``step_rnn`` | ``fast.cells.rnn_step`` (capturable; each layer's gates as torch's fused cell on a GPU) | the module's call | graphs on, training |
 | ``teacher_steps`` | ``fast.cells.teacher_steps``: the embedding's first-layer input gates of every position in one product, each step's W_ih and W_hh (with their biases) behind ``fast.sinks.WeightSink`` | each step multiplies its whole input | graphs on, fused, training |
-| ``input_gate_table`` | ``fast.cells.input_gate_table``, then ``step_rnn``'s ``rnn_step`` | the module's call | search_tables, a Translator's search in float32 |
+| ``input_gate_table`` | ``fast.cells.input_gate_table``, then ``step_rnn``'s ``rnn_step`` (each layer's gates as ``fast.compiled.rnn_cell``: native_kernels, evaluation without gradients, CPU, float32) | the module's call | search_tables, a Translator's search in float32 |
 | ``source_rnn`` | ``fast.recurrence.run_rnn`` with the encoder's first-layer input gates looked up (``source_gates``: ``fast.recurrence.gate_table``; native_kernels) | the module, packed | search_tables, a Translator's search in float32 on a CPU |
 | ``output_loss`` | ``fast.loss.OutputLayerLoss`` (compiled kernel: cpu_kernels, native_kernels, training, CPU) | ``F.cross_entropy`` | fused |
 | ``product`` | ``fast.packed.Product`` from oneDNN's prepared layout (two rows or more) | the weight transposed, contiguous | search_tables, a Translator's search in float32 on a CPU |
 | ``log_softmax`` | ``fast.compiled.log_softmax_`` (in place, the mask inside) | ``masked_fill``, ``F.log_softmax`` | native_kernels, evaluation, CPU, float32 |
+
+Search's top-k (``fast.topk``) takes the compiled kernel too where the stepper's
+``native_kernels`` says so.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from torch import Tensor, nn
 
 from nmt.fast import (
     additive,
+    attend,
     cells,
     compiled,
     loss,
@@ -142,11 +147,13 @@ class FastPaths:
         h W_hh^T + b_hh (``StepProducts``, ``TeacherSteps``), and ``input_products``, each
         layer's product by W_ih (``TeacherSteps``), if given."""
         if first_gates is not None:
+            native = self.native_kernels and not training and not torch.is_grad_enabled()
             return cells.rnn_step(
                 rnn,
                 inputs,
                 state,
                 first_gates,
+                native=native,
                 hidden_products=hidden,
                 input_products=input_products,
             )
@@ -207,6 +214,12 @@ class FastPaths:
         if not (self.fused and training):
             return sinks.PLAIN_PRODUCTS
         return sinks.SinkProducts(weights=self.graphs != "off")
+
+    def search_products(self) -> sinks.Products:
+        """How a search's steps multiply the attention memory: a dot-product score's whole
+        step in one compiled kernel where ``native_kernels`` (``fast.attend``; on a CPU, in
+        float32, without gradients), else the plain products."""
+        return attend.KERNEL_PRODUCTS if self.native_kernels else sinks.PLAIN_PRODUCTS
 
     def step_linear(self, linear: nn.Linear, training: bool) -> Callable[[Tensor], Tensor]:
         """x -> x W^T for a bias-free layer applied at every step of a teacher-forced

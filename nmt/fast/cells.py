@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.fast import sinks
+from nmt.fast import compiled, sinks
 from nmt.runtime import compute_dtype
 
 RNNState = Tensor | tuple[Tensor, Tensor]
@@ -48,6 +48,7 @@ def rnn_step(
     inputs: Tensor | None,
     state: RNNState,
     first_gates: Tensor | None = None,
+    native: bool = False,
     hidden_products: Sequence[Callable[[Tensor], Tensor]] | None = None,
     input_products: Sequence[Callable[[Tensor], Tensor]] | None = None,
 ) -> tuple[Tensor, RNNState]:
@@ -55,7 +56,9 @@ def rnn_step(
     state (L, B, H) (a tuple (h, c) for an LSTM) -> output (B, 1, H), the next state, as the
     module's call on one position returns them. With ``first_gates`` (B, G*H), the first
     layer's input gates of its first I - I' inputs with their bias (``input_gate_table``, or
-    ``TeacherSteps``), inputs are the last I' (B, 1, I') alone, or None where I' = 0. ``hidden_products``:
+    ``TeacherSteps``), inputs are the last I' (B, 1, I') alone, or None where I' = 0. With
+    ``native`` (a pass without gradients), each layer's gates go through one compiled kernel
+    (``compiled.rnn_cell``) where it can take them, not about ten torch ops. ``hidden_products``:
     each layer's h -> h W_hh^T + b_hh where the caller has it prepared
     (``fast.packed.StepProducts``, ``TeacherSteps``), else multiplied here;
     ``input_products``: each layer's x -> x W_ih^T (+ b_ih past the first layer; the first
@@ -105,7 +108,8 @@ def rnn_step(
                 )
                 gates_h = _product(h, w_hh, b_hh, compute, weights)
             c = cell[layer].to(weights) if cell is not None else None
-            h, c = cell_gates(gates_x, gates_h, h, c)
+            done = compiled.rnn_cell(gates_x, gates_h, h, c) if native else None
+            h, c = done if done is not None else cell_gates(gates_x, gates_h, h, c)
             if c is not None:
                 cells.append(c)
             hiddens.append(h)

@@ -90,7 +90,13 @@ def _signatures() -> dict[str, list[type]]:
 # kernels.c's decoding kernels, float32 alone
 _DECODING: dict[str, list[type]] = {
     "log_softmax": [_PTR, _I64, _I64, _PTR, _I32],
+    "top_k": [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I32],
+    "gru_cell": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I32],  # gx, gh, h, h_out, B, H
+    "lstm_cell": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I32],  # gx, gh, c, h_out, c_out
+    # q, keys, values, mask, B, R, S, A, F, scale, alphas, context
+    "attend": [_PTR] * 4 + [_I64] * 5 + [ctypes.c_float, _PTR, _PTR, _I32],
 }
+TOP_K_MAX = 128  # a larger k: torch's top-k (each value that enters shifts up to k others)
 
 
 _state: dict[str, ctypes.CDLL | None | str] = {}
@@ -297,3 +303,108 @@ def log_softmax_(logits: Tensor, allowed: Tensor | None) -> bool:
         mask = allowed.view(torch.uint8).data_ptr()
     lib.nmt_log_softmax_f32(logits.data_ptr(), rows, vocab, mask, torch.get_num_threads())
     return True
+
+
+def top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor] | None:
+    """The k largest values of each row of ``values`` (N, V) float32 and their indices, each
+    (N, k), largest first and, among equal values, the first first (kernels.c); None where
+    the compiled kernel cannot run it."""
+    lib = _decoding_library(values)
+    if lib is None or not 1 <= k <= min(TOP_K_MAX, values.size(1)):
+        return None
+    rows, vocab = values.shape
+    best = torch.empty(rows, k)
+    at = torch.empty(rows, k, dtype=torch.int64)
+    threads = torch.get_num_threads()
+    lib.nmt_top_k_f32(values.data_ptr(), rows, vocab, k, best.data_ptr(), at.data_ptr(), threads)
+    return best, at
+
+
+def attend(
+    query: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float
+) -> tuple[Tensor, Tensor] | None:
+    """A search step's attention by a dot-product score (kernels.c's ``nmt_attend_f32``):
+    query (B*R, A), R rows per sentence, keys (B, S, A), values (B, S, F), mask (B, S) bool,
+    True at the real positions -> context (B*R, F) and alphas (B*R, S), the softmax over the
+    real positions of scale * q^T k_s, exactly 0 at padding; None where the kernel cannot
+    run them (not all contiguous float32 CPU tensors of those shapes, or no library)."""
+    if query.dim() != 2 or keys.dim() != 3 or values.dim() != 3 or mask.dim() != 2:
+        return None
+    sentences, length, width = keys.shape
+    if (
+        values.size(0) != sentences
+        or values.size(1) != length
+        or mask.size(0) != sentences
+        or mask.size(1) != length
+        or mask.dtype != torch.bool
+        or query.size(1) != width
+        or query.size(0) % sentences
+        or keys.dtype != torch.float32
+        or values.dtype != torch.float32
+        or not (keys.is_cpu and values.is_cpu and mask.is_cpu)
+        or not (keys.is_contiguous() and values.is_contiguous() and mask.is_contiguous())
+    ):
+        return None
+    lib = _decoding_library(query)
+    if lib is None:
+        return None
+    rows, features = query.size(0), values.size(2)
+    alphas = torch.empty(rows, length)
+    context = torch.empty(rows, features)
+    lib.nmt_attend_f32(
+        query.data_ptr(),
+        keys.data_ptr(),
+        values.data_ptr(),
+        mask.view(torch.uint8).data_ptr(),
+        sentences,
+        rows // sentences,
+        length,
+        width,
+        features,
+        scale,
+        alphas.data_ptr(),
+        context.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return context, alphas
+
+
+def rnn_cell(
+    gates_x: Tensor, gates_h: Tensor, h: Tensor, c: Tensor | None
+) -> tuple[Tensor, Tensor | None] | None:
+    """One step of a GRU (c None) or LSTM layer without gradients (kernels.c's
+    ``nmt_gru_cell_f32`` / ``nmt_lstm_cell_f32``): the input gates W_i x + b_i and the
+    recurrent gates W_h h + b_h (B, G*H), the state h and (LSTM) c (B, H) -> h' and c' (None
+    for a GRU), new tensors; None where the kernel cannot run them (not all float32
+    contiguous 2-D CPU tensors, or no library: ``_decoding_library``)."""
+    tensors = [gates_x, gates_h, h] if c is None else [gates_x, gates_h, h, c]
+    if any(_decoding_library(tensor) is None for tensor in tensors):
+        return None
+    lib = library()
+    assert lib is not None
+    batch, hidden = h.shape
+    threads = torch.get_num_threads()
+    h_out = torch.empty_like(h)
+    if c is None:
+        lib.nmt_gru_cell_f32(
+            gates_x.data_ptr(),
+            gates_h.data_ptr(),
+            h.data_ptr(),
+            h_out.data_ptr(),
+            batch,
+            hidden,
+            threads,
+        )
+        return h_out, None
+    c_out = torch.empty_like(c)
+    lib.nmt_lstm_cell_f32(
+        gates_x.data_ptr(),
+        gates_h.data_ptr(),
+        c.data_ptr(),
+        h_out.data_ptr(),
+        c_out.data_ptr(),
+        batch,
+        hidden,
+        threads,
+    )
+    return h_out, c_out

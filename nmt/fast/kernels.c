@@ -1,6 +1,7 @@
 /* nmt's fused CPU kernels: the elementwise work of one RNN time step (GRU and LSTM, forward
- * and backward, all directions at once) in one pass over its tensors, where torch runs a small
- * op for each operation; the loss's softmax and cross-entropy; and search's log-softmax.
+ * and backward, all directions at once; and a search step's, without gradients) in one pass
+ * over its tensors, where torch runs a small op for each operation; and search's log-softmax,
+ * top-k and dot-product attention.
  * nmt.fast.compiled compiles this file with the machine's C compiler on first use and calls
  * it through ctypes; nmt.fast.gru and nmt.fast.lstm run torch ops instead where no compiler
  * is found or their model's FastPaths says so.
@@ -94,6 +95,8 @@ static inline float tanh_approx(float x) { return 2.0f * sigmoid(2.0f * x) - 1.0
     }
 
 #define NOINLINE __attribute__((noinline))
+/* The search rows' bfloat16 variants, which nothing calls yet. */
+#define MAYBE_UNUSED __attribute__((unused))
 
 /* h' (H) in the matmul dtype, for the next step's matmul. */
 #define STORE_ROW(SUFFIX, MM)                                                                  \
@@ -123,10 +126,11 @@ STORE_ROW(f32, float)
 
 /* ---------------------------------------------------------------------------------- cells */
 
-/* One unit of each cell from its pre-activations, the one definition the forward rows below use
- * (in either matmul dtype: the loads are the caller's). Each is a macro that fills a local
- * unit: GCC 12 (-O3, an AVX2 EPYC) vectorised rows through an inline function 1.4-1.7x slower.
- * GRU: a_r, a_z the sums W_i x + b_i + W_h h + b_h (as the matmul added them),
+/* One unit of each cell from its pre-activations, the one definition every row loop below uses
+ * (training's forward rows and search's, in any matmul dtype: the loads are the caller's). Each
+ * is a macro that fills a local unit: GCC 12 (-O3, an AVX2 EPYC) vectorised the same loops
+ * through an inline function 1.4-1.7x slower.
+ * GRU: a_r, a_z the sums W_i x + b_i + W_h h + b_h (as the matmul or the caller added them),
  * x_n = W_in x + b_in, h_n = W_hn h + b_hn, and h before the step. */
 typedef struct {
     float n, h; /* n, and h' = n + z (h - n), that is (1 - z) n + z h */
@@ -159,6 +163,19 @@ typedef struct {
 /* ------------------------------------------------------------------------------------ GRU */
 
 #define GRU(SUFFIX, MM)                                                                        \
+    /* A search step's row, without gradients: gx (3H) W_i x + b_i, gh (3H) W_h h + b_h in the \
+     * matmul dtype, hp (H) h -> ho (H) h'. */                                                 \
+    static NOINLINE MAYBE_UNUSED void gru_cell_row_##SUFFIX(                                   \
+        const float *restrict gx, const MM *restrict gh, const float *restrict hp,             \
+        float *restrict ho, int64_t H) {                                                       \
+        for (int64_t j = 0; j < H; j++) {                                                      \
+            gru_unit u;                                                                        \
+            GRU_CELL(u, gx[j] + LOAD_##SUFFIX(gh, j), gx[H + j] + LOAD_##SUFFIX(gh, H + j),     \
+                     gx[2 * H + j], LOAD_##SUFFIX(gh, 2 * H + j), hp[j]);                      \
+            ho[j] = u.h;                                                                       \
+        }                                                                                      \
+    }                                                                                          \
+                                                                                               \
     static NOINLINE void gru_forward_row_##SUFFIX(                                             \
         const MM *restrict a, const float *restrict x, const float *restrict hp,               \
         int going, float *restrict n, float *restrict ho, MM *restrict po, int64_t H) {        \
@@ -224,6 +241,20 @@ GRU(f32, float)
 /* ----------------------------------------------------------------------------------- LSTM */
 
 #define LSTM(SUFFIX, MM)                                                                       \
+    /* A search step's row, as the GRU's: gx, gh (4H), cp (H) c -> ho (H) h', co (H) c'. */    \
+    static NOINLINE MAYBE_UNUSED void lstm_cell_row_##SUFFIX(                                  \
+        const float *restrict gx, const MM *restrict gh, const float *restrict cp,             \
+        float *restrict ho, float *restrict co, int64_t H) {                                   \
+        for (int64_t j = 0; j < H; j++) {                                                      \
+            lstm_unit u;                                                                       \
+            LSTM_CELL(u, gx[j] + LOAD_##SUFFIX(gh, j), gx[H + j] + LOAD_##SUFFIX(gh, H + j),    \
+                      gx[2 * H + j] + LOAD_##SUFFIX(gh, 2 * H + j),                            \
+                      gx[3 * H + j] + LOAD_##SUFFIX(gh, 3 * H + j), cp[j]);                    \
+            co[j] = u.c;                                                                       \
+            ho[j] = u.h;                                                                       \
+        }                                                                                      \
+    }                                                                                          \
+                                                                                               \
     static NOINLINE void lstm_forward_row_##SUFFIX(                                            \
         const MM *restrict a, const float *restrict cp, const float *restrict hp, int going,   \
         float *restrict act, float *restrict tc, float *restrict co, float *restrict ho,       \
@@ -451,4 +482,137 @@ void nmt_log_softmax_f32(float *z, int64_t rows, int64_t V, const uint8_t *allow
         float total = masked_exp_sum(row, ok, V, top);
         masked_shift(row, ok, V, top + logf(total));
     }
+}
+
+/* The k largest values of each row of x (rows, V) float32, largest first, into values and
+ * indices (rows, k); among equal values the first (lowest index) first, as Tensor.max(dim)
+ * and a stable sort give them; NaN is never taken past the first k. The row is read once, in
+ * blocks of TOPK_BLOCK compared with the k-th value so far all at once: only a block with a
+ * value above it is looked at element by element. 1 <= k <= V. */
+#define TOPK_BLOCK 64
+
+static inline void topk_insert(float *best, int64_t *at, int64_t k, float value, int64_t index) {
+    int64_t j = k - 1; /* value > best[k-1]: it enters, after every value >= it */
+    while (j > 0 && best[j - 1] < value) {
+        best[j] = best[j - 1];
+        at[j] = at[j - 1];
+        j--;
+    }
+    best[j] = value;
+    at[j] = index;
+}
+
+static inline int block_beats(const float *restrict x, float bar) {
+    int above = 0;
+    _Pragma("omp simd reduction(| : above)")
+    for (int64_t v = 0; v < TOPK_BLOCK; v++) above |= x[v] > bar;
+    return above;
+}
+
+static void row_top_k(const float *restrict x, int64_t V, int64_t k, float *best, int64_t *at) {
+    int64_t v = 0;
+    for (; v < k; v++) { /* the first k, sorted as they come */
+        int64_t j = v;
+        while (j > 0 && !(best[j - 1] >= x[v])) {
+            best[j] = best[j - 1];
+            at[j] = at[j - 1];
+            j--;
+        }
+        best[j] = x[v];
+        at[j] = v;
+    }
+    for (; v < V && v % TOPK_BLOCK; v++)
+        if (x[v] > best[k - 1]) topk_insert(best, at, k, x[v], v);
+    for (; v + TOPK_BLOCK <= V; v += TOPK_BLOCK) {
+        if (!block_beats(x + v, best[k - 1])) continue;
+        for (int64_t u = v; u < v + TOPK_BLOCK; u++)
+            if (x[u] > best[k - 1]) topk_insert(best, at, k, x[u], u);
+    }
+    for (; v < V; v++)
+        if (x[v] > best[k - 1]) topk_insert(best, at, k, x[v], v);
+}
+
+void nmt_top_k_f32(const float *x, int64_t rows, int64_t V, int64_t k, float *values,
+                   int64_t *indices, int32_t threads) {
+    _Pragma("omp parallel for schedule(static) num_threads(threads) if (rows * V >= MIN_PARALLEL)")
+    for (int64_t n = 0; n < rows; n++) row_top_k(x + n * V, V, k, values + n * k, indices + n * k);
+}
+
+/* A search step's attention by a dot-product score (Luong's dot and general, the scaled dot):
+ *   e_s = g q^T k_s at the real positions s, a = softmax_s(e), context = sum_s a_s v_s
+ * for R query rows per sentence (a greedy search's one, a beam search's K, which share their
+ * sentence's memory): q (B*R, A); keys (B, S, A); values (B, S, F); mask (B, S), 1 at the
+ * real positions (at least one a row); g the score's scale -> alphas (B*R, S), exactly 0 at
+ * padding, and context (B*R, F). One pass over a sentence's memory per row, where torch's
+ * batched products, mask and softmax each go through it or through the energies; each row
+ * sums in one fixed order (the dot products in SUM_LANES lanes, the context over s in turn),
+ * whatever the rows or threads. */
+static inline float dot_lanes(const float *restrict x, const float *restrict y, int64_t n) {
+    float lane[SUM_LANES] = {0.0f};
+    int64_t whole = n - n % SUM_LANES, i = 0;
+    for (i = 0; i < whole; i += SUM_LANES)
+        for (int l = 0; l < SUM_LANES; l++) lane[l] += x[i + l] * y[i + l];
+    for (; i < n; i++) lane[i - whole] += x[i] * y[i];
+    return lanes_total(lane);
+}
+
+static NOINLINE void attend_row(const float *restrict q, const float *restrict keys,
+                                const float *restrict values, const uint8_t *restrict mask,
+                                int64_t S, int64_t A, int64_t F, float scale,
+                                float *restrict alpha, float *restrict context) {
+    float top = -INFINITY;
+    for (int64_t s = 0; s < S; s++) {
+        float e = mask[s] ? dot_lanes(q, keys + s * A, A) * scale : 0.0f;
+        alpha[s] = e;
+        top = (mask[s] && e > top) ? e : top;
+    }
+    float total = 0.0f;
+    for (int64_t s = 0; s < S; s++) {
+        float e = mask[s] ? expf(alpha[s] - top) : 0.0f;
+        alpha[s] = e;
+        total += e;
+    }
+    for (int64_t f = 0; f < F; f++) context[f] = 0.0f;
+    for (int64_t s = 0; s < S; s++) {
+        if (!mask[s]) continue;
+        float a = alpha[s] / total;
+        alpha[s] = a;
+        const float *restrict v = values + s * F;
+        for (int64_t f = 0; f < F; f++) context[f] += a * v[f];
+    }
+}
+
+void nmt_attend_f32(const float *q, const float *keys, const float *values, const uint8_t *mask,
+                    int64_t B, int64_t R, int64_t S, int64_t A, int64_t F, float scale,
+                    float *alphas, float *context, int32_t threads) {
+    _Pragma("omp parallel for schedule(static) num_threads(threads) if (B * R * S * (A + F) >= MIN_PARALLEL)")
+    for (int64_t n = 0; n < B * R; n++) {
+        int64_t b = n / R;
+        attend_row(q + n * A, keys + b * S * A, values + b * S * F, mask + b * S, S, A, F, scale,
+                   alphas + n * S, context + n * F);
+    }
+}
+
+/* ------------------------------------------------------------------------------ inference */
+
+/* One step of an RNN layer in a pass without gradients (a search's decoder step), float32
+ * throughout, one direction:
+ *   gx (B, G*H), W_i x + b_i; gh (B, G*H), W_h h + b_h; h (B, H) (and the LSTM's c), the
+ *   state before the step, all contiguous
+ * -> h_out (B, H) (and c_out), contiguous, apart from h and c: the state after the step, by
+ * the cells above (gru_cell, lstm_cell) of x + h for each gate but the GRU's n (x_n, h_n). */
+
+void nmt_gru_cell_f32(const float *gx, const float *gh, const float *h, float *h_out, int64_t B,
+                      int64_t H, int32_t threads) {
+    _Pragma("omp parallel for schedule(static) num_threads(threads) if (B * H >= MIN_PARALLEL)")
+    for (int64_t b = 0; b < B; b++)
+        gru_cell_row_f32(gx + b * 3 * H, gh + b * 3 * H, h + b * H, h_out + b * H, H);
+}
+
+void nmt_lstm_cell_f32(const float *gx, const float *gh, const float *c, float *h_out,
+                       float *c_out, int64_t B, int64_t H, int32_t threads) {
+    _Pragma("omp parallel for schedule(static) num_threads(threads) if (B * H >= MIN_PARALLEL)")
+    for (int64_t b = 0; b < B; b++)
+        lstm_cell_row_f32(gx + b * 4 * H, gh + b * 4 * H, c + b * H, h_out + b * H, c_out + b * H,
+                          H);
 }

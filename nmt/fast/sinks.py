@@ -39,6 +39,15 @@ class Products:
         ``role`` names the weight among a batch's."""
         return layer(x)  # type: ignore[no-any-return]
 
+    def attend(
+        self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: Tensor | None
+    ) -> tuple[Tensor, Tensor] | None:
+        """A dot-product score's whole attention in one step, where these products have
+        one (``nmt.fast.attend``): query (B*R, T, A), keys (B, S, A), values (B, S, F),
+        mask (B, S), scale g or None (1) -> context (B*R, T, F), alphas (B*R, T, S) of
+        softmax_s(g q^T k_s); None here: the score multiplies through the two products."""
+        return None
+
 
 PLAIN_PRODUCTS = Products()
 

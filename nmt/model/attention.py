@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -44,7 +44,9 @@ class Memory:
     alone (``nmt.model.coverage``), else None; folded: the values times a Luong decoder's
     W_c context half (B, S, H), made once for a search (``LuongDecoder.for_search``), which
     then reads no other values: ``values`` is then the same tensor; else None; products: how
-    ``with_keys`` and ``with_values`` multiply (``FastPaths.step_products`` in training).
+    ``with_keys`` and ``with_values`` multiply, and whether a dot score attends in one step
+    (``Products.attend``): ``FastPaths.step_products`` in training, ``search_products`` in
+    search (``Decoder.for_search``).
 
     beams: the query rows per sentence (``shared``, beam search), whose memory is held once
     per sentence: the tensors above are then (B, ...) for queries of B * beams rows, sentence
@@ -153,6 +155,17 @@ class Attention(nn.Module):
     shares_beams: ClassVar[bool] = False
     # the model.attention keys the constructor takes, in order, after the two sizes
     config_keys: ClassVar[tuple[str, ...]] = ()
+    # the compiled search kernel that computes this class's weights and context (None: the
+    # equations as written here); "dot": softmax over the real positions of g q^T k, k the
+    # projected keys (project_keys), g the learned ``scale`` or 1 (nmt.fast.attend). Each
+    # class declares it for itself: a subclass that does not is given None, so one that
+    # changes the math never runs its parent's kernel (__init_subclass__)
+    kernel: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kernel" not in cls.__dict__:
+            cls.kernel = None
 
     def __init__(self, query_size: int, key_size: int):
         super().__init__()

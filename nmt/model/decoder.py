@@ -172,9 +172,9 @@ class Decoder(nn.Module, ABC):
 
     def for_search(self, memory: Memory, greedy: bool = False) -> Memory:
         """The memory a search steps over, once per batch (``greedy``: a greedy search's,
-        one row per sentence): the encoder's, which a decoder may prepare further
-        (``LuongDecoder.for_search``)."""
-        return memory
+        one row per sentence), multiplied through ``FastPaths.search_products``; a decoder
+        may prepare more of it (``LuongDecoder.for_search``)."""
+        return memory.for_steps(self.fast.search_products())
 
     def reorder(self, state: DecoderState, index: Tensor) -> DecoderState:
         """The state of the hypotheses ``index`` (B',): beams kept and repeated in search."""

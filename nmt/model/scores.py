@@ -105,6 +105,7 @@ class DotAttention(Attention):
 
     content = equal_sizes = scalable = shares_beams = True
     config_keys: ClassVar[tuple[str, ...]] = ("scale",)
+    kernel = "dot"
 
     def __init__(self, query_size: int, key_size: int, scale: str = "none"):
         super().__init__(query_size, key_size)
@@ -117,6 +118,18 @@ class DotAttention(Attention):
         energies = memory.with_keys(query)  # (B, T, S)
         return energies * self.scale if self.scale is not None else energies
 
+    def forward(
+        self, query: Tensor, memory: Memory, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """As ``Attention.forward``; in one compiled step where the class declares the dot
+        kernel and the memory's products have it (a search on a CPU: ``nmt.fast.attend``)."""
+        if self.kernel == "dot":
+            products = memory.products
+            fused = products.attend(query, memory.keys, memory.values, memory.mask, self.scale)
+            if fused is not None:
+                return fused
+        return super().forward(query, memory, positions)
+
 
 @register_score("general", "bilinear", "multiplicative")
 class GeneralAttention(DotAttention):
@@ -127,6 +140,7 @@ class GeneralAttention(DotAttention):
     """
 
     equal_sizes = False
+    kernel = "dot"  # of the keys W_a k
 
     def __init__(self, query_size: int, key_size: int, scale: str = "none"):
         super().__init__(query_size, key_size, scale)
@@ -142,6 +156,7 @@ class ScaledDotAttention(DotAttention):
 
     prescaled = True
     config_keys = ()
+    kernel = "dot"  # the fixed scale is in the keys
 
     def __init__(self, query_size: int, key_size: int):
         super().__init__(query_size, key_size, "fixed")
