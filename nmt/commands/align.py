@@ -237,5 +237,11 @@ def evaluate_alignments(
             _check_range(references[-1].possible, mask, f"--align-ref {reference} line {n}")
             content_hyps.append(content_links(links[-1], mask))
             content_refs.append(content_reference(references[-1], mask))
+    if not references:
+        what = f"all {len(ref_lines)} of its lines are empty" if ref_lines else "it is empty"
+        raise DataError(
+            f"--align-ref {reference}: no reference links to score against ({what}); give "
+            f"the gold alignment of the sentences in --align {hypotheses}"
+        )
     content = score_alignments(content_hyps, content_refs) if masks is not None else None
     return AlignmentReport(hypotheses.name, score_alignments(links, references), content, skipped)

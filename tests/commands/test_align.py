@@ -104,6 +104,13 @@ def test_bad_alignment_input_is_one_line(run: Path, tmp_path: Path, previous: Pa
     gold.write_text("0-0\n1-b\n", encoding="utf-8")
     error = nmt("eval", "--align", str(hyp), "--align-ref", str(gold)).error
     assert f"{gold} line 2" in error and "'1-b'" in error
+    gold.write_text("\n\n", encoding="utf-8")  # no reference links: nothing to score
+    error = nmt("eval", "--align", str(hyp), "--align-ref", str(gold)).error
+    assert f"--align-ref {gold}: no reference links" in error and "all 2 of its lines" in error
+    hyp.write_text("", encoding="utf-8")
+    gold.write_text("", encoding="utf-8")
+    error = nmt("eval", "--align", str(hyp), "--align-ref", str(gold)).error
+    assert "no reference links" in error and "it is empty" in error
     assert "--extract" in nmt("align", "-m", str(run), "--extract", "max", stdin=b"a\tb\n").error
     result = nmt("align", "-m", str(run), "--tsv", str(previous), "-o", str(previous))
     assert "--output" in result.error and unchanged(previous)
