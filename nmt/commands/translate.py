@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+import torch
+
 from nmt.commands.common import Heatmaps, Models, check_attention_dir, check_writes, progress_bar
 from nmt.config import DecodingConfig
 from nmt.decoding.alignment import format_links, hypothesis_links
 from nmt.decoding.options import KEYS, Naming, SearchOptions, check_request, decoding_options
-from nmt.decoding.steering import Steering
+from nmt.decoding.steering import Steering, search_limits
 from nmt.decoding.translator import Translation, Translator
 from nmt.errors import ConfigError, DataError
 from nmt.files import STDIN, atomic_write_text, read_lines, split_lines, write_lines
@@ -183,7 +185,8 @@ def translate_command(
     Every user error (input, output path, checkpoints, options, prefix and constraint files)
     is raised before the output is touched; a file output is replaced atomically, so a failed
     run leaves an existing file as it was. A line whose constraints no output could meet
-    gets an empty output line and a call of ``warn``. Line by line (each output written and
+    gets an empty output line and a call of ``warn``; so, at the end, do the outputs that
+    search ended at their length limit (cut short, or repeating). Line by line (each output written and
     flushed as its line arrives): ``unbuffered``, or input from a terminal. ``alignments``:
     a file for the word alignment of each output (Pharaoh, from its attention), written at
     the end. ``say`` hears, at the end, the decoding plan the search ran by (its line,
@@ -207,6 +210,13 @@ def translate_command(
     )
     job = _Job(translator, decoding, request, steering, heatmaps, warn)
     count = _stream(job, sys.stdin, sys.stdout) if lines is None else _translate_all(job, lines)
+    if job.at_limit:
+        warn(
+            f"{job.at_limit} of {job.decoded} outputs stopped at their length limit "
+            f"(ceil({decoding.max_len_ratio:g} x source pieces) + {decoding.max_len_offset}"
+            f"{' + forced tokens' if steering is not None else ''}): cut short, or "
+            f"repeating themselves; --max-len-ratio and --max-len-offset set the limit"
+        )
     if request.alignments is not None:
         atomic_write_text(request.alignments, "".join(line + "\n" for line in job.links))
     say((translator.last_plan or translator.plan(decoding, [], steering)).line())
@@ -254,6 +264,8 @@ class _Job:
     heatmaps: Heatmaps | None
     warn: Callable[[str], None]
     links: list[str] = field(default_factory=list)
+    decoded: int = 0  # the lines with an output
+    at_limit: int = 0  # of those, the outputs that search ended at their length limit
 
     def finish(self, index: int, line: str, item: Translation) -> list[str]:
         """Line ``index``'s output rows; its heatmap, alignment and warning on the side."""
@@ -263,6 +275,9 @@ class _Job:
             self.heatmaps.write(index, item.src_ids, best.tokens, best.alphas)
         if request.alignments is not None:
             self.links.append(_links(translator, line, item, self.decoding))
+        if best is not None:
+            self.decoded += 1
+            self.at_limit += len(best.tokens) + 1 >= self._limit(index, item)
         if line.strip() and best is None and self.steering is not None:
             self.warn(
                 f"input line {index + 1}: no output meets all its constraints within the "
@@ -270,6 +285,13 @@ class _Job:
                 f"is empty"
             )
         return format_translation(translator, index, item, request.n_best, request.scores)
+
+    def _limit(self, index: int, item: Translation) -> int:
+        """Line ``index``'s output length limit, EOS included, as search set it."""
+        steering = self.steering.subset([index]) if self.steering is not None else None
+        lengths = torch.tensor([len(item.src_ids)])
+        ratio, offset = self.decoding.max_len_ratio, self.decoding.max_len_offset
+        return search_limits(lengths, ratio, offset, steering)[0]
 
 
 def _links(translator: Translator, line: str, item: Translation, decoding: DecodingConfig) -> str:

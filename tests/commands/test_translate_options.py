@@ -114,6 +114,25 @@ def test_every_output_starts_with_its_prefix(
             assert line == before
 
 
+def test_outputs_at_their_length_limit_are_counted(
+    run: Path, source: Path, tmp_path: Path
+) -> None:
+    """A limit of ceil(0.001 x pieces) + 0 = 1 leaves room for EOS alone: every line's
+    output is empty, and one warning counts them; with prefixes the limit adds their
+    tokens, and the outputs are the prefixes, at their limit too."""
+    tiny = ["--max-len-ratio", "0.001", "--max-len-offset", "0"]
+    result = nmt("translate", "-m", str(run), "-i", str(source), *tiny)
+    assert result.code == 0, result.err
+    assert result.out == "\n" * len(SOURCES)
+    want = "warning: 4 of 4 outputs stopped at their length limit (ceil(0.001 x source pieces) + 0)"
+    assert want in result.err
+    prefix = _write(tmp_path / "prefix.txt", PREFIXES)
+    steered = nmt("translate", "-m", str(run), "-i", str(source), *tiny, "--prefix", str(prefix))
+    assert steered.code == 0, steered.err
+    assert steered.out.split("\n")[:-1] == PREFIXES
+    assert "4 of 4 outputs stopped" in steered.err and "+ 0 + forced tokens)" in steered.err
+
+
 def test_prefix_with_greedy_search(run: Path, source: Path, tmp_path: Path) -> None:
     """--prefix with --beam 1 (greedy) and with --n-best: every hypothesis starts with it."""
     prefix = _write(tmp_path / "prefix.txt", PREFIXES)
@@ -145,7 +164,7 @@ def test_every_output_contains_every_phrase(
     constraints = _write(tmp_path / "c.jsonl", rows)
     result = nmt("translate", "-m", str(run), "-i", str(source), "--constraints", str(constraints))
     assert result.code == 0, result.err
-    assert "warning" not in result.err
+    assert "no output meets all its constraints" not in result.err
     lines = result.out.split("\n")[:-1]
     assert len(lines) == len(SOURCES)
     for line, phrases, before in zip(lines, CONSTRAINTS, plain, strict=True):
