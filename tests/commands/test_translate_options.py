@@ -114,9 +114,7 @@ def test_every_output_starts_with_its_prefix(
             assert line == before
 
 
-def test_outputs_at_their_length_limit_are_counted(
-    run: Path, source: Path, tmp_path: Path
-) -> None:
+def test_outputs_at_their_length_limit_are_counted(run: Path, source: Path, tmp_path: Path) -> None:
     """A limit of ceil(0.001 x pieces) + 0 = 1 leaves room for EOS alone: every line's
     output is empty, and one warning counts them; with prefixes the limit adds their
     tokens, and the outputs are the prefixes, at their limit too."""
