@@ -119,7 +119,13 @@ class TokenizerConfig(Section):
     )
     joint: bool = Field(True, description="one vocabulary for both languages")
     model: str | None = Field(None, description="existing sentencepiece .model (joint) to reuse")
-    character_coverage: float = Field(1.0, gt=0, le=1, description="sentencepiece coverage")
+    character_coverage: float = Field(
+        1.0,
+        ge=0.98,
+        le=1,
+        description="sentencepiece's share of the training characters that the vocabulary "
+        "covers; the rarest others become <unk> (sentencepiece takes 0.98 to 1)",
+    )
     sampling_alpha: float | None = Field(
         None,
         gt=0,
