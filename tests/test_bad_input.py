@@ -84,6 +84,18 @@ def test_resuming_from_a_checkpoint_of_a_newer_nmt_says_so(tmp_path: Path, run: 
     assert len(result.error) < 300
 
 
+def test_resuming_a_run_directory_that_does_not_exist(tmp_path: Path, run: Path) -> None:
+    """A mistyped --run-dir with --resume is an error, not a new run from step 0."""
+    config = write_config(tmp_path / "c.yaml", tiny_config(run.parent))
+    missing = tmp_path / "rnu"
+    error = nmt("train", str(config), "--run-dir", str(missing), "--resume", "-q").error
+    assert error == (
+        f"error: run.dir: {missing} does not exist, so there is no run to resume; check the "
+        f"--run-dir (or run.dir), or drop --resume to start a new run"
+    )
+    assert not missing.exists()
+
+
 # ----------------------------------------------------------------------------- outputs
 
 

@@ -73,7 +73,7 @@ def train(
     if initial is not None:
         check_initial_weights(config, initial)
     run_dir = Path(run_dir or config.run.dir)
-    check_run_dir(run_dir)
+    check_run_dir(run_dir, resume)
     place, device = init_distributed(config.run.device)
     finished = False
     try:

@@ -33,10 +33,16 @@ from nmt.training.distributed import Distributed, broadcast_object
 log = logging.getLogger("nmt")
 
 
-def check_run_dir(run_dir: Path) -> None:
-    """Before anything is written: the run directory can be one."""
+def check_run_dir(run_dir: Path, resume: bool = False) -> None:
+    """Before anything is written: the run directory can be one, and one to resume is there
+    (a run killed before its first checkpoint has its folder, and starts afresh)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run.dir: {run_dir} exists and is a file; choose another --run-dir")
+    if resume and not run_dir.exists():
+        raise ConfigError(
+            f"run.dir: {run_dir} does not exist, so there is no run to resume; check the "
+            f"--run-dir (or run.dir), or drop --resume to start a new run"
+        )
 
 
 def prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
