@@ -129,9 +129,14 @@ def average_command(request: AverageRequest) -> list[Path]:
     written atomically; returns the checkpoints averaged."""
     checkpoints, run_dir, last = request.checkpoints, request.run, request.last
     if run_dir is not None or last is not None:
-        if checkpoints or run_dir is None or last is None:
+        if checkpoints:
             raise ConfigError(
                 "give checkpoint files, or --run RUN with --last N (a run's newest N), not both"
+            )
+        if run_dir is None or last is None:
+            given, missing = ("--run", "--last N") if last is None else ("--last", "--run RUN")
+            raise ConfigError(
+                f"{given} needs {missing}: --run RUN --last N averages a run's newest N"
             )
         paths = last_checkpoints(run_dir, last)
     else:

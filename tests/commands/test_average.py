@@ -80,6 +80,11 @@ def test_too_few_checkpoints_and_writing_onto_one(kept: Path, tmp_path: Path) ->
     line each, nothing written."""
     assert "kept 3" in nmt("average", "--run", str(kept), "--last", "4", "-o", "x.pt").error
     assert "at least two" in nmt("average", str(kept / "last.pt"), "-o", "x.pt").error
+    alone = nmt("average", "--run", str(kept), "-o", "x.pt").error
+    assert alone == "error: --run needs --last N: --run RUN --last N averages a run's newest N"
+    assert "--last needs --run RUN" in nmt("average", "--last", "2", "-o", "x.pt").error
+    both = nmt("average", str(kept / "last.pt"), "--run", str(kept), "--last", "2", "-o", "x.pt")
+    assert "not both" in both.error
     missing = nmt("average", "no/such.pt", str(kept / "last.pt"), "-o", "x.pt").error
     assert "no/such.pt" in missing and "nmt average" in missing
     step = sorted(kept.glob("step-*.pt"))[0]
