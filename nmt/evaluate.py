@@ -246,7 +246,9 @@ def score(
         ConfigError: Unknown metric or significance test.
     """
     if significance is not None and significance not in SIGNIFICANCE_TESTS:
-        raise ConfigError(f"unknown significance test {significance!r}; choose bootstrap or ar")
+        raise ConfigError(
+            f"unknown significance test {significance!r}; choose bootstrap or ar (or None: no test)"
+        )
     if ref_names is not None and len(ref_names) != len(references):
         raise ValueError(f"{len(ref_names)} ref_names for {len(references)} reference streams")
     labels = list(ref_names or [f"reference {i + 1}" for i in range(len(references))])

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from nmt import evaluate
 from nmt.config import DataConfig
 from nmt.data.corpus import local_files, read_pairs
-from nmt.decoding.options import decoding_options
+from nmt.decoding.options import KEYS, Naming, decoding_options
 from nmt.errors import ConfigError, DataError
 from nmt.files import atomic_write_text
 
@@ -41,10 +41,27 @@ class EvalRequest:
     align_src: Path | None = None  # with align: the texts the links index (content words)
     align_trg: Path | None = None
     show_progress: bool = True
+    naming: Naming = KEYS  # the caller's names of the fields, for errors in its words
+
+
+SIGNIFICANCE = ("bootstrap", "ar", "none")
 
 
 def evaluate_command(request: EvalRequest) -> evaluate.Report | AlignmentReport:
     """`nmt eval`: the report of the mode the request names (a table or JSON to print)."""
+    naming = request.naming
+    if request.significance not in SIGNIFICANCE:
+        raise ConfigError(
+            f"{naming('significance')} {request.significance!r}: expected one of "
+            f"{', '.join(SIGNIFICANCE)}"
+        )
+    unused = [naming(key) for key, value in request.decoding.items() if value is not None]
+    unused += [naming("save_hypotheses")] if request.save_hypotheses is not None else []
+    if request.models is None and unused:
+        raise ConfigError(
+            f"{', '.join(unused)}: for the translation of {naming('model')} RUN; give "
+            f"{naming('model')}, or drop {'them' if len(unused) > 1 else 'it'}"
+        )
     if request.align is not None or request.align_ref is not None:
         alone = not request.hypotheses and request.models is None
         if request.align is None or request.align_ref is None or not alone:
