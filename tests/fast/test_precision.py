@@ -180,7 +180,7 @@ def test_bf16_asked_for_on_a_cpu_without_it_trains_but_warns_once(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
         "training.precision: bf16 runs 60.0x slower than fp32 here (this CPU has no native "
-        "bf16); set training.precision to auto (or fp32) to train at full speed"
+        "bf16); set training.precision to auto (or fp32) to run at full speed"
     ]
 
 
