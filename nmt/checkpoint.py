@@ -99,4 +99,20 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     missing = [key for key in REQUIRED if key not in state]
     if missing:
         raise CheckpointError(f"{path}: not a complete nmt checkpoint (no {', '.join(missing)})")
+    _check_weights(path, state["model"])
     return state
+
+
+def _check_weights(path: Path, weights: Any) -> None:
+    """The ``model`` entry maps parameter names to tensors."""
+    if not isinstance(weights, dict):
+        raise CheckpointError(
+            f"{path}: its model entry is a {type(weights).__name__}, not the parameter names "
+            f"and tensors nmt train writes; the file was edited or is not an nmt checkpoint"
+        )
+    for name, tensor in weights.items():
+        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+            raise CheckpointError(
+                f"{path}: its model entry {name!r} is a {type(tensor).__name__}, not a tensor; "
+                f"the file was edited or is not an nmt checkpoint"
+            )

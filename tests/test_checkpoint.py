@@ -1,0 +1,78 @@
+"""The checkpoint loader's checks of what a checkpoint holds, through every command that loads
+one: a checkpoint is untrusted input, and what does not hold is one line naming the file and
+the entry, exit status 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from clirun import nmt
+
+import nmt as api
+from nmt import checkpoint
+from nmt.errors import CheckpointError
+
+
+def _edited(run: Path, path: Path, model: Any) -> Path:
+    """The run's best.pt with its ``model`` entry replaced."""
+    state = checkpoint.load(run / "best.pt")
+    state["model"] = model
+    torch.save(state, path)
+    return path
+
+
+def _one_weight(run: Path, value: Any) -> dict[str, Any]:
+    """The run's weights with the first replaced by ``value``."""
+    weights = dict(checkpoint.load(run / "best.pt")["model"])
+    weights[next(iter(weights))] = value
+    return weights
+
+
+def _commands(path: Path, out: Path) -> dict[str, tuple[list[str], bytes]]:
+    """Every command that loads a checkpoint, as a user types it, and its stdin."""
+    model, pair = str(path), b"sol luna\tLUNA SOL\n"
+    return {
+        "translate": (["translate", "-m", model], b"sol luna\n"),
+        "score": (["score", "-m", model], pair),
+        "align": (["align", "-m", model], pair),
+        "eval": (["eval", "--model", model, "--split", "test"], b""),
+        "average": (["average", model, model, "-o", str(out)], b""),
+        "export": (["export", model, "-o", str(out)], b""),
+        "shortlist": (["shortlist", model], b""),
+        "serve": (["serve", "-m", model, "--port", "0"], b""),
+    }
+
+
+@pytest.mark.parametrize("model", [[1, 2], None, torch.zeros(3)], ids=["list", "none", "tensor"])
+def test_a_model_entry_that_is_not_weights_is_one_line(
+    tmp_path: Path, run: Path, model: Any
+) -> None:
+    edited = _edited(run, tmp_path / "edited.pt", model)
+    error = nmt("translate", "-m", str(edited), stdin=b"sol luna\n").error
+    assert error.startswith(f"error: {edited}: its model entry is a {type(model).__name__}, not")
+
+
+def test_a_weight_that_is_not_a_tensor_is_named(tmp_path: Path, run: Path) -> None:
+    weights = _one_weight(run, "not a tensor")
+    edited = _edited(run, tmp_path / "edited.pt", weights)
+    error = nmt("translate", "-m", str(edited), stdin=b"sol luna\n").error
+    assert error.startswith(f"error: {edited}: its model entry {next(iter(weights))!r} is a str")
+
+
+@pytest.mark.parametrize("command", list(_commands(Path(), Path())))
+def test_every_command_that_loads_a_checkpoint_checks_its_weights(
+    tmp_path: Path, run: Path, command: str
+) -> None:
+    edited = _edited(run, tmp_path / "edited.pt", [1, 2])
+    args, stdin = _commands(edited, tmp_path / "out")[command]
+    assert nmt(*args, stdin=stdin).error.startswith(f"error: {edited}: its model entry is a list")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_python_api_checks_the_weights(tmp_path: Path, run: Path) -> None:
+    edited = _edited(run, tmp_path / "edited.pt", None)
+    with pytest.raises(CheckpointError, match="its model entry is a NoneType"):
+        api.load(edited)
