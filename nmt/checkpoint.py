@@ -104,7 +104,8 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
 
 
 def _check_weights(path: Path, weights: Any) -> None:
-    """The ``model`` entry maps parameter names to tensors."""
+    """The ``model`` entry maps parameter names to tensors, every one finite: a NaN or an
+    infinity decodes to empty lines and averages into every weight."""
     if not isinstance(weights, dict):
         raise CheckpointError(
             f"{path}: its model entry is a {type(weights).__name__}, not the parameter names "
@@ -116,3 +117,14 @@ def _check_weights(path: Path, weights: Any) -> None:
                 f"{path}: its model entry {name!r} is a {type(tensor).__name__}, not a tensor; "
                 f"the file was edited or is not an nmt checkpoint"
             )
+        if tensor.is_floating_point() and not _finite(tensor):
+            raise CheckpointError(
+                f"{path}: its weight {name} holds NaN or infinite values (damaged or diverged "
+                f"training); use another checkpoint of the run (best.pt, last.pt, step-*.pt)"
+            )
+
+
+def _finite(tensor: torch.Tensor) -> bool:
+    """No NaN or infinity in ``tensor``: its sum is finite (one pass, no mask), else each
+    element is (a sum of finite half-precision weights may overflow)."""
+    return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())

@@ -4,12 +4,14 @@ the entry, exit status 2."""
 
 from __future__ import annotations
 
+import math
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from clirun import nmt
+from clirun import nmt, tiny_config, write_config
 
 import nmt as api
 from nmt import checkpoint
@@ -76,3 +78,47 @@ def test_the_python_api_checks_the_weights(tmp_path: Path, run: Path) -> None:
     edited = _edited(run, tmp_path / "edited.pt", None)
     with pytest.raises(CheckpointError, match="its model entry is a NoneType"):
         api.load(edited)
+
+
+def _non_finite(run: Path, path: Path, value: float) -> tuple[Path, str]:
+    """The run's last.pt with one element of one weight set to ``value``; returns the file
+    and the weight's name."""
+    state = checkpoint.load(run / "last.pt")
+    name = sorted(state["model"])[2]
+    state["model"][name] = state["model"][name].clone()
+    state["model"][name].view(-1)[1] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+    return path, name
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_weight_is_refused_naming_it(tmp_path: Path, run: Path, value: float) -> None:
+    """It used to translate every line to an empty line, exit status 0."""
+    damaged, name = _non_finite(run, tmp_path / "damaged.pt", value)
+    error = nmt("translate", "-m", str(damaged), stdin=b"sol luna\n").error
+    assert error.startswith(f"error: {damaged}: its weight {name} holds NaN or infinite values")
+    assert "(damaged or diverged training)" in error
+
+
+def test_a_non_finite_weight_is_not_averaged(tmp_path: Path, run: Path) -> None:
+    damaged, name = _non_finite(run, tmp_path / "damaged.pt", math.nan)
+    out = tmp_path / "averaged.pt"
+    error = nmt("average", str(run / "best.pt"), str(damaged), "-o", str(out)).error
+    assert error.startswith(f"error: {damaged}: its weight {name} holds NaN")
+    assert not out.exists()
+
+
+def test_training_does_not_resume_from_non_finite_weights(tmp_path: Path, run: Path) -> None:
+    shutil.copytree(run, tmp_path / "run")
+    damaged, name = _non_finite(run, tmp_path / "run" / "last.pt", math.nan)
+    config = write_config(tmp_path / "c.yaml", tiny_config(run.parent))
+    result = nmt("train", str(config), "--run-dir", str(tmp_path / "run"), "--resume", "-q")
+    assert result.error.startswith(f"error: {damaged}: its weight {name} holds NaN")
+
+
+def test_finite_half_precision_weights_whose_sum_overflows_load(tmp_path: Path) -> None:
+    """A sum is the fast check; a float16 sum of finite weights overflows to inf."""
+    weights = {"big": torch.full((100,), 60000.0, dtype=torch.float16)}
+    checkpoint.save(tmp_path / "half.pt", {"model": weights, "config": {}, "tokenizer": {}})
+    assert checkpoint.load(tmp_path / "half.pt")["model"]["big"].sum().isinf()
