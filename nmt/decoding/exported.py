@@ -48,6 +48,8 @@ JOINT_TOKENIZER = ("spm.model",)
 SPLIT_TOKENIZER = ("spm.src.model", "spm.trg.model")
 BATCH, SOURCE = "batch", "source"  # the dynamic axes' names
 EXTRA = "pip install -e '.[onnx]'"
+# onnxruntime's errors for a graph file it cannot load ("Load model from FILE failed: ...")
+GRAPH_ERRORS = ("Fail", "InvalidArgument", "InvalidGraph", "InvalidProtobuf")
 
 
 def require(package: str, what: str) -> ModuleType:
@@ -158,12 +160,25 @@ class ExportedModel:
                 # threads need for the search's work between steps
                 options.add_session_config_entry("session.intra_op.allow_spinning", "0")
                 self._sessions[count] = tuple(  # type: ignore[assignment]
-                    self._ort.InferenceSession(
-                        str(self.directory / name), options, providers=["CPUExecutionProvider"]
-                    )
-                    for name in (ENCODER, STEP)
+                    self._session(self.directory / name, options) for name in (ENCODER, STEP)
                 )
             return self._sessions[count]
+
+    def _session(self, path: Path, options: Any) -> Any:
+        """An onnxruntime session of the graph ``path``; a graph onnxruntime cannot load (a
+        truncated or damaged file) is a one-line error naming it."""
+        state = self._ort.capi.onnxruntime_pybind11_state
+        errors = tuple(getattr(state, name) for name in GRAPH_ERRORS)
+        try:
+            return self._ort.InferenceSession(
+                str(path), options, providers=["CPUExecutionProvider"]
+            )
+        except errors as exc:
+            if "Load model from" not in str(exc):  # the graph loaded: not the file's fault
+                raise
+            raise CheckpointError(
+                f"{path}: damaged or not written by nmt export; export the run again"
+            ) from None
 
     def encode(self, src: Tensor, src_lengths: Tensor, repeat: int = 1) -> GraphState:
         """src (B, S), src_lengths (B,) -> the state of B * repeat rows."""

@@ -7,6 +7,7 @@ checkpoint; and one-line errors for what cannot be exported or read."""
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import sys
 import threading
@@ -21,11 +22,11 @@ from nmt.config import Config, DecodingConfig, from_dict
 from nmt.data.batching import pad
 from nmt.data.tokenizer import Tokenizer, train_sentencepiece
 from nmt.decoding import search
-from nmt.decoding.exported import ExportedModel, load_exported
+from nmt.decoding.exported import ENCODER, STEP, ExportedModel, load_exported
 from nmt.decoding.onnx import check_recurrences, export_onnx
 from nmt.decoding.options import SearchOptions
 from nmt.decoding.search import Hypothesis, beam_search, greedy_search
-from nmt.errors import ConfigError
+from nmt.errors import CheckpointError, ConfigError
 from nmt.model import Seq2Seq, build_model
 from nmt.model.attention import masked_softmax
 from nmt.model.positional import LocationAttention
@@ -492,3 +493,52 @@ def test_the_exported_graphs_decode_batches_side_by_side(exported, tokenizer: To
         del graphs.sessions
     assert outputs[2] == outputs[1]
     assert seen == {("caller", 2), ("worker", 1)}
+
+
+def _damaged(graphs: ExportedModel, folder: Path, name: str, damage: str) -> Path:
+    """A copy of an exported directory with the graph ``name`` damaged; returns the graph."""
+    shutil.copytree(graphs.directory, folder)
+    data = (folder / name).read_bytes()
+    damaged = {
+        "random": random.Random(0).randbytes(5000),  # not a protobuf
+        "truncated": data[: len(data) // 2],
+        "empty": b"",  # a protobuf without a graph
+    }
+    (folder / name).write_bytes(damaged[damage])
+    return folder / name
+
+
+@pytest.mark.parametrize(
+    ("name", "damage"), [(ENCODER, "random"), (STEP, "truncated"), (ENCODER, "empty")]
+)
+def test_a_damaged_graph_is_one_line_naming_it(
+    exported, tmp_path: Path, name: str, damage: str
+) -> None:
+    """It used to be onnxruntime's InvalidProtobuf or InvalidArgument, with a traceback."""
+    graph = _damaged(exported("luong-gru-dot")[1], tmp_path / "out", name, damage)
+    result = nmt("translate", "-m", str(graph.parent), "--backend", "onnxruntime", stdin=b"a\n")
+    assert result.error == (
+        f"error: {graph}: damaged or not written by nmt export; export the run again"
+    )
+
+
+def test_a_graph_damaged_before_a_workers_first_use_is_one_line(
+    exported, tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """Workers make their sessions on first use, in their own threads (a thread count of
+    their own): a graph damaged by then is the same error, raised in the caller."""
+    from nmt.decoding.translator import Translator
+
+    folder = tmp_path / "out"
+    shutil.copytree(exported("luong-gru-dot")[1].directory, folder)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        graphs = load_exported(folder).model  # the caller's sessions: 2 threads
+        (folder / STEP).write_bytes(b"")
+        translator = Translator([], tokenizer, Config(), torch.device("cpu"), backend=graphs)
+        decoding = Config().decoding.model_copy(update={"batch_size": 1, "workers": 2})
+        with pytest.raises(CheckpointError, match="decoder_step.onnx: damaged or not written"):
+            translator.decode_ids([[5, 6], [7, 8]], decoding, SearchOptions())
+    finally:
+        torch.set_num_threads(before)
