@@ -57,8 +57,9 @@ def allow_tf32(device: torch.device, precision: str) -> None:
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """Autocast context for bf16/fp16; a no-op for fp32."""
-    if precision == "fp32":
+    """Autocast context for bf16/fp16; a no-op for fp32 and int8 (onnxruntime's graphs with
+    int8 weights, which torch does not run)."""
+    if precision in ("fp32", "int8"):
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)

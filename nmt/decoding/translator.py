@@ -131,8 +131,9 @@ class Translator:
     def from_exported(
         cls, directory: Path, device: str = "auto", precision: str = "auto"
     ) -> Translator:
-        """An exported directory (`nmt export`) under onnxruntime, on the CPU in fp32, with
-        its own tokenizer and config; its checkpoint is not read."""
+        """An exported directory (`nmt export`) under onnxruntime, on the CPU in fp32 (int8
+        weights where it was exported with --quantize int8), with its own tokenizer and
+        config; its checkpoint is not read."""
         if device not in ("auto", "cpu"):
             raise ConfigError(
                 f"--device {device}: --backend onnxruntime runs on the CPU; drop --device or "
@@ -140,13 +141,20 @@ class Translator:
             )
         if precision not in ("auto", "fp32"):
             raise ConfigError(
-                f"--precision {precision}: --backend onnxruntime runs the exported fp32 "
-                f"graphs; drop --precision or give --precision fp32"
+                f"--precision {precision}: --backend onnxruntime runs the exported graphs "
+                f"as they were exported; drop --precision"
             )
         exported = load_exported(Path(directory))
-        reason = "onnxruntime: the exported fp32 graphs"
+        name, reason = "fp32", "onnxruntime: the exported fp32 graphs"
+        if exported.model.metadata.quantize == "int8":
+            if precision == "fp32":
+                raise ConfigError(
+                    f"--precision fp32: {directory} holds int8 graphs (nmt export --quantize "
+                    f"int8); drop --precision, or export the run without --quantize"
+                )
+            name, reason = "int8", "onnxruntime: int8 weights, onnxruntime's dynamic quantization"
         cpu = torch.device("cpu")
-        return cls([], exported.tokenizer, exported.config, cpu, "fp32", reason, exported.model)
+        return cls([], exported.tokenizer, exported.config, cpu, name, reason, exported.model)
 
     @property
     def backend_name(self) -> Backend:

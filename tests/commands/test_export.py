@@ -402,18 +402,25 @@ def test_a_gru_exported_with_the_reset_gate_before_the_matmul_is_refused(exporte
         check_recurrences(graph, "model.encoder.rnn")
 
 
+@pytest.fixture(scope="module")
+def int8_dir(random_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """random_run exported with --quantize int8."""
+    int8_dir = tmp_path_factory.mktemp("int8") / "out"
+    result = nmt("export", str(random_run), "--quantize", "int8", "-o", str(int8_dir))
+    assert result.code == 0, result.err
+    assert "as int8 ONNX graphs" in result.err
+    return int8_dir
+
+
 def test_an_int8_export_quantizes_the_weights_and_stays_near_the_fp32_graphs(
-    random_run: Path, tmp_path: Path
+    random_run: Path, int8_dir: Path, tmp_path: Path
 ) -> None:
     """--quantize int8: the graphs' MatMuls become integer ones with 7-bit weights and a
     scale per output column, export.json says so with
     the largest log-probability change it found, a step is near the fp32 export's step but
     not equal to it, and translate decodes with the int8 graphs."""
-    fp32_dir, int8_dir = tmp_path / "fp32", tmp_path / "int8"
+    fp32_dir = tmp_path / "fp32"
     assert nmt("export", str(random_run), "-o", str(fp32_dir)).code == 0
-    result = nmt("export", str(random_run), "--quantize", "int8", "-o", str(int8_dir))
-    assert result.code == 0, result.err
-    assert "as int8 ONNX graphs" in result.err
     metadata = json.loads((int8_dir / "export.json").read_text())
     assert metadata["quantize"] == "int8" and metadata["int8_error"] > 0
     import onnx
@@ -450,6 +457,22 @@ def test_an_int8_export_quantizes_the_weights_and_stays_near_the_fp32_graphs(
     )  # fmt: skip
     assert out.code == 0, out.err
     assert len(out.out.splitlines()) == 3 and out.out.splitlines()[1] == ""
+
+
+def test_the_decoding_plan_of_an_int8_export_says_int8(int8_dir: Path) -> None:
+    """It used to say fp32 (the exported fp32 graphs); --precision fp32 is refused."""
+    reason = "onnxruntime: int8 weights, onnxruntime's dynamic quantization"
+    result = nmt("translate", "-m", str(int8_dir), "--backend", "onnxruntime", stdin=b"sol\n")
+    assert result.code == 0, result.err
+    assert result.err.startswith(f"Decoding plan: int8 ({reason}), onnxruntime graphs")
+    model = load(int8_dir, backend="onnxruntime")  # the Python API, as the server reports it
+    assert model.plan.as_dict()["precision"] == "int8"
+    assert (model.plan.reason, model.precision) == (reason, f"int8 ({reason})")
+    refused = nmt(
+        "translate", "-m", str(int8_dir), "--backend", "onnxruntime", "--precision", "fp32",
+        stdin=b"sol\n",
+    )  # fmt: skip
+    assert refused.error.startswith(f"error: --precision fp32: {int8_dir} holds int8 graphs")
 
 
 def test_the_exported_graphs_decode_batches_side_by_side(exported, tokenizer: Tokenizer) -> None:
