@@ -204,6 +204,21 @@ def test_data_empty_files_are_an_empty_training_set(tmp_path: Path, corpus: Path
     assert result.error.startswith(f"error: data.train: {tmp_path / 'train'}")
 
 
+def test_data_empty_files_with_a_tokenizer_given(tmp_path: Path, corpus: Path, run: Path) -> None:
+    """tokenizer.model: no tokenizer trains on the corpus first, and preparing it used to be a
+    KeyError traceback."""
+    write_pair(tmp_path / "train", [], [])
+    config = tiny_config(corpus)
+    config["data"]["train"] = str(tmp_path / "train")
+    config["tokenizer"]["model"] = str(run / "spm.model")
+    path = write_config(tmp_path / "c.yaml", config)
+    result = nmt("train", str(path), "--quiet", "--run-dir", str(tmp_path / "run"))
+    assert result.error == (
+        f"error: data.train: {tmp_path / 'train'}: none of its 0 pairs has text on both sides; "
+        f"point data.train at the training corpus"
+    )
+
+
 # ----------------------------------------------------------------------------- translate, eval
 
 

@@ -533,6 +533,8 @@ def _build(
     finally:
         datasets.disable_progress_bars()
     table = mapped.data
+    if table.num_rows == 0:  # datasets maps no pairs to a table without the features' columns
+        table = features.arrow_schema.empty_table()
     drop = table.column("drop").to_numpy()
     kept = np.flatnonzero(drop == KEEP)
     arrays = {

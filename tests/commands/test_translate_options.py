@@ -478,3 +478,26 @@ def test_nmt_shortlist_without_the_training_data(run: Path, tmp_path: Path) -> N
     assert result.code == 2
     assert result.err.strip().count("\n") == 0 and "gone" in result.err
     assert path.read_bytes() == before
+
+
+def test_nmt_shortlist_with_an_empty_training_corpus(run: Path, tmp_path: Path) -> None:
+    """Training data of no pairs: the line nmt train gives for it, exit 2, the checkpoint as
+    it was and no prepared entry left (it used to be a KeyError traceback)."""
+    from nmt import checkpoint
+
+    (path,) = [p for p in _strip_shortlists(run, tmp_path / "old") if p.name == "best.pt"]
+    state = checkpoint.load(path)
+    del state["format"], state["version"]
+    state["config"]["data"]["train"] = str(tmp_path / "empty")
+    checkpoint.save(path, state)
+    for side in ("src", "trg"):
+        (tmp_path / f"empty.{side}").write_text("", encoding="utf-8")
+    before, prepared = path.read_bytes(), tmp_path / "old" / "cache" / "prepared"
+    entries = sorted(prepared.iterdir())
+    result = nmt("shortlist", str(path))
+    assert result.error == (
+        f"error: data.train: {tmp_path / 'empty'}: none of its 0 pairs has text on both sides; "
+        f"point data.train at the training corpus"
+    )
+    assert path.read_bytes() == before
+    assert sorted(prepared.iterdir()) == entries

@@ -141,6 +141,36 @@ def test_a_refused_corpus_leaves_nothing(tmp_path: Path, tokenizer: Tokenizer) -
     assert list(store.prepared.iterdir()) == []
 
 
+def test_an_empty_corpus_is_counted_and_refused_leaving_nothing(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    """datasets maps no pairs to a table without columns: reading it was a KeyError."""
+    rows = _rows(tmp_path, [])
+    store = Store(tmp_path / "store")
+    seen = []
+
+    def refuse(counts: dict[str, int]) -> None:
+        seen.append(counts)
+        raise DataError("refused")
+
+    with pytest.raises(DataError, match="refused"):
+        prepare(store, "train", {}, lambda: rows, Encode(tokenizer, 6, False), 1, False, refuse)
+    assert seen == [{"pairs": 0, "kept": 0, "empty": 0, "long": 0}]
+    assert list(store.prepared.iterdir()) == []
+
+
+def test_an_empty_training_corpus_with_a_tokenizer_is_one_line(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    """With a tokenizer (a checkpoint's, or tokenizer.model) nothing trains one on the
+    corpus first: preparing it finds it empty, as nmt train and nmt shortlist do."""
+    config = _config(tmp_path)
+    for side in ("src", "trg"):
+        (tmp_path / f"train.{side}").write_text("", encoding="utf-8")
+    with pytest.raises(DataError, match=r"^data.train: .*: none of its 0 pairs has text on both"):
+        load_corpora(config, tmp_path / "run", tokenizer)
+
+
 def test_tokenizer_pickles_as_its_bytes(tokenizer: Tokenizer) -> None:
     copy = pickle.loads(pickle.dumps(tokenizer))
     assert copy.state_dict() == tokenizer.state_dict()
