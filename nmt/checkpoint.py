@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,9 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     above); truncated, foreign, unsafe or incompatible files are CheckpointErrors."""
     path = resolve(path)
     try:
-        with torch.serialization.safe_globals(_allowed_globals()):
+        with torch.serialization.safe_globals(_allowed_globals()), warnings.catch_warnings():
+            # a plain pickle (not torch.save's) is refused below: not with torch's warning first
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
             state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for damaged files
         refused = _refused_global(exc)

@@ -5,13 +5,14 @@ the entry, exit status 2."""
 from __future__ import annotations
 
 import math
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from clirun import nmt, tiny_config, write_config
+from clirun import nmt, nmt_process, tiny_config, write_config
 
 import nmt as api
 from nmt import checkpoint
@@ -122,3 +123,15 @@ def test_finite_half_precision_weights_whose_sum_overflows_load(tmp_path: Path) 
     weights = {"big": torch.full((100,), 60000.0, dtype=torch.float16)}
     checkpoint.save(tmp_path / "half.pt", {"model": weights, "config": {}, "tokenizer": {}})
     assert checkpoint.load(tmp_path / "half.pt")["model"]["big"].sum().isinf()
+
+
+def test_a_plain_pickle_is_one_line_without_torchs_warning(tmp_path: Path) -> None:
+    """In a fresh interpreter, as a user runs it: torch warned of the pickle protocol first."""
+    plain = tmp_path / "plain.pkl"
+    plain.write_bytes(pickle.dumps({"model": [1, 2]}, protocol=4))
+    result = nmt_process("translate", "-m", str(plain), input="sol luna\n")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"error: {plain}: cannot read checkpoint (UnpicklingError); the file is truncated or "
+        f"damaged: use another checkpoint of the run (best.pt, last.pt, step-*.pt)"
+    ]
