@@ -22,8 +22,12 @@ def save(path: Path, state: dict[str, Any]) -> None:
     atomic_write_bytes(path, lambda handle: torch.save(payload, handle))
 
 
-def resolve(model: Path) -> Path:
-    """A run directory (its best, else last checkpoint) or a checkpoint file."""
+ANOTHER = "use another checkpoint of the run (best.pt, last.pt, step-*.pt)"
+
+
+def resolve(model: Path, given: str = "--model") -> Path:
+    """A run directory (its best, else last checkpoint) or a checkpoint file; ``given``: what
+    the caller calls the path (an option, a config key), for its errors."""
     model = Path(model)
     if model.is_dir():
         for name in ("best.pt", "last.pt"):
@@ -31,11 +35,11 @@ def resolve(model: Path) -> Path:
                 return model / name
         raise CheckpointError(
             f"{model}: no best.pt or last.pt in this run directory; train it first or give "
-            f"a checkpoint file to --model"
+            f"a checkpoint file to {given}"
         )
     if not model.is_file():
         raise CheckpointError(
-            f"{model}: no such checkpoint file or run directory; check the --model path"
+            f"{model}: no such checkpoint file or run directory; check the path given to {given}"
         )
     return model
 
@@ -71,9 +75,12 @@ def _refused_global(exc: Exception) -> str | None:
     return match.group(1) if match else None
 
 
-def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load(
+    path: Path, map_location: str | torch.device = "cpu", instead: str = ANOTHER
+) -> dict[str, Any]:
     """Read a checkpoint without running code from it (weights only, plus the allowlist
-    above); truncated, foreign, unsafe or incompatible files are CheckpointErrors."""
+    above); truncated, foreign, unsafe or incompatible files are CheckpointErrors, and those
+    of a damaged file end in ``instead``: what to do about it."""
     path = resolve(path)
     try:
         with torch.serialization.safe_globals(_allowed_globals()), warnings.catch_warnings():
@@ -89,7 +96,7 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
             ) from None
         raise CheckpointError(
             f"{path}: cannot read checkpoint ({type(exc).__name__}); the file is truncated or "
-            f"damaged: use another checkpoint of the run (best.pt, last.pt, step-*.pt)"
+            f"damaged: {instead}"
         ) from None
     if not isinstance(state, dict) or "format" not in state:
         raise CheckpointError(f"{path}: not an nmt checkpoint (no format field)")
@@ -102,11 +109,11 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     missing = [key for key in REQUIRED if key not in state]
     if missing:
         raise CheckpointError(f"{path}: not a complete nmt checkpoint (no {', '.join(missing)})")
-    _check_weights(path, state["model"])
+    _check_weights(path, state["model"], instead)
     return state
 
 
-def _check_weights(path: Path, weights: Any) -> None:
+def _check_weights(path: Path, weights: Any, instead: str) -> None:
     """The ``model`` entry maps parameter names to tensors, every one finite: a NaN or an
     infinity decodes to empty lines and averages into every weight."""
     if not isinstance(weights, dict):
@@ -123,7 +130,7 @@ def _check_weights(path: Path, weights: Any) -> None:
         if tensor.is_floating_point() and not _finite(tensor):
             raise CheckpointError(
                 f"{path}: its weight {name} holds NaN or infinite values (damaged or diverged "
-                f"training); use another checkpoint of the run (best.pt, last.pt, step-*.pt)"
+                f"training); {instead}"
             )
 
 

@@ -84,6 +84,24 @@ def test_resuming_from_a_checkpoint_of_a_newer_nmt_says_so(tmp_path: Path, run: 
     assert len(result.error) < 300
 
 
+def test_resuming_from_a_damaged_last_checkpoint_says_what_to_copy(
+    tmp_path: Path, run: Path
+) -> None:
+    """--resume reads last.pt alone: the fix names the run's other checkpoints."""
+    shutil.copytree(run, tmp_path / "run")
+    last = tmp_path / "run" / "last.pt"
+    last.write_bytes(last.read_bytes()[:1000])
+    others = sorted(p.name for p in (tmp_path / "run").glob("*.pt") if p != last)
+    config = write_config(tmp_path / "c.yaml", tiny_config(run.parent))
+    error = nmt("train", str(config), "--run-dir", str(tmp_path / "run"), "--resume", "-q").error
+    assert error.startswith(f"error: {last}: cannot read checkpoint")
+    assert error.endswith(
+        f"--resume reads last.pt: copy another checkpoint of the run over it "
+        f"({', '.join(others[-3:])}) to resume from there"
+    )
+    assert others
+
+
 def test_resuming_a_run_directory_that_does_not_exist(tmp_path: Path, run: Path) -> None:
     """A mistyped --run-dir with --resume is an error, not a new run from step 0."""
     config = write_config(tmp_path / "c.yaml", tiny_config(run.parent))

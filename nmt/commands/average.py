@@ -146,7 +146,7 @@ def average_command(request: AverageRequest) -> list[Path]:
                 f"{missing[0]}: no such checkpoint file or run directory; check the paths "
                 f"given to nmt average"
             )
-        paths = [checkpoint.resolve(Path(p)) for p in checkpoints]
+        paths = [checkpoint.resolve(Path(p), "nmt average") for p in checkpoints]
     if len(paths) < 2:
         raise ConfigError("averaging needs at least two checkpoints")
     check_output(request.output, "--output", {"checkpoint": paths})

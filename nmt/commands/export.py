@@ -43,7 +43,7 @@ def export_command(request: ExportRequest) -> Metadata:
         raise ConfigError(
             f"--quantize {request.quantize!r}: expected one of {', '.join(QUANTIZATIONS)}"
         )
-    source = checkpoint.resolve(Path(request.run))
+    source = checkpoint.resolve(Path(request.run), "nmt export")
     output = Path(request.output)
     check_output_directory(output, source)
     for package in ("onnx", "onnxruntime"):  # before the checkpoint is read

@@ -49,7 +49,7 @@ def run_checkpoints(run: Path) -> list[Path]:
         if not found:
             raise CheckpointError(f"{run}: no checkpoints (*.pt) in this run directory")
         return found
-    return [checkpoint.resolve(run)]
+    return [checkpoint.resolve(run, "nmt shortlist")]
 
 
 def shortlist_command(request: ShortlistRequest) -> ShortlistResult:

@@ -138,9 +138,7 @@ def _asked_bf16(shapes: list[list[int]], source: str) -> Precision:
     if native and probe.speedup >= 1.0:
         return Precision("bf16", f"{source}: bf16", probe)
     slowdown = f"{1 / probe.speedup:.1f}x slower than fp32 here ({_slower(native, probe)})"
-    message = (
-        f"{source}: bf16 runs {slowdown}; set {source} to auto (or fp32) to run at full speed"
-    )
+    message = f"{source}: bf16 runs {slowdown}; set {source} to auto (or fp32) to run at full speed"
     if message not in _warned:
         _warned.add(message)
         log.warning("%s", message)

@@ -54,7 +54,7 @@ def read_initial(config: Config) -> Initial | None:
     source = config.training.init_from
     if not source:
         return None
-    path = checkpoint.resolve(Path(source))
+    path = checkpoint.resolve(Path(source), "training.init_from")
     state = checkpoint.load(path)
     tokenizer = checkpoint_tokenizer(state, path)
     return Initial(path, state["model"], tokenizer, checkpoint.step_of(state))

@@ -92,7 +92,14 @@ def read_checkpoint(
     """The checkpoint to resume from and its tokenizer, after checking the config against it."""
     if resume_from is None:
         return None, None
-    saved = checkpoint.load(resume_from)
+    others = sorted(p.name for p in resume_from.parent.glob("*.pt") if p != resume_from)
+    instead = (
+        f"--resume reads {resume_from.name}: copy another checkpoint of the run over it "
+        f"({', '.join(others[-3:])}) to resume from there"
+        if others
+        else "the run has no other checkpoint: start a new run in another --run-dir"
+    )
+    saved = checkpoint.load(resume_from, instead=instead)
     check_resume_config(saved_config(saved["config"], resume_from, saved.get("version")), config)
     log.info("resuming from %s (step %d)", resume_from, saved["progress"]["step"])
     return saved, Tokenizer.from_state_dict(saved["tokenizer"])

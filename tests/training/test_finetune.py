@@ -123,3 +123,17 @@ def test_bad_finetuning_settings(
     result = nmt("train", str(write_config(tmp_path / "c.yaml", config)))
     assert expected in result.error
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_directory_without_checkpoints_names_the_key(corpus: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    config = tiny_config(corpus)
+    config["training"]["init_from"] = str(empty)
+    config["run"] = {"dir": str(tmp_path / "run"), "tensorboard": False}
+    result = nmt("train", str(write_config(tmp_path / "c.yaml", config)))
+    assert result.error.endswith(
+        f"{empty}: no best.pt or last.pt in this run directory; train it first or give a "
+        f"checkpoint file to training.init_from"
+    )
+    assert not (tmp_path / "run").exists()

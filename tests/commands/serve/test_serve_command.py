@@ -22,7 +22,7 @@ def test_a_bad_model_path_is_one_line_before_listening(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-run"
     result = nmt("serve", "--model", str(missing), "--port", "0")
     assert result.error == (
-        f"error: {missing}: no such checkpoint file or run directory; check the --model path"
+        f"error: {missing}: no such checkpoint file or run directory; check the path given to --model"
     )
 
 
