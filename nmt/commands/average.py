@@ -134,9 +134,9 @@ def average_command(request: AverageRequest) -> list[Path]:
                 "give checkpoint files, or --run RUN with --last N (a run's newest N), not both"
             )
         if run_dir is None or last is None:
-            given, missing = ("--run", "--last N") if last is None else ("--last", "--run RUN")
+            given, needed = ("--run", "--last N") if last is None else ("--last", "--run RUN")
             raise ConfigError(
-                f"{given} needs {missing}: --run RUN --last N averages a run's newest N"
+                f"{given} needs {needed}: --run RUN --last N averages a run's newest N"
             )
         paths = last_checkpoints(run_dir, last)
     else:
