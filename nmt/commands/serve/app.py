@@ -4,8 +4,8 @@ body-size limit, and the page.
 Every error is JSON, ``{"error": "<one line>"}``: 400 for options that cannot go together or
 text the model cannot take (nmt's ConfigError and DataError), 404 for an unknown model or
 path, 413 for a request past a limit (``Limits``), 422 for malformed JSON or a field of the
-wrong type, a missing or an unknown one, and 500 for anything unexpected while decoding
-(the server goes on serving).
+wrong type, a missing or an unknown one, or one it cannot take (text that is not valid
+Unicode), and 500 for anything unexpected while decoding (the server goes on serving).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (400, "options that cannot go together, or text the model cannot take"),
         (404, "no such model"),
         (413, "a limit passed: body size, sentences, characters or beam"),
-        (422, "malformed JSON, or a field of the wrong type, missing or unknown"),
+        (422, "malformed JSON, or a field of the wrong type, missing, unknown or not valid"),
         (500, "an unexpected error while decoding"),
     )
 }

@@ -1,12 +1,27 @@
 """The JSON the server reads and writes (/docs shows them): requests are strict (a field of
 the wrong type, a missing one or an unknown one is a 422, nothing is coerced); None in a
-decoding field keeps the run's ``decoding`` value."""
+decoding field keeps the run's ``decoding`` value. Every text field is ``Text``: valid
+Unicode, which JSON text need not be (``"\\ud800"``, a lone surrogate, is a 422 naming it)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
+
+
+def _unicode(text: str) -> str:
+    """``text`` if it is valid Unicode: a lone surrogate is no character, and no tokenizer
+    takes it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PydanticCustomError("unicode", "not valid Unicode (a lone surrogate)") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
 
 
 class _Body(BaseModel):
@@ -16,18 +31,18 @@ class _Body(BaseModel):
 class TranslateBody(_Body):
     """POST /api/translate."""
 
-    model: str | None = Field(None, description="a served model's name; null: the first")
-    sentences: list[str] = Field(description="the source sentences")
+    model: Text | None = Field(None, description="a served model's name; null: the first")
+    sentences: list[Text] = Field(description="the source sentences")
     beam_size: int | None = Field(None, description="beam size (1: greedy)")
     n_best: int = Field(1, ge=1, description="hypotheses per sentence (at most beam_size)")
     length_penalty: float | None = Field(None, description="GNMT alpha")
     coverage_penalty: float | None = Field(None, description="GNMT beta (0: off)")
     max_len_ratio: float | None = Field(None, description="longest output per source piece")
     no_repeat_ngram: int | None = Field(None, description="forbid repeated n-grams of this size")
-    prefixes: list[str] | None = Field(
+    prefixes: list[Text] | None = Field(
         None, description="a target prefix per sentence (empty: none)"
     )
-    constraints: list[list[str]] | None = Field(
+    constraints: list[list[Text]] | None = Field(
         None, description="target phrases each output must contain, a list per sentence"
     )
     attention: bool = Field(False, description="the best output's attention matrix")
@@ -37,9 +52,9 @@ class TranslateBody(_Body):
 class ScoreBody(_Body):
     """POST /api/score."""
 
-    model: str | None = None
-    sources: list[str]
-    targets: list[str] = Field(description="a translation per source, to score")
+    model: Text | None = None
+    sources: list[Text]
+    targets: list[Text] = Field(description="a translation per source, to score")
     length_penalty: float | None = None
     coverage_penalty: float | None = None
     tokens: bool = Field(False, description="each target piece's log-probability")
@@ -49,10 +64,10 @@ class ScoreBody(_Body):
 class AlignBody(_Body):
     """POST /api/align."""
 
-    model: str | None = None
-    sources: list[str]
-    targets: list[str]
-    extract: str = Field("argmax", description="argmax, threshold, next, intersect or gdfa")
+    model: Text | None = None
+    sources: list[Text]
+    targets: list[Text]
+    extract: Text = Field("argmax", description="argmax, threshold, next, intersect or gdfa")
     threshold: float = Field(0.5, description="with extract threshold: the least mass")
     use_attention: bool = Field(
         False, description="align with the attention even where the model has an alignment head"

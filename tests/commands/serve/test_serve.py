@@ -303,6 +303,14 @@ def test_the_favicon(client: TestClient) -> None:
 # --- errors -------------------------------------------------------------------------------------
 
 TOO_LONG = "sol " * 60  # 240 characters: past LIMITS.max_chars
+LONE = "\ud800"  # a lone surrogate: valid in JSON text (sent escaped), no Unicode character
+NOT_UNICODE = "not valid Unicode (a lone surrogate)"
+
+
+def escaped(body: dict[str, Any]) -> bytes:
+    """``body`` as JSON with every character past ASCII escaped (a lone surrogate too)."""
+    return json.dumps(body).encode()
+
 
 BAD_REQUESTS = [
     # (endpoint, JSON body or raw bytes, status, what the error line says)
@@ -327,6 +335,14 @@ BAD_REQUESTS = [
     ("translate", {"sentences": ["sol"], "beam_size": 3, "constraints": [["\u4e2d"]]}, 400, "constraints line 1: '\u4e2d' has pieces the model's target vocabulary lacks"),
     ("translate", {"sentences": ["sol"], "beam_size": 3, "constraints": [[""]]}, 400, "an empty constraint phrase"),
     ("translate", {"sentences": ["sol", "mar"], "prefixes": ["LUNA"]}, 400, "1 prefixes for 2 sentences"),
+    ("translate", escaped({"sentences": ["sol", f"{LONE} mar"]}), 422, f"sentences.1: {NOT_UNICODE}"),
+    ("translate", escaped({"sentences": ["sol"], "prefixes": [LONE]}), 422, f"prefixes.0: {NOT_UNICODE}"),
+    ("translate", escaped({"sentences": ["sol"], "constraints": [["SOL", LONE]]}), 422, f"constraints.0.1: {NOT_UNICODE}"),
+    ("translate", escaped({"sentences": ["sol"], "model": LONE}), 422, f"model: {NOT_UNICODE}"),
+    ("score", escaped({"sources": [LONE], "targets": ["SOL"]}), 422, f"sources.0: {NOT_UNICODE}"),
+    ("score", escaped({"sources": ["sol"], "targets": [f"SOL{LONE}"]}), 422, f"targets.0: {NOT_UNICODE}"),
+    ("align", escaped({"sources": [LONE], "targets": ["SOL"]}), 422, f"sources.0: {NOT_UNICODE}"),
+    ("align", escaped({"sources": ["sol"], "targets": ["SOL"], "extract": LONE}), 422, f"extract: {NOT_UNICODE}"),
     ("score", {"sources": ["sol", "mar"], "targets": ["SOL"]}, 400, "targets: 1 for 2 sources"),
     ("score", {"sources": ["sol"]}, 422, "targets: Field required"),
     ("score", {"sources": ["sol"] * 5, "targets": ["SOL"] * 5}, 413, "sources: 5 given"),
