@@ -3,9 +3,10 @@ body-size limit, and the page.
 
 Every error is JSON, ``{"error": "<one line>"}``: 400 for options that cannot go together or
 text the model cannot take (nmt's ConfigError and DataError), 404 for an unknown model or
-path, 413 for a request past a limit (``Limits``), 422 for malformed JSON or a field of the
-wrong type, a missing or an unknown one, or one it cannot take (text that is not valid
-Unicode), and 500 for anything unexpected while decoding (the server goes on serving).
+path, 413 for a request past a limit (``Limits``), 422 for malformed JSON (or a body JSON
+cannot read: ``unreadable_body``) or a field of the wrong type, a missing or an unknown one,
+or one it cannot take (text that is not valid Unicode), and 500 for anything unexpected
+while decoding (the server goes on serving).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import mimetypes
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -203,6 +205,9 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         where = f"{request.method} {request.url.path}"
+        unreadable = unreadable_body(exc.__cause__)
+        if unreadable is not None:
+            return _error(422, unreadable)
         if exc.status_code == 404:
             message = f"{where}: no such endpoint; the API is under /api (see /docs)"
         elif exc.status_code == 405:
@@ -242,6 +247,26 @@ def invalid_message(errors: Sequence[Any], content_type: str | None = None) -> s
         else:
             parts.append(f"{where}: {error['msg']}")
     return "; ".join(parts) or "the request is not valid"
+
+
+def unreadable_body(cause: BaseException | None) -> str | None:
+    """Why Python's json could not read a body that is not malformed JSON (FastAPI's 400
+    "error parsing the body", raised from ``cause``), as one line; None for another cause."""
+    if isinstance(cause, UnicodeDecodeError):
+        byte = cause.object[cause.start]
+        return (
+            f"request body: not valid UTF-8 (byte 0x{byte:02x} at offset {cause.start}: "
+            f"{cause.reason}); send a JSON object in UTF-8"
+        )
+    if isinstance(cause, ValueError):  # json's only other ValueError: int()'s digit limit
+        digits = sys.get_int_max_str_digits()
+        return (
+            f"request body: not valid JSON (an integer too long: more than {digits} "
+            f"digits); send a JSON object"
+        )
+    if isinstance(cause, RecursionError):
+        return "request body: not valid JSON (nested too deep); send a JSON object"
+    return None
 
 
 # A body past --max-body is read and thrown away before its 413 goes out, as nginx's "lingering

@@ -376,6 +376,31 @@ def test_a_bad_request_gets_its_status_and_one_error_line(
     assert again.status_code == 200 and again.json()["translations"][0]["text"]
 
 
+UNREADABLE = [
+    # (a body Python's json gives up on though it is no malformed JSON, what the error says)
+    (b'{"sentences": ["\xff"]}', "not valid UTF-8 (byte 0xff at offset 16: invalid start byte)"),
+    ('{"sentences": ["el sol está"]}'.encode("latin-1"), "not valid UTF-8 (byte 0xe1 at offset 26"),
+    (b'{"sentences": ["sol"], "n_best": 1' + b"0" * 5000 + b"}", "not valid JSON (an integer too long"),
+    (b"[" * 100_000, "not valid JSON (nested too deep)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "message"), UNREADABLE)
+def test_a_body_json_cannot_read_is_a_422_like_malformed_json(
+    served: list[ServedModel], body: bytes, message: str
+) -> None:
+    """Not UTF-8, an integer past Python's digit limit, lists nested past its recursion
+    limit: the 422 of malformed JSON and one line; nothing raised in the app (no traceback
+    in the log)."""
+    with TestClient(create_app(served)) as strict:  # the default limits: 1,000,000 bytes
+        response = strict.post(
+            "/api/translate", content=body, headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 422, response.text
+    assert list(response.json()) == ["error"]
+    assert response.json()["error"].startswith(f"request body: {message}")
+
+
 def test_the_body_limit_by_content_length(client: TestClient) -> None:
     big = json.dumps({"sentences": ["sol " * 600]}).encode()
     response = client.post(
