@@ -90,6 +90,7 @@ def create_app(
         redoc_url=None,
     )
     app.add_middleware(BodyLimit, limits=limits)
+    app.add_middleware(HeadAsGet)
     _add_error_handlers(app)
 
     def pick(name: str | None) -> ServedModel:
@@ -267,6 +268,27 @@ def unreadable_body(cause: BaseException | None) -> str | None:
     if isinstance(cause, RecursionError):
         return "request body: not valid JSON (nested too deep); send a JSON object"
     return None
+
+
+class HeadAsGet:
+    """HEAD wherever GET is answered, as HTTP asks (RFC 9110, 9.3.2; health checkers use
+    it): a HEAD request is handled as a GET and its reply sent without the body (the
+    headers, Content-Length too, are GET's)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def without_body(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, without_body)
 
 
 # A body past --max-body is read and thrown away before its 413 goes out, as nginx's "lingering

@@ -300,6 +300,39 @@ def test_the_favicon(client: TestClient) -> None:
     assert link is not None and client.get(f"/{link[1]}").content == icon.content
 
 
+HEADS = [
+    "/",
+    "/page/page.js",
+    "/favicon.ico",
+    "/api/health",
+    "/api/models",
+    "/api/models/run/vocabulary",
+    "/docs",
+    "/openapi.json",
+]
+
+
+@pytest.mark.parametrize("path", HEADS)
+def test_head_is_answered_wherever_get_is(client: TestClient, path: str) -> None:
+    """HEAD gets GET's status and headers, without the body."""
+    get, head = client.get(path), client.head(path)
+    assert get.status_code == head.status_code == 200, head.text
+    assert head.content == b"" and get.content
+    for header in ("content-type", "content-length"):
+        assert head.headers[header] == get.headers[header], header
+
+
+def test_head_elsewhere_and_under_uvicorn(server: str) -> None:
+    """Under uvicorn too; a path without GET: its 404 or 405, without the body."""
+    with httpx.Client(base_url=server, timeout=30) as http:
+        health = http.head("/api/health")
+        assert health.status_code == 200 and health.content == b""
+        assert int(health.headers["content-length"]) == len(http.get("/api/health").content)
+        missing, post_only = http.head("/api/nowhere"), http.head("/api/translate")
+        assert missing.status_code == 404 and missing.content == b""
+        assert post_only.status_code == 405 and post_only.content == b""
+
+
 # --- errors -------------------------------------------------------------------------------------
 
 TOO_LONG = "sol " * 60  # 240 characters: past LIMITS.max_chars
