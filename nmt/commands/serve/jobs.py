@@ -72,10 +72,12 @@ def translate_job(model: ServedModel, body: TranslateBody, limits: Limits) -> Jo
     phrases = [phrase for row in body.constraints or [] for phrase in row]
     limits.check_chars([*lines, *(body.prefixes or []), *phrases])
     translator = model.translator
+    beam_given = body.beam_size is not None
+    # the server's limit before the schema's own bound: any beam past it, the same 413
+    beam_size = translator.config.decoding.beam_size if body.beam_size is None else body.beam_size
+    limits.check_beam(beam_size, beam_given)
     overrides = {key: getattr(body, key) for key in DECODING_KEYS}
     decoding = decoding_options(translator.config.decoding, overrides)
-    beam_given = body.beam_size is not None
-    limits.check_beam(decoding.beam_size, beam_given)
     check_request(decoding, body.n_best, body.constraints is not None, beam_given)
     steering = given_steering(translator, len(lines), body.prefixes, body.constraints)
     search = SearchOptions(body.n_best, body.attention or body.alignments)

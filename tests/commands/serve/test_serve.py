@@ -362,6 +362,8 @@ BAD_REQUESTS = [
     ("translate", {"sentences": [TOO_LONG]}, 413, "text: 240 characters, more than this server's limit of 200"),
     ("translate", {"sentences": ["sol"], "prefixes": [TOO_LONG]}, 413, "text: 243 characters"),
     ("translate", {"sentences": ["sol"], "beam_size": 6}, 413, "beam_size: 6, more than this server's limit of 5"),
+    ("translate", {"sentences": ["sol"], "beam_size": 1001}, 413, "beam_size: 1001, more than this server's limit of 5 (nmt serve --max-beam)"),
+    ("translate", {"sentences": ["sol"], "beam_size": 10**30}, 413, f"beam_size: {10**30}, more than this server's limit of 5 (nmt serve --max-beam)"),
     ("translate", {"sentences": ["sol"], "beam_size": 0}, 400, "beam_size: got 0; input should be greater than or equal to 1"),
     ("translate", {"sentences": ["sol"], "beam_size": 2, "n_best": 3}, 400, "n_best 3 is larger than beam_size 2; a beam keeps at most that many hypotheses: raise beam_size or lower n_best"),
     ("translate", {"sentences": ["sol"], "beam_size": 1, "constraints": [["SOL"]]}, 400, "constraints needs a beam of 2 or more, got beam_size 1"),
