@@ -10,6 +10,7 @@ import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TextIO
 
@@ -52,27 +53,40 @@ class TranslateRequest:
         return SearchOptions(self.n_best, attention, self.batch_tokens)
 
 
-def prefix_ids(translator: Translator, prefixes: Sequence[str], where: str) -> list[list[int]]:
-    """One prefix per line (empty: none) -> target ids; ``where`` names the file in errors."""
+def prefix_ids(
+    translator: Translator, prefixes: Sequence[str], where: Callable[[int], str]
+) -> list[list[int]]:
+    """One prefix per line (empty: none) -> target ids; ``where(i)`` names prefix ``i``
+    (from 0) in errors: a file's line, a request's field."""
     return [
-        translator.target_ids(text, f"{where} line {n}") if text.strip() else []
-        for n, text in enumerate(prefixes, start=1)
+        translator.target_ids(text, where(i)) if text.strip() else []
+        for i, text in enumerate(prefixes)
     ]
 
 
 def constraint_ids(
-    translator: Translator, rows: Sequence[Sequence[str]], where: str
+    translator: Translator, rows: Sequence[Sequence[str]], where: Callable[[int], str]
 ) -> list[list[list[int]]]:
-    """Each line's phrases -> target ids per phrase."""
+    """Each line's phrases -> target ids per phrase; ``where(i)`` names row ``i``."""
     out = []
-    for n, phrases in enumerate(rows, start=1):
+    for i, phrases in enumerate(rows):
         ids = []
         for phrase in phrases:
             if not phrase.strip():
-                raise DataError(f"{where} line {n}: an empty constraint phrase; remove it")
-            ids.append(translator.target_ids(phrase, f"{where} line {n}"))
+                raise DataError(f"{where(i)}: an empty constraint phrase; remove it")
+            ids.append(translator.target_ids(phrase, where(i)))
         out.append(ids)
     return out
+
+
+def list_line(name: str, index: int) -> str:
+    """Entry ``index`` of a list argument as the Python API names it: ``prefixes line 2``."""
+    return f"{name} line {index + 1}"
+
+
+def file_line(path: Path) -> Callable[[int], str]:
+    """Line ``index`` (from 0) of a file, as errors name it: ``FILE line 2``."""
+    return lambda index: f"{path} line {index + 1}"
 
 
 def given_steering(
@@ -80,9 +94,11 @@ def given_steering(
     count: int,
     prefixes: Sequence[str] | None,
     constraints: Sequence[Sequence[str]] | None,
+    where: Callable[[str, int], str] = list_line,
 ) -> Steering | None:
     """Prefixes and constraints given as lists (the Python API, the server), one entry per
-    sentence of ``count`` (empty for none), as ids; None when neither is given."""
+    sentence of ``count`` (empty for none), as ids; None when neither is given. Errors name
+    entry ``i`` of ``prefixes`` or ``constraints`` as ``where(name, i)`` does."""
     if prefixes is None and constraints is None:
         return None
     for name, given in (("prefixes", prefixes), ("constraints", constraints)):
@@ -93,10 +109,10 @@ def given_steering(
             )
     steering = Steering()
     if prefixes is not None:
-        steering.prefixes = prefix_ids(translator, list(prefixes), "prefixes")
+        steering.prefixes = prefix_ids(translator, prefixes, partial(where, "prefixes"))
     if constraints is not None:
         rows = [list(row) for row in constraints]
-        steering.constraints = constraint_ids(translator, rows, "constraints")
+        steering.constraints = constraint_ids(translator, rows, partial(where, "constraints"))
     return steering
 
 
@@ -140,12 +156,12 @@ def read_steering(
     if prefix_path is not None:
         texts = read_lines(str(prefix_path))
         _check_count(texts, count, f"--prefix {prefix_path}")
-        steering.prefixes = prefix_ids(translator, texts, str(prefix_path))
+        steering.prefixes = prefix_ids(translator, texts, file_line(prefix_path))
     if constraints_path is not None:
         texts = read_lines(str(constraints_path))
         _check_count(texts, count, f"--constraints {constraints_path}")
         rows = parse_constraints(texts, str(constraints_path))
-        steering.constraints = constraint_ids(translator, rows, str(constraints_path))
+        steering.constraints = constraint_ids(translator, rows, file_line(constraints_path))
     return steering
 
 

@@ -52,6 +52,11 @@ DECODING_KEYS = (
 ALIGN_FIELDS = Naming({"attention": "use_attention"})
 
 
+def field_entry(name: str, index: int) -> str:
+    """Entry ``index`` of a request's list field, as the 422s name it: ``prefixes.0``."""
+    return f"{name}.{index}"
+
+
 @dataclass(frozen=True)
 class TranslateWork:
     """One checked translate request: its sentences, steering (None: none) and options."""
@@ -79,7 +84,7 @@ def translate_job(model: ServedModel, body: TranslateBody, limits: Limits) -> Jo
     overrides = {key: getattr(body, key) for key in DECODING_KEYS}
     decoding = decoding_options(translator.config.decoding, overrides)
     check_request(decoding, body.n_best, body.constraints is not None, beam_given)
-    steering = given_steering(translator, len(lines), body.prefixes, body.constraints)
+    steering = given_steering(translator, len(lines), body.prefixes, body.constraints, field_entry)
     search = SearchOptions(body.n_best, body.attention or body.alignments)
     work = TranslateWork(
         model, list(lines), decoding, search, steering, body.attention, body.alignments
