@@ -20,7 +20,7 @@ from typing import Any, get_args, overload
 
 from nmt.commands.align import Extraction, Link, align_pairs
 from nmt.commands.common import Models
-from nmt.commands.translate import given_steering
+from nmt.commands.translate import NoRepeat, given_steering
 from nmt.config import Config
 from nmt.decoding.options import Backend, SearchOptions, check_request, decoding_options
 from nmt.decoding.plan import DecodingPlan
@@ -138,7 +138,10 @@ class Model:
             constraints = [[str(c) for c in constraints]]
         decoding = decoding_options(self.translator.config.decoding, options)
         check_request(decoding, n_best, constraints is not None, "beam_size" in options)
-        steering = given_steering(self.translator, len(lines), prefixes, constraints)
+        no_repeat = NoRepeat(decoding.no_repeat_ngram)
+        steering = given_steering(
+            self.translator, len(lines), prefixes, constraints, no_repeat=no_repeat
+        )
         search = SearchOptions(n_best)
         results = self.translator.translate(lines, decoding, search, steering=steering)
         if n_best == 1:

@@ -192,6 +192,14 @@ def test_more_n_best_than_beam(model: Model) -> None:
         model.translate("sol luna", n_best=4, beam_size=3)
 
 
+def test_a_prefix_that_no_repeat_ngram_forbids(model: Model) -> None:
+    """ConfigError naming the entry and the keyword, not an empty translation."""
+    with pytest.raises(ConfigError, match="prefixes line 2: 'LUNA LUNA' repeats a piece, "):
+        model.translate(["sol", "mar"], prefixes=["", "LUNA LUNA"], no_repeat_ngram=1)
+    with pytest.raises(ConfigError, match="which no_repeat_ngram 1 forbids"):
+        model.translate("sol", constraints=["SOL SOL"], no_repeat_ngram=1, beam_size=3)
+
+
 def test_mismatched_sources_and_targets(model: Model) -> None:
     """score with 2 sources and 1 target: DataError naming the counts."""
     with pytest.raises(DataError, match="2 sources but 1 targets"):

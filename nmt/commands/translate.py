@@ -53,19 +53,48 @@ class TranslateRequest:
         return SearchOptions(self.n_best, attention, self.batch_tokens)
 
 
+@dataclass(frozen=True)
+class NoRepeat:
+    """``decoding.no_repeat_ngram`` (0: off) and what the caller calls it, for errors."""
+
+    n: int = 0
+    name: str = "no_repeat_ngram"
+
+    def check(self, ids: list[int], text: str, where: str) -> list[int]:
+        """Forced pieces (a prefix, a constraint phrase) ``ids`` of ``text``, if no n-gram
+        repeats in them: one that does can be in no output under no_repeat_ngram n (search
+        would end with no hypothesis), so it is an error, not an empty output."""
+        grams = [tuple(ids[i : i + self.n]) for i in range(len(ids) - self.n + 1)]
+        if self.n > 0 and len(set(grams)) < len(grams):
+            gram = "a piece" if self.n == 1 else f"a run of {self.n} pieces"
+            raise ConfigError(
+                f"{where}: {text!r} repeats {gram}, which {self.name} {self.n} forbids in "
+                f"every output; give a larger {self.name} (0: none)"
+            )
+        return ids
+
+
 def prefix_ids(
-    translator: Translator, prefixes: Sequence[str], where: Callable[[int], str]
+    translator: Translator,
+    prefixes: Sequence[str],
+    where: Callable[[int], str],
+    no_repeat: NoRepeat = NoRepeat(),
 ) -> list[list[int]]:
     """One prefix per line (empty: none) -> target ids; ``where(i)`` names prefix ``i``
     (from 0) in errors: a file's line, a request's field."""
     return [
-        translator.target_ids(text, where(i)) if text.strip() else []
+        no_repeat.check(translator.target_ids(text, where(i)), text, where(i))
+        if text.strip()
+        else []
         for i, text in enumerate(prefixes)
     ]
 
 
 def constraint_ids(
-    translator: Translator, rows: Sequence[Sequence[str]], where: Callable[[int], str]
+    translator: Translator,
+    rows: Sequence[Sequence[str]],
+    where: Callable[[int], str],
+    no_repeat: NoRepeat = NoRepeat(),
 ) -> list[list[list[int]]]:
     """Each line's phrases -> target ids per phrase; ``where(i)`` names row ``i``."""
     out = []
@@ -74,7 +103,7 @@ def constraint_ids(
         for phrase in phrases:
             if not phrase.strip():
                 raise DataError(f"{where(i)}: an empty constraint phrase; remove it")
-            ids.append(translator.target_ids(phrase, where(i)))
+            ids.append(no_repeat.check(translator.target_ids(phrase, where(i)), phrase, where(i)))
         out.append(ids)
     return out
 
@@ -95,10 +124,12 @@ def given_steering(
     prefixes: Sequence[str] | None,
     constraints: Sequence[Sequence[str]] | None,
     where: Callable[[str, int], str] = list_line,
+    no_repeat: NoRepeat = NoRepeat(),
 ) -> Steering | None:
     """Prefixes and constraints given as lists (the Python API, the server), one entry per
     sentence of ``count`` (empty for none), as ids; None when neither is given. Errors name
-    entry ``i`` of ``prefixes`` or ``constraints`` as ``where(name, i)`` does."""
+    entry ``i`` of ``prefixes`` or ``constraints`` as ``where(name, i)`` does; no prefix or
+    phrase may break the search's ``no_repeat``."""
     if prefixes is None and constraints is None:
         return None
     for name, given in (("prefixes", prefixes), ("constraints", constraints)):
@@ -109,10 +140,12 @@ def given_steering(
             )
     steering = Steering()
     if prefixes is not None:
-        steering.prefixes = prefix_ids(translator, prefixes, partial(where, "prefixes"))
+        named = partial(where, "prefixes")
+        steering.prefixes = prefix_ids(translator, prefixes, named, no_repeat)
     if constraints is not None:
         rows = [list(row) for row in constraints]
-        steering.constraints = constraint_ids(translator, rows, partial(where, "constraints"))
+        named = partial(where, "constraints")
+        steering.constraints = constraint_ids(translator, rows, named, no_repeat)
     return steering
 
 
@@ -144,9 +177,11 @@ def read_steering(
     prefix_path: Path | None,
     constraints_path: Path | None,
     count: int | None,
+    no_repeat: NoRepeat = NoRepeat(),
 ) -> Steering | None:
     """The --prefix and --constraints files as ids; ``count``: the input's line count, which
-    each must match (None: streamed input, checked line by line)."""
+    each must match (None: streamed input, checked line by line); ``no_repeat``: the
+    search's, which no prefix or phrase may break."""
     if prefix_path is None and constraints_path is None:
         return None
     for option, path in (("--prefix", prefix_path), ("--constraints", constraints_path)):
@@ -156,12 +191,13 @@ def read_steering(
     if prefix_path is not None:
         texts = read_lines(str(prefix_path))
         _check_count(texts, count, f"--prefix {prefix_path}")
-        steering.prefixes = prefix_ids(translator, texts, file_line(prefix_path))
+        steering.prefixes = prefix_ids(translator, texts, file_line(prefix_path), no_repeat)
     if constraints_path is not None:
         texts = read_lines(str(constraints_path))
         _check_count(texts, count, f"--constraints {constraints_path}")
         rows = parse_constraints(texts, str(constraints_path))
-        steering.constraints = constraint_ids(translator, rows, file_line(constraints_path))
+        where = file_line(constraints_path)
+        steering.constraints = constraint_ids(translator, rows, where, no_repeat)
     return steering
 
 
@@ -220,7 +256,8 @@ def translate_command(
     constrained = request.constraints is not None
     check_request(decoding, request.n_best, constrained, beam_given, request.naming)
     known = None if lines is None else len(lines)
-    steering = read_steering(translator, request.prefix, request.constraints, known)
+    no_repeat = NoRepeat(decoding.no_repeat_ngram, request.naming("no_repeat_ngram"))
+    steering = read_steering(translator, request.prefix, request.constraints, known, no_repeat)
     heatmaps = (
         Heatmaps(translator, request.attention_dir) if request.attention_dir is not None else None
     )

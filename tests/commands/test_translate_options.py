@@ -249,6 +249,28 @@ def test_bad_constraint_lines(
     assert f"{path} {says}" in error
 
 
+def test_a_prefix_or_phrase_that_no_repeat_ngram_forbids(
+    run: Path, source: Path, previous: Path, tmp_path: Path
+) -> None:
+    """A prefix or constraint phrase that repeats what --no-repeat-ngram forbids can be in no
+    output: an error naming its line, not an empty output line."""
+    prefix = _write(tmp_path / "p.txt", ["", "LUNA LUNA", "", "", ""])
+    error = _refused(run, source, previous, "--prefix", str(prefix), "--no-repeat-ngram", "1")
+    assert error == (
+        f"error: {prefix} line 2: 'LUNA LUNA' repeats a piece, which --no-repeat-ngram 1 "
+        f"forbids in every output; give a larger --no-repeat-ngram (0: none)"
+    )
+    phrases = _write(tmp_path / "c.jsonl", ["", "", "", '["SOL", "MAR MAR"]', ""])
+    refused = ["--constraints", str(phrases), "--no-repeat-ngram", "1"]
+    assert f"{phrases} line 4: 'MAR MAR' repeats a piece" in _refused(
+        run, source, previous, *refused
+    )
+    allowed = nmt("translate", "-m", str(run), "-i", str(source), "--prefix", str(prefix),
+                  "--no-repeat-ngram", "9")  # fmt: skip
+    assert allowed.code == 0, allowed.err
+    assert allowed.out.split("\n")[1].startswith("LUNA LUNA")
+
+
 @pytest.mark.parametrize("text", ["\u4e2d\u6587", "LUNA \U0001f600"])
 def test_prefix_with_characters_the_vocabulary_lacks(
     run: Path, source: Path, previous: Path, tmp_path: Path, text: str

@@ -29,7 +29,7 @@ from nmt.commands.serve.schemas import (
     TranslateBody,
     TranslatedLine,
 )
-from nmt.commands.translate import format_translation, given_steering, output_links
+from nmt.commands.translate import NoRepeat, format_translation, given_steering, output_links
 from nmt.config import DecodingConfig
 from nmt.data.tokenizer import Tokenizer, piece_words
 from nmt.decoding.alignment import format_links, output_words
@@ -84,7 +84,9 @@ def translate_job(model: ServedModel, body: TranslateBody, limits: Limits) -> Jo
     overrides = {key: getattr(body, key) for key in DECODING_KEYS}
     decoding = decoding_options(translator.config.decoding, overrides)
     check_request(decoding, body.n_best, body.constraints is not None, beam_given)
-    steering = given_steering(translator, len(lines), body.prefixes, body.constraints, field_entry)
+    no_repeat = NoRepeat(decoding.no_repeat_ngram)
+    given = body.prefixes, body.constraints
+    steering = given_steering(translator, len(lines), *given, field_entry, no_repeat)
     search = SearchOptions(body.n_best, body.attention or body.alignments)
     work = TranslateWork(
         model, list(lines), decoding, search, steering, body.attention, body.alignments

@@ -373,6 +373,8 @@ BAD_REQUESTS = [
     ("translate", {"sentences": ["sol", "mar"], "beam_size": 3, "constraints": [["SOL"], ["   "]]}, 400, "constraints.1: an empty constraint phrase"),
     ("translate", {"sentences": ["sol", "mar"], "prefixes": ["", "LUNA \u4e2d"]}, 400, "prefixes.1: 'LUNA \u4e2d' has pieces"),
     ("translate", {"sentences": ["sol", "mar"], "prefixes": ["LUNA"]}, 400, "1 prefixes for 2 sentences"),
+    ("translate", {"sentences": ["sol", "mar"], "prefixes": ["", "LUNA LUNA"], "no_repeat_ngram": 1}, 400, "prefixes.1: 'LUNA LUNA' repeats a piece, which no_repeat_ngram 1 forbids in every output"),
+    ("translate", {"sentences": ["sol"], "beam_size": 3, "constraints": [["SOL SOL"]], "no_repeat_ngram": 1}, 400, "constraints.0: 'SOL SOL' repeats a piece"),
     ("translate", escaped({"sentences": ["sol", f"{LONE} mar"]}), 422, f"sentences.1: {NOT_UNICODE}"),
     ("translate", escaped({"sentences": ["sol"], "prefixes": [LONE]}), 422, f"prefixes.0: {NOT_UNICODE}"),
     ("translate", escaped({"sentences": ["sol"], "constraints": [["SOL", LONE]]}), 422, f"constraints.0.1: {NOT_UNICODE}"),
