@@ -4,6 +4,7 @@ the probe times are real, or stand-ins that take a set time."""
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -139,10 +140,13 @@ def test_a_real_search_decides_and_the_outputs_are_fp32_s(
 ) -> None:
     """From a checkpoint, on a CPU whose bf16 matmuls the matmul probe finds 2.5x faster
     (mocked) and whose screen is passed: the model's own searches are timed, in fp32 and
-    in bf16 autocast (emulated here: slower), and fp32 is chosen, as it was not by the
-    matmul probe alone."""
+    in bf16 autocast, and their ratio decides, not the matmul probe. Which wins on this
+    machine is a timing, which no test asserts: the ratio needed is raised past any, so
+    fp32 is chosen with the measured ratio as its reason (the rule at the bar itself: the
+    tests above, with timed stand-ins)."""
     machine.set(NATIVE, FAST_MATMULS)
     monkeypatch.setattr(precision, "MIN_WEIGHT", 1)  # the tiny model's matmuls are probed
+    monkeypatch.setattr(search_precision, "SPEEDUP_NEEDED", math.inf)
     translator = Translator.from_checkpoints([run], "cpu", "auto")
     assert translator.precision == "fp32", translator.precision_reason
     assert translator.precision_reason.startswith("auto: this model's search ran at ")
