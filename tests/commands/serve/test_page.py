@@ -314,12 +314,12 @@ def test_two_models_side_by_side(page: Any) -> None:
 
 
 def test_an_api_error_is_shown(page: Any, server: str) -> None:
-    status, answer = post(server, "/api/translate", translate_request(10_000, 1))
+    status, answer = post(server, "/api/translate", translate_request(2, 3))
     assert status == 400, answer
-    assert answer["error"].startswith("beam_size: got 10000;")
+    assert answer["error"].startswith("n_best 3 is larger than beam_size 2;")
     fill(page, "sentences", SENTENCE)
-    fill(page, "beam", "10000")
-    fill(page, "nbest", "1")
+    fill(page, "beam", "2")
+    fill(page, "nbest", "3")
     submit(page)
     error = page.find_element(By.ID, "error")
     assert error.is_displayed()
