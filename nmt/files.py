@@ -1,7 +1,8 @@
 """Files the commands read and write: atomic replacement, UTF-8 lines, output checks.
 
 Every file nmt writes (checkpoints, the run's config and tokenizer, translations, plots,
-corpus caches) goes through ``atomic_write_bytes``, and every text file a command reads line by
+corpus caches) goes through ``atomic_write_bytes`` (a device, a FIFO or an open file such as
+/dev/stdout is written straight through), and every text file a command reads line by
 line (hypotheses, references, input) through ``read_lines``. Every input is opened with
 ``open_input`` and read inside ``reading``, which makes any error reading it (missing, not
 gzip, cut short) a DataError that names it, before it can reach a writer and pass for a
@@ -43,12 +44,47 @@ def atomic_write_bytes(path: Path, write: Callable[[Any], object]) -> None:
     A reader sees the old file or the complete new one, never a part, even when the writer is
     killed midway; the temporary file is ``.NAME.XXXX.tmp``, which nothing takes for a
     checkpoint. The new file gets the usual permissions (0666 less the umask), not
-    ``mkstemp``'s private 0600. An operating-system error (a full disk, a quota, no
-    permission), also one that ``write`` wraps in its own (torch.save's RuntimeError), is a
-    ``WriteError`` that names ``path``; the temporary file is removed and ``path`` is as it was.
-    An NMTError that ``write`` raises (a DataError about the input it reads) passes unchanged.
+    ``mkstemp``'s private 0600. A symlink is followed: its target is replaced, the link
+    kept. What is no file to replace (a device such as /dev/null, a FIFO, a socket, an open
+    file such as /dev/stdout or /dev/fd/N) is written straight through, never truncated. An
+    operating-system error (a full disk, a quota, no permission), also one that ``write``
+    wraps in its own (torch.save's RuntimeError), is a ``WriteError`` that names ``path``;
+    the temporary file is removed and ``path`` is as it was. An NMTError that ``write``
+    raises (a DataError about the input it reads) passes unchanged.
     """
     path = Path(path)
+    try:
+        target = replaced_file(path)
+        if target is None:  # appended to: /dev/stdout may be a file the shell appends to
+            with path.open("ab") as handle:
+                write(handle)
+        else:
+            _replace(target, write)
+    except BaseException as exc:
+        cause = os_error(exc)
+        if cause is None or isinstance(exc, NMTError):
+            raise
+        raise write_error(path, cause) from exc
+
+
+def replaced_file(path: Path) -> Path | None:
+    """The regular file that writing ``path`` replaces: ``path`` itself or, for a symlink,
+    where its links lead (which need not exist yet); None where ``path`` is something else
+    that exists (a device, a FIFO, a socket, a folder) or leads through /proc (/dev/stdout,
+    /dev/fd/N: a file a process holds open, not a name to replace)."""
+    current = Path(os.path.abspath(path))
+    for _ in range(40):  # the kernel's own limit on links followed
+        current = Path(os.path.realpath(current.parent), current.name)
+        if current.parts[1:2] == ("proc",):
+            return None
+        if not current.is_symlink():
+            return current if current.is_file() or not current.exists() else None
+        current = Path(os.path.abspath(current.parent / os.readlink(current)))
+    return None  # a loop of links: opening it says so
+
+
+def _replace(path: Path, write: Callable[[Any], object]) -> None:
+    """``atomic_write_bytes`` of the regular file ``path`` (or a new one)."""
     tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,13 +101,9 @@ def atomic_write_bytes(path: Path, write: Callable[[Any], object]) -> None:
             os.fsync(directory)
         finally:
             os.close(directory)
-    except BaseException as exc:
+    finally:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        cause = os_error(exc)
-        if cause is None or isinstance(exc, NMTError):
-            raise
-        raise write_error(path, cause) from exc
 
 
 def os_error(exc: BaseException) -> OSError | None:
@@ -322,15 +354,20 @@ def check_output(
                 f"{option} {path}: is the {source_option} this command reads; writing it would "
                 f"destroy it: choose another file"
             )
-    run_dir = run_directory_of(path)
+    if path.is_dir():
+        raise DataError(f"{option} {path}: is a directory; give a file name")
+    target = replaced_file(path)
+    if target is None:  # a device, a FIFO, an open file: written straight through
+        if not os.access(path, os.W_OK):
+            raise DataError(f"{option} {path}: cannot write it (permission denied)")
+        return
+    run_dir = run_directory_of(target)
     if run_dir is not None:
         raise DataError(
             f"{option} {path}: is a file of the training run in {run_dir}; choose a file "
             f"outside it or another name"
         )
-    parent = path.parent
-    if path.is_dir():
-        raise DataError(f"{option} {path}: is a directory; give a file name")
+    parent = target.parent
     if not parent.is_dir():
         what = "is not a directory" if parent.exists() else "does not exist"
         raise DataError(f"{option} {path}: the folder {parent} {what}; create it first")

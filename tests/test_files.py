@@ -1,0 +1,79 @@
+"""nmt.files: what an output path is written as. A regular file (or a new one) is replaced
+atomically; a symlink's target is replaced and the link kept; a device, a FIFO or an open file
+(/dev/stdout, /dev/fd/N) is written straight through, never replaced by a regular file."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from nmt.files import atomic_write_text, check_output, replaced_file
+
+
+def test_a_symlink_is_followed_and_kept(tmp_path: Path) -> None:
+    target = tmp_path / "target.txt"
+    target.write_text("old\n", encoding="utf-8")
+    link = tmp_path / "link.txt"
+    link.symlink_to("target.txt")
+    atomic_write_text(link, "new\n")
+    assert link.is_symlink() and os.readlink(link) == "target.txt"
+    assert target.read_text(encoding="utf-8") == "new\n"
+    dangling = tmp_path / "dangling.txt"
+    dangling.symlink_to("created.txt")
+    atomic_write_text(dangling, "made\n")
+    assert dangling.is_symlink()
+    assert (tmp_path / "created.txt").read_text(encoding="utf-8") == "made\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "created.txt", "dangling.txt", "link.txt", "target.txt",
+    ]  # fmt: skip
+
+
+def test_a_fifo_is_written_through(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    check_output(fifo, "--output")
+    atomic_write_text(fifo, "through the pipe\n")
+    reader.join(timeout=30)
+    assert received == [b"through the pipe\n"]
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["fifo"]
+
+
+def test_an_open_file_descriptor_is_written_through() -> None:
+    """/dev/fd/N (bash's >(...)) leads through /proc to a pipe, not to a name to replace."""
+    read, write = os.pipe()
+    try:
+        atomic_write_text(Path(f"/dev/fd/{write}"), "to the pipe\n")
+        os.close(write)
+        write = -1
+        with os.fdopen(read, "rb") as handle:
+            read = -1
+            assert handle.read() == b"to the pipe\n"
+    finally:
+        for fd in (read, write):
+            if fd >= 0:
+                os.close(fd)
+
+
+def test_devices_and_open_files_are_never_replaced() -> None:
+    """By their path only: no test writes to the system's device nodes."""
+    for path in ("/dev/null", "/dev/stdout", "/dev/fd/1"):
+        assert replaced_file(Path(path)) is None, path
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a device needs root")
+def test_a_character_device_stays_one(tmp_path: Path) -> None:
+    device = tmp_path / "null"
+    os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a /dev/null of our own
+    check_output(device, "--output")
+    atomic_write_text(device, "gone\n")
+    assert stat.S_ISCHR(device.lstat().st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["null"]
