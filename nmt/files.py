@@ -2,11 +2,13 @@
 
 Every file nmt writes (checkpoints, the run's config and tokenizer, translations, plots,
 corpus caches) goes through ``atomic_write_bytes`` (a device, a FIFO or an open file such as
-/dev/stdout is written straight through), and every text file a command reads line by
-line (hypotheses, references, input) through ``read_lines``. Every input is opened with
-``open_input`` and read inside ``reading``, which makes any error reading it (missing, not
-gzip, cut short) a DataError that names it, before it can reach a writer and pass for a
-failed write of the file being written from it (a corpus cache).
+/dev/stdout is written straight through); the text lines a command writes (translations,
+scores, alignments) go through ``write_lines``, which gzips a file named ``.gz``. Every text
+file a command reads line by line (hypotheses, references, input) goes through
+``read_lines``. Every input is opened with ``open_input`` and read inside ``reading``, which
+makes any error reading it (missing, not gzip, cut short) a DataError that names it, before
+it can reach a writer and pass for a failed write of the file being written from it (a
+corpus cache).
 """
 
 from __future__ import annotations
@@ -375,11 +377,16 @@ def check_output(
         raise DataError(f"{option} {path}: cannot write in {parent} (permission denied)")
 
 
-def write_lines(output: str, lines: Sequence[str]) -> None:
-    """A command's output lines: to stdout (``-``, flushed) or atomically to a file."""
+def write_lines(output: str | Path, lines: Sequence[str]) -> None:
+    """A command's output lines: to stdout (the string ``-``, flushed) or atomically to a
+    file, gzip-compressed if its name ends in ``.gz`` (with no timestamp: the same lines give
+    the same bytes), which ``read_lines`` reads back."""
     text = "".join(line + "\n" for line in lines)
     if output == STDIN:
         sys.stdout.write(text)
         sys.stdout.flush()
-    else:
-        atomic_write_text(Path(output), text)
+        return
+    data = text.encode("utf-8")
+    if Path(output).suffix == ".gz":
+        data = gzip.compress(data, mtime=0)
+    atomic_write_bytes(Path(output), lambda handle: handle.write(data))

@@ -1,17 +1,20 @@
 """nmt.files: what an output path is written as. A regular file (or a new one) is replaced
 atomically; a symlink's target is replaced and the link kept; a device, a FIFO or an open file
-(/dev/stdout, /dev/fd/N) is written straight through, never replaced by a regular file."""
+(/dev/stdout, /dev/fd/N) is written straight through, never replaced by a regular file. Text
+outputs named .gz are gzip-compressed, the same bytes for the same lines."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import stat
 import threading
 from pathlib import Path
 
 import pytest
+from clirun import nmt
 
-from nmt.files import atomic_write_text, check_output, replaced_file
+from nmt.files import atomic_write_text, check_output, read_lines, replaced_file, write_lines
 
 
 def test_a_symlink_is_followed_and_kept(tmp_path: Path) -> None:
@@ -77,3 +80,33 @@ def test_a_character_device_stays_one(tmp_path: Path) -> None:
     atomic_write_text(device, "gone\n")
     assert stat.S_ISCHR(device.lstat().st_mode)
     assert [p.name for p in tmp_path.iterdir()] == ["null"]
+
+
+def test_text_named_gz_is_compressed_reproducibly(tmp_path: Path) -> None:
+    lines = ["uno", "", "dos tres"]
+    first, second = tmp_path / "a.txt.gz", tmp_path / "b.gz"
+    write_lines(str(first), lines)
+    write_lines(second, lines)
+    assert first.read_bytes() == second.read_bytes()  # no timestamp, no name inside
+    assert gzip.decompress(first.read_bytes()) == b"uno\n\ndos tres\n"
+    assert read_lines(first) == lines
+    write_lines(str(tmp_path / "plain.txt"), lines)
+    assert (tmp_path / "plain.txt").read_bytes() == b"uno\n\ndos tres\n"
+
+
+def test_every_text_output_named_gz_is_compressed(run: Path, corpus: Path, tmp_path: Path) -> None:
+    source = str(corpus / "test.src")
+    plain = nmt("translate", "-m", str(run), "-i", source, "--alignments", str(tmp_path / "al"))
+    assert plain.code == 0, plain.err
+    output, links, hypotheses = (tmp_path / name for name in ("out.gz", "al.gz", "hyp.gz"))
+    args = ["-i", source, "-o", str(output), "--alignments", str(links)]
+    assert nmt("translate", "-m", str(run), *args).code == 0
+    assert gzip.decompress(output.read_bytes()).decode() == plain.out
+    assert gzip.decompress(links.read_bytes()) == (tmp_path / "al").read_bytes()
+    evaluated = nmt("eval", "--model", str(run), "--save-hypotheses", str(hypotheses))
+    assert evaluated.code == 0, evaluated.err
+    assert gzip.decompress(hypotheses.read_bytes()).decode() == plain.out
+    scores = tmp_path / "scores.gz"
+    pairs = ["-i", source, "-t", str(output), "-o", str(scores)]
+    assert nmt("score", "-m", str(run), *pairs).code == 0  # reads the .gz it wrote
+    assert len(read_lines(scores)) == len(read_lines(source))

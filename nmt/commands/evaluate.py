@@ -16,7 +16,7 @@ from nmt.config import DataConfig
 from nmt.data.corpus import local_files, read_pairs
 from nmt.decoding.options import KEYS, Naming, decoding_options
 from nmt.errors import ConfigError, DataError
-from nmt.files import atomic_write_text
+from nmt.files import write_lines
 
 if TYPE_CHECKING:
     from nmt.commands.align import AlignmentReport
@@ -117,7 +117,7 @@ def evaluate_split(models: Models, request: EvalRequest) -> evaluate.Report:
         results = translator.translate(sources, decoding, progress=advance)
     hyps = [translator.best_text(result) for result in results]
     if out is not None:
-        atomic_write_text(out, "".join(h + "\n" for h in hyps))
+        write_lines(out, hyps)
     name = f"{'+'.join(Path(m).name for m in models.paths)}:{split} (beam {decoding.beam_size})"
     report = evaluate.score({name: hyps}, [references])
     plan = translator.last_plan or translator.plan(decoding, [])

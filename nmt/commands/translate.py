@@ -23,7 +23,7 @@ from nmt.decoding.options import KEYS, Naming, SearchOptions, check_request, dec
 from nmt.decoding.steering import Steering, search_limits
 from nmt.decoding.translator import Translation, Translator
 from nmt.errors import ConfigError, DataError
-from nmt.files import STDIN, atomic_write_text, read_lines, split_lines, write_lines
+from nmt.files import STDIN, read_lines, split_lines, write_lines
 
 
 @dataclass(frozen=True)
@@ -271,7 +271,7 @@ def translate_command(
             f"repeating themselves; --max-len-ratio and --max-len-offset set the limit"
         )
     if request.alignments is not None:
-        atomic_write_text(request.alignments, "".join(line + "\n" for line in job.links))
+        write_lines(request.alignments, job.links)
     say((translator.last_plan or translator.plan(decoding, [], steering)).line())
     return count
 
