@@ -4,6 +4,7 @@ heatmaps (``Heatmaps``), and the progress policy (a bar on stderr while files ar
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from nmt import checkpoint
 from nmt.decoding.exported import read_metadata
 from nmt.decoding.options import Backend
 from nmt.decoding.translator import Translator
-from nmt.errors import ConfigError, DataError
+from nmt.errors import ConfigError, DataError, listed
 from nmt.files import STDIN, check_output
 
 
@@ -69,9 +70,25 @@ def check_writes(
     check_output(Path(output), option, read)
 
 
+# What Heatmaps write into --attention-dir: NNNNNN.png/.npy/.json, and the temporary files
+# of a write killed midway (``nmt.files.atomic_write_bytes``).
+HEATMAP_FILE = re.compile(r"\.?\d{6,}\.(png|npy|json)(\.\w+\.tmp)?", re.ASCII)
+
+
 def check_attention_dir(directory: Path | None) -> None:
-    if directory is not None and directory.exists() and not directory.is_dir():
+    """--attention-dir is new, empty or holds only heatmaps (an earlier run's, which
+    ``open_heatmaps`` removes): nothing else is in the way of this run's files."""
+    if directory is None or not directory.exists():
+        return
+    if not directory.is_dir():
         raise DataError(f"--attention-dir {directory}: is a file; give a directory")
+    foreign = sorted(p.name for p in directory.iterdir() if not HEATMAP_FILE.fullmatch(p.name))
+    if foreign:
+        raise DataError(
+            f"--attention-dir {directory}: holds files nmt did not write there "
+            f"({listed(foreign, 3)}); give a new or empty folder, or one of earlier heatmaps, "
+            f"which are replaced"
+        )
 
 
 @dataclass(frozen=True)
@@ -99,6 +116,18 @@ class Heatmaps:
         from nmt.plots import save_attention  # matplotlib: imported only when drawn
 
         save_attention(self.directory / f"{index:06d}", src, trg, weights, links)
+
+
+def open_heatmaps(translator: Translator, directory: Path | None) -> Heatmaps | None:
+    """--attention-dir's heatmaps (None without it), an earlier run's removed first so that
+    the folder holds this run's alone (``check_attention_dir`` has refused any other file)."""
+    if directory is None:
+        return None
+    if directory.is_dir():
+        for path in directory.iterdir():
+            if HEATMAP_FILE.fullmatch(path.name):
+                path.unlink()
+    return Heatmaps(translator, directory)
 
 
 @contextmanager

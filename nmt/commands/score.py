@@ -7,7 +7,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nmt.commands.common import Heatmaps, Models, check_attention_dir, check_writes, progress_bar
+from nmt.commands.common import (
+    Heatmaps,
+    Models,
+    check_attention_dir,
+    check_writes,
+    open_heatmaps,
+    progress_bar,
+)
 from nmt.decoding.alignment import link_cells, parse_links, piece_words
 from nmt.decoding.options import decoding_options
 from nmt.decoding.scoring import Scored
@@ -193,9 +200,7 @@ def score_command(request: ScoreRequest, say: Callable[[str], None] = lambda mes
     with progress_bar(len(pairs.sources), enabled, texts) as advance:
         attention = request.attention_dir is not None
         results = translator.score(pairs.sources, pairs.targets, decoding, attention, advance)
-    heatmaps = (
-        Heatmaps(translator, request.attention_dir) if request.attention_dir is not None else None
-    )
+    heatmaps = open_heatmaps(translator, request.attention_dir)
     out = []
     for index, (target, result) in enumerate(zip(pairs.targets, results, strict=True)):
         if pairs.rows is not None:

@@ -16,7 +16,14 @@ from typing import TextIO
 
 import torch
 
-from nmt.commands.common import Heatmaps, Models, check_attention_dir, check_writes, progress_bar
+from nmt.commands.common import (
+    Heatmaps,
+    Models,
+    check_attention_dir,
+    check_writes,
+    open_heatmaps,
+    progress_bar,
+)
 from nmt.config import DecodingConfig
 from nmt.decoding.alignment import format_links, hypothesis_links
 from nmt.decoding.options import KEYS, Naming, SearchOptions, check_request, decoding_options
@@ -258,9 +265,7 @@ def translate_command(
     known = None if lines is None else len(lines)
     no_repeat = NoRepeat(decoding.no_repeat_ngram, request.naming("no_repeat_ngram"))
     steering = read_steering(translator, request.prefix, request.constraints, known, no_repeat)
-    heatmaps = (
-        Heatmaps(translator, request.attention_dir) if request.attention_dir is not None else None
-    )
+    heatmaps = open_heatmaps(translator, request.attention_dir)
     job = _Job(translator, decoding, request, steering, heatmaps, warn)
     count = _stream(job, sys.stdin, sys.stdout) if lines is None else _translate_all(job, lines)
     if job.at_limit:
