@@ -10,14 +10,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt import checkpoint
-from nmt.decoding.exported import METADATA, Metadata, require
+from nmt.decoding.exported import (
+    CONFIG,
+    ENCODER,
+    JOINT_TOKENIZER,
+    METADATA,
+    SPLIT_TOKENIZER,
+    STEP,
+    Metadata,
+    require,
+)
 from nmt.decoding.onnx import export_onnx
 from nmt.decoding.translator import Translator
-from nmt.errors import ConfigError, DataError
+from nmt.errors import ConfigError, DataError, listed
 from nmt.files import atomic_directory
 
 FORMATS = ("onnx",)
 QUANTIZATIONS = ("int8",)
+# Every file an export writes, whichever its tokenizer: all that replacing one may delete.
+EXPORTED = {METADATA, CONFIG, ENCODER, STEP, *JOINT_TOKENIZER, *SPLIT_TOKENIZER}
 
 
 @dataclass(frozen=True)
@@ -63,7 +74,8 @@ def export_command(request: ExportRequest) -> Metadata:
 
 def check_output_directory(output: Path, source: Path) -> None:
     """``-o`` can become the exported directory: a new folder in an existing one, an empty
-    folder, or an earlier export, and not the folder the checkpoint is read from."""
+    folder, or an earlier export that holds nothing else (replacing it deletes what it
+    holds), and not the folder the checkpoint is read from."""
     option = f"--output {output}"
     if output.exists() and not output.is_dir():
         raise DataError(f"{option}: is a file; give a directory for the exported model")
@@ -77,6 +89,12 @@ def check_output_directory(output: Path, source: Path) -> None:
             raise DataError(
                 f"{option}: a folder with other files in it; give a new or empty directory, "
                 f"or an earlier export (which is replaced)"
+            )
+        foreign = sorted(path.name for path in output.iterdir() if path.name not in EXPORTED)
+        if foreign:
+            raise DataError(
+                f"{option}: an earlier export with other files in it ({listed(foreign, 3)}), "
+                f"which replacing it would delete; move them out or give another directory"
             )
     parent = output.absolute().parent
     if not parent.is_dir():

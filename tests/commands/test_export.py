@@ -324,6 +324,28 @@ def test_export_refuses_a_folder_of_other_files_and_a_missing_run(
     assert not (tmp_path / "out").exists()
 
 
+def test_an_earlier_export_with_other_files_is_refused_and_kept(
+    random_run: Path, tmp_path: Path
+) -> None:
+    """Replacing an earlier export deletes what it holds: with a file or folder of the
+    user's in it, the export is refused, naming them; without, it is replaced."""
+    out = tmp_path / "onnx"
+    assert nmt("export", str(random_run), "-o", str(out)).code == 0
+    exported = sorted(p.name for p in out.iterdir())
+    (out / "NOTES.txt").write_text("mine\n", encoding="utf-8")
+    (out / "runs").mkdir()
+    result = nmt("export", str(random_run), "-o", str(out))
+    assert result.error == (
+        f"error: --output {out}: an earlier export with other files in it (NOTES.txt, runs), "
+        f"which replacing it would delete; move them out or give another directory"
+    )
+    assert sorted(p.name for p in out.iterdir()) == sorted([*exported, "NOTES.txt", "runs"])
+    (out / "NOTES.txt").unlink()
+    (out / "runs").rmdir()
+    assert nmt("export", str(random_run), "-o", str(out)).code == 0
+    assert sorted(p.name for p in out.iterdir()) == exported
+
+
 def test_a_models_alignment_head_is_not_exported_and_its_alignments_are_refused(
     tokenizer: Tokenizer, tmp_path: Path, previous: Path
 ) -> None:
