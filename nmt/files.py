@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from nmt.errors import DataError, NMTError, WriteError
+from nmt.errors import ConfigError, DataError, NMTError, WriteError
 
 STDIN = "-"
 
@@ -246,6 +246,23 @@ def read_lines(path: Path | str) -> list[str]:
         data = handle.read()
     refuse_compressed(path, data[:16], gzipped=path.suffix == ".gz")
     return split_lines(data, str(path))
+
+
+def check_one_stdin(inputs: Mapping[str, str | Path | Sequence[Path] | None]) -> None:
+    """At most one of a command's ``inputs`` (option -> what it reads: a path, the paths of a
+    repeated option, or None) is standard input, which can be read only once: a second
+    reader would find it empty."""
+    readers = [
+        option
+        for option, given in inputs.items()
+        for path in (given if isinstance(given, list | tuple) else [given])
+        if path is not None and str(path) == STDIN
+    ]
+    if len(readers) > 1:
+        raise ConfigError(
+            f"only one input can be standard input (-): {', '.join(readers)} read it; give "
+            f"files for all but one"
+        )
 
 
 def open_input(path: Path) -> BinaryIO:

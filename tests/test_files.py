@@ -1,7 +1,8 @@
 """nmt.files: what an output path is written as. A regular file (or a new one) is replaced
 atomically; a symlink's target is replaced and the link kept; a device, a FIFO or an open file
 (/dev/stdout, /dev/fd/N) is written straight through, never replaced by a regular file. Text
-outputs named .gz are gzip-compressed, the same bytes for the same lines."""
+outputs named .gz are gzip-compressed, the same bytes for the same lines. Standard input is
+read by one input at most."""
 
 from __future__ import annotations
 
@@ -110,3 +111,31 @@ def test_every_text_output_named_gz_is_compressed(run: Path, corpus: Path, tmp_p
     pairs = ["-i", source, "-t", str(output), "-o", str(scores)]
     assert nmt("score", "-m", str(run), *pairs).code == 0  # reads the .gz it wrote
     assert len(read_lines(scores)) == len(read_lines(source))
+
+
+# Two of a command's inputs on standard input at once (after -m RUN for the decoding
+# commands; {tmp}: the test's folder) and the options the error names.
+TWO_STDIN = [
+    ("translate", ["-i", "-", "--prefix", "-"], "--input, --prefix"),
+    ("translate", ["--constraints", "-"], "--input, --constraints"),
+    ("score", ["-i", "-", "--n-best", "-"], "-i, --n-best"),
+    ("score", ["-i", "-", "-t", "-"], "-i, -t"),
+    ("score", ["--align-ref", "-", "--attention-dir", "{tmp}/maps"], "--tsv, --align-ref"),
+    ("align", ["-i", "-", "-t", "-"], "-i, -t"),
+    ("align", ["--tsv", "-", "-t", "-"], "-t, --tsv"),
+    ("eval", ["-", "--ref", "-"], "HYPOTHESES, --ref"),
+    ("eval", ["--align", "-", "--align-ref", "-"], "--align, --align-ref"),
+]
+
+
+@pytest.mark.parametrize(("command", "args", "readers"), TWO_STDIN)
+def test_standard_input_is_read_by_one_input_at_most(
+    run: Path, tmp_path: Path, command: str, args: list[str], readers: str
+) -> None:
+    model = [] if command == "eval" else ["-m", str(run)]
+    given = [arg.format(tmp=tmp_path) for arg in args]
+    result = nmt(command, *model, *given, stdin=b"sol\tSOL\n")
+    assert result.error == (
+        f"error: only one input can be standard input (-): {readers} read it; give files for "
+        f"all but one"
+    )

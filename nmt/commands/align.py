@@ -24,7 +24,7 @@ from nmt.decoding.alignment import (
 from nmt.decoding.options import KEYS, Naming
 from nmt.decoding.translator import Translator
 from nmt.errors import ConfigError, DataError
-from nmt.files import STDIN, read_lines, write_lines
+from nmt.files import STDIN, check_one_stdin, read_lines, write_lines
 from nmt.function_words import FUNCTION_WORDS, content_mask
 
 Link = tuple[int, int]
@@ -106,6 +106,7 @@ def align_command(request: AlignRequest, say: Callable[[str], None] = lambda mes
     ``say`` hears, at the end, the decoding plan's line (``nmt.decoding.plan``)."""
     request.extraction.check(request.naming)
     read = {"-i": request.input, "-t": request.target, "--tsv": request.tsv}
+    check_one_stdin(read)
     check_writes("--output", request.output, {**read, "--model": request.models.files()})
     pairs = read_pairs_given(request.input, request.target, request.tsv, None)
     translator = request.models.open()

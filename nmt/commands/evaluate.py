@@ -16,7 +16,7 @@ from nmt.config import DataConfig
 from nmt.data.corpus import local_files, read_pairs
 from nmt.decoding.options import KEYS, Naming, decoding_options
 from nmt.errors import ConfigError, DataError
-from nmt.files import write_lines
+from nmt.files import check_one_stdin, write_lines
 
 if TYPE_CHECKING:
     from nmt.commands.align import AlignmentReport
@@ -62,6 +62,16 @@ def evaluate_command(request: EvalRequest) -> evaluate.Report | AlignmentReport:
             f"{', '.join(unused)}: for the translation of {naming('model')} RUN; give "
             f"{naming('model')}, or drop {'them' if len(unused) > 1 else 'it'}"
         )
+    check_one_stdin(
+        {
+            "HYPOTHESES": request.hypotheses,
+            "--ref": request.references,
+            "--align": request.align,
+            "--align-ref": request.align_ref,
+            "--align-src": request.align_src,
+            "--align-trg": request.align_trg,
+        }
+    )
     if request.align is not None or request.align_ref is not None:
         alone = not request.hypotheses and request.models is None
         if request.align is None or request.align_ref is None or not alone:

@@ -20,7 +20,7 @@ from nmt.decoding.options import decoding_options
 from nmt.decoding.scoring import Scored
 from nmt.decoding.translator import Translator
 from nmt.errors import ConfigError, DataError
-from nmt.files import STDIN, read_lines, write_lines
+from nmt.files import STDIN, check_one_stdin, read_lines, write_lines
 
 Links = tuple[set[tuple[int, int]], set[tuple[int, int]]]  # a pair's (sure, possible) links
 
@@ -187,6 +187,8 @@ def score_command(request: ScoreRequest, say: Callable[[str], None] = lambda mes
         "--tsv": request.tsv,
         "--n-best": request.n_best,
     }
+    tsv = request.tsv or (None if any(read.values()) else STDIN)  # none given: TSV on stdin
+    check_one_stdin({**read, "--tsv": tsv, "--align-ref": request.align_ref})
     check_writes("--output", request.output, {**read, "--model": request.models.files()})
     check_attention_dir(request.attention_dir)
     pairs = read_pairs_given(request.input, request.target, request.tsv, request.n_best)

@@ -30,7 +30,7 @@ from nmt.decoding.options import KEYS, Naming, SearchOptions, check_request, dec
 from nmt.decoding.steering import Steering, search_limits
 from nmt.decoding.translator import Translation, Translator
 from nmt.errors import ConfigError, DataError
-from nmt.files import STDIN, read_lines, split_lines, write_lines
+from nmt.files import STDIN, check_one_stdin, read_lines, split_lines, write_lines
 
 
 @dataclass(frozen=True)
@@ -251,6 +251,9 @@ def translate_command(
     the end. ``say`` hears, at the end, the decoding plan the search ran by (its line,
     as ``nmt eval`` prints it: ``nmt.decoding.plan``).
     """
+    check_one_stdin(
+        {"--input": request.input, "--prefix": request.prefix, "--constraints": request.constraints}
+    )
     streaming = request.input == STDIN and (request.unbuffered or sys.stdin.isatty())
     if request.unbuffered and request.output != STDIN:
         raise ConfigError("--unbuffered writes each line to stdout as it is done: drop --output")
