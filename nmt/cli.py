@@ -641,7 +641,9 @@ def eval_(
     With --model, the decoding options (--beam, --length-penalty, ...) apply to its
     translation of the split."""
     from nmt.commands.evaluate import EvalRequest, evaluate_command
+    from nmt.files import standard_output
 
+    standard_output()  # where the report goes: a closed one is refused before any work
     models = None
     if model:  # scoring files alone needs no torch
         from nmt.commands.common import Models

@@ -24,7 +24,7 @@ import tempfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO
 
 from nmt.errors import ConfigError, DataError, NMTError, WriteError
 
@@ -378,7 +378,8 @@ def check_output(
     target = replaced_file(path)
     if target is None:  # a device, a FIFO, an open file: written straight through
         if not os.access(path, os.W_OK):
-            raise DataError(f"{option} {path}: cannot write it (permission denied)")
+            reason = "permission denied" if path.exists() else "not open"  # /dev/fd/N, closed
+            raise DataError(f"{option} {path}: cannot write it ({reason})")
         return
     run_dir = run_directory_of(target)
     if run_dir is not None:
@@ -400,10 +401,24 @@ def write_lines(output: str | Path, lines: Sequence[str]) -> None:
     the same bytes), which ``read_lines`` reads back."""
     text = "".join(line + "\n" for line in lines)
     if output == STDIN:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        stdout = standard_output()
+        stdout.write(text)
+        stdout.flush()
         return
     data = text.encode("utf-8")
     if Path(output).suffix == ".gz":
         data = gzip.compress(data, mtime=0)
     atomic_write_bytes(Path(output), lambda handle: handle.write(data))
+
+
+def standard_output() -> TextIO:
+    """``sys.stdout``, where a command writes its lines by default; a WriteError where the
+    command was started with it closed (``>&-``), which Python makes None."""
+    if sys.stdout is None:
+        raise WriteError(
+            "standard output is closed (>&-): nowhere to write the output; run the command "
+            "with it open, or give an output file (-o FILE) where the command takes one",
+            STDIN,
+            "closed",
+        )
+    return sys.stdout

@@ -2,19 +2,22 @@
 atomically; a symlink's target is replaced and the link kept; a device, a FIFO or an open file
 (/dev/stdout, /dev/fd/N) is written straight through, never replaced by a regular file. Text
 outputs named .gz are gzip-compressed, the same bytes for the same lines. Standard input is
-read by one input at most."""
+read by one input at most; a closed standard output is one line, not a traceback."""
 
 from __future__ import annotations
 
 import gzip
 import os
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 from clirun import nmt
 
+from nmt.errors import WriteError
 from nmt.files import atomic_write_text, check_output, read_lines, replaced_file, write_lines
 
 
@@ -139,3 +142,22 @@ def test_standard_input_is_read_by_one_input_at_most(
         f"error: only one input can be standard input (-): {readers} read it; give files for "
         f"all but one"
     )
+
+
+def test_a_closed_standard_output_is_one_line(
+    run: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started with >&-, Python's sys.stdout is None: each command that writes there says so
+    (before any work), exit status 2."""
+    closed = "error: standard output is closed (>&-): nowhere to write the output"
+    source = str(corpus / "test.src")
+    for args in (["translate", "-m", str(run), "-i", source], ["eval", source, "--ref", source]):
+        command = [sys.executable, "-m", "nmt", *args]
+        result = subprocess.run(
+            ["sh", "-c", '"$@" >&-', "sh", *command], capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(closed) and len(result.stderr.splitlines()) == 1
+    monkeypatch.setattr(sys, "stdout", None)
+    with pytest.raises(WriteError, match="standard output is closed"):
+        write_lines("-", ["a line"])

@@ -16,7 +16,7 @@ from nmt.decoding.exported import read_metadata
 from nmt.decoding.options import Backend
 from nmt.decoding.translator import Translator
 from nmt.errors import ConfigError, DataError, listed
-from nmt.files import STDIN, check_output
+from nmt.files import STDIN, check_output, standard_output
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,10 @@ def check_writes(
     option: str, output: str | Path, inputs: Mapping[str, str | Path | Sequence[Path] | None]
 ) -> None:
     """A file ``option`` writes (stdout: nothing to check) can be written and replaces none
-    of ``inputs`` (option -> what it reads; stdin or None: no file), checked in that order."""
+    of ``inputs`` (option -> what it reads; stdin or None: no file), checked in that order.
+    Stdout: open (``standard_output``)."""
     if output == STDIN:
+        standard_output()
         return
     read: dict[str, Path | Sequence[Path]] = {}
     for name, given in inputs.items():
