@@ -238,7 +238,7 @@ def read_lines(path: Path | str) -> list[str]:
             or not valid UTF-8.
     """
     if str(path) == STDIN:
-        data = sys.stdin.buffer.read()
+        data = standard_input().buffer.read()
         refuse_compressed("<stdin>", data[:16])
         return split_lines(data, "<stdin>")
     path = Path(path)
@@ -409,6 +409,17 @@ def write_lines(output: str | Path, lines: Sequence[str]) -> None:
     if Path(output).suffix == ".gz":
         data = gzip.compress(data, mtime=0)
     atomic_write_bytes(Path(output), lambda handle: handle.write(data))
+
+
+def standard_input() -> TextIO:
+    """``sys.stdin``, where a command reads its text by default (``-``); a DataError where the
+    command was started with it closed (``<&-``), which Python makes None."""
+    if sys.stdin is None:
+        raise DataError(
+            "standard input is closed (<&-): nothing to read; pipe the text in, or give an "
+            "input file (-i FILE)"
+        )
+    return sys.stdin
 
 
 def standard_output() -> TextIO:

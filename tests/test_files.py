@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from clirun import nmt
 
-from nmt.errors import WriteError
+from nmt.errors import DataError, WriteError
 from nmt.files import atomic_write_text, check_output, read_lines, replaced_file, write_lines
 
 
@@ -161,3 +161,21 @@ def test_a_closed_standard_output_is_one_line(
     monkeypatch.setattr(sys, "stdout", None)
     with pytest.raises(WriteError, match="standard output is closed"):
         write_lines("-", ["a line"])
+
+
+def test_a_closed_standard_input_is_one_line(
+    run: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started with <&-, Python's sys.stdin is None: translate reading it (batch or line by
+    line) and read_lines("-") say so, exit status 2."""
+    closed = "error: standard input is closed (<&-): nothing to read"
+    for extra in ([], ["--unbuffered"]):
+        command = [sys.executable, "-m", "nmt", "translate", "-m", str(run), *extra]
+        result = subprocess.run(
+            ["sh", "-c", '"$@" <&-', "sh", *command], capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(closed) and len(result.stderr.splitlines()) == 1
+    monkeypatch.setattr(sys, "stdin", None)
+    with pytest.raises(DataError, match="standard input is closed"):
+        read_lines("-")

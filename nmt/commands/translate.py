@@ -7,7 +7,6 @@ the output format here are shared with the Python API (nmt.api) and the server
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -30,7 +29,15 @@ from nmt.decoding.options import KEYS, Naming, SearchOptions, check_request, dec
 from nmt.decoding.steering import Steering, search_limits
 from nmt.decoding.translator import Translation, Translator
 from nmt.errors import ConfigError, DataError
-from nmt.files import STDIN, check_one_stdin, read_lines, split_lines, write_lines
+from nmt.files import (
+    STDIN,
+    check_one_stdin,
+    read_lines,
+    split_lines,
+    standard_input,
+    standard_output,
+    write_lines,
+)
 
 
 @dataclass(frozen=True)
@@ -254,7 +261,8 @@ def translate_command(
     check_one_stdin(
         {"--input": request.input, "--prefix": request.prefix, "--constraints": request.constraints}
     )
-    streaming = request.input == STDIN and (request.unbuffered or sys.stdin.isatty())
+    stdin = standard_input() if request.input == STDIN else None
+    streaming = stdin is not None and (request.unbuffered or stdin.isatty())
     if request.unbuffered and request.output != STDIN:
         raise ConfigError("--unbuffered writes each line to stdout as it is done: drop --output")
     _check_writes(request)
@@ -270,7 +278,11 @@ def translate_command(
     steering = read_steering(translator, request.prefix, request.constraints, known, no_repeat)
     heatmaps = open_heatmaps(translator, request.attention_dir)
     job = _Job(translator, decoding, request, steering, heatmaps, warn)
-    count = _stream(job, sys.stdin, sys.stdout) if lines is None else _translate_all(job, lines)
+    if lines is None:
+        assert stdin is not None
+        count = _stream(job, stdin, standard_output())
+    else:
+        count = _translate_all(job, lines)
     if job.at_limit:
         warn(
             f"{job.at_limit} of {job.decoded} outputs stopped at their length limit "
