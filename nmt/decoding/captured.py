@@ -45,6 +45,11 @@ LENGTH_CLASSES = (32, 64, 128, 256, 512)  # a static batch's source and output l
 # launches, not on the attention over a longer padded source
 
 
+class SearchStopped(Exception):
+    """A search ended before its output because its caller asked it to (``run_steps``'s
+    ``stop``): it has no result."""
+
+
 @dataclass
 class _Kept:
     """A captured step kept for later batches: its replay and the tensors it reads and
@@ -147,17 +152,22 @@ def run_steps(
     graphs: bool,
     key: tuple[Any, ...] | None = None,
     after: Callable[[Any], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> Any:
     """At most ``longest`` steps of ``step(inputs)``, until every flag of ``done(inputs)`` (a
     flag the host never waits for) -> the inputs the steps ended in: ``inputs``, or a kept
     step's, into which they were copied. With ``graphs`` the step after the first
     EAGER_STEPS is captured, or, under ``key``, a kept one of the same shapes replayed,
     and the rest replay it. ``after(inputs)`` runs between steps (a loop that drops what
-    has ended, never with ``graphs``); such a loop reads its flag at once."""
+    has ended, never with ``graphs``); such a loop reads its flag at once. Once ``stop`` is
+    set, the next step raises SearchStopped instead (a caller that no longer wants the
+    result: a server shutting down)."""
     assert after is None or not graphs, "a captured step's shapes cannot change"
     flag = DoneFlag(done(inputs).device if after is None else torch.device("cpu"))
     replay: Callable[[], None] | None = None
     for index in range(longest):
+        if stop is not None and stop.is_set():
+            raise SearchStopped("the search was asked to stop")
         if replay is not None:
             replay()
         elif graphs and index == EAGER_STEPS:  # the warm-up before a capture is this step

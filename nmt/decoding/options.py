@@ -9,6 +9,7 @@ a request's ``n_best`` field."""
 from __future__ import annotations
 
 import difflib
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -40,12 +41,14 @@ KEYS = Naming()  # the keys themselves: request fields and the Python API's keyw
 @dataclass(frozen=True)
 class SearchOptions:
     """One request's choices beside the decoding section: hypotheses kept per line, whether
-    they keep their attention, and a cap on the padded source tokens of a batch (None: only
-    ``decoding.batch_size`` bounds a batch)."""
+    they keep their attention, a cap on the padded source tokens of a batch (None: only
+    ``decoding.batch_size`` bounds a batch), and an event that, once set, ends the search
+    at its next step with ``captured.SearchStopped`` (None: it runs to the end)."""
 
     n_best: int = 1
     attention: bool = False
     batch_tokens: int | None = None
+    stop: threading.Event | None = None
 
 
 def decoding_options(

@@ -32,6 +32,7 @@ penalties apply where a hypothesis ends, as the length penalty always has here.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -85,6 +86,7 @@ def greedy_search(
     decoding: DecodingConfig,
     return_attention: bool = False,
     prefixes: Sequence[Sequence[int]] | None = None,
+    stop: threading.Event | None = None,
 ) -> list[Hypothesis]:
     """Argmax decoding for a batch (``decoding.beam_size`` is not read); what beam search
     runs for beam size 1.
@@ -93,6 +95,7 @@ def greedy_search(
     score is s(Y, x) of the output including EOS. One loop (``captured.run_steps``) over
     one step (``_greedy_step``); where the loop stays on the host (``runs_on_device``),
     rows that have ended leave the batch between steps (``_drop_ended``, ``kept_rows``).
+    ``stop``: once set, the next step raises ``captured.SearchStopped``.
     """
     scorer = stepper(model)
     steering = Steering(prefixes) if prefixes is not None else None
@@ -118,7 +121,7 @@ def greedy_search(
 
     drop = None if fixed else lambda inputs: _drop_ended(scorer, inputs)
     key = captured.kept_key(scorer, ("greedy", keep_alphas), graphs)
-    done = captured.run_steps(step, g, _greedy_ended, longest, graphs, key, after=drop)
+    done = captured.run_steps(step, g, _greedy_ended, longest, graphs, key, drop, stop)
     assert done.scores is not None
     # the batch's own rows, outputs and source positions (clones: a kept step's tensors are
     # the next batch's)
@@ -309,12 +312,14 @@ def beam_search(
     n_best: int = 1,
     return_attention: bool = False,
     steering: Steering | None = None,
+    stop: threading.Event | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns the ``n_best`` hypotheses per sentence, best first.
 
     ``steering``: per-sentence prefixes and constraints. A constrained sentence for which
     no hypothesis meets every constraint within its length limit (possible only when
-    ``no_repeat_ngram`` blocks a constraint) gets an empty list.
+    ``no_repeat_ngram`` blocks a constraint) gets an empty list. ``stop``: once set, the
+    next step raises ``captured.SearchStopped``.
 
     One loop (``captured.run_steps``) over one step (``_beam_step``). The finished
     hypotheses and the stopping rule live on the device (``Finished``). Where the loop
@@ -327,7 +332,7 @@ def beam_search(
         raise ValueError("lexical constraints need a beam of at least 2")
     if beam_size == 1 and n_best == 1:
         prefixes = steering.prefixes if steering is not None else None
-        hyps = greedy_search(model, src, src_lengths, decoding, return_attention, prefixes)
+        hyps = greedy_search(model, src, src_lengths, decoding, return_attention, prefixes, stop)
         return [[h] for h in hyps]
     scorer = stepper(model)
     batch, width, device = src.size(0), src.size(1), src.device
@@ -354,7 +359,7 @@ def beam_search(
     drop = None if fixed else partial(_drop_done, scorer)
     settings = ("beam", beam_size, n_best, return_attention, decoding.coverage_penalty)
     key = captured.kept_key(scorer, settings, graphs)
-    done = captured.run_steps(step, inputs, _beam_done, longest, graphs, key, after=drop)
+    done = captured.run_steps(step, inputs, _beam_done, longest, graphs, key, drop, stop)
     found = done.finished.hypotheses(n_best)[:batch]
     return [  # each sentence's Hypothesis list, attention over its batch's source positions
         [

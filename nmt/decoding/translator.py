@@ -258,7 +258,9 @@ class Translator:
     ) -> list[list[Hypothesis]]:
         """Beam-search every id sequence (non-empty), in length-sorted batches,
         ``decoding.workers`` batches at once (nmt.decoding.workers); ``steering`` has one
-        entry per sequence. ``progress`` hears of each batch as it is done."""
+        entry per sequence. ``progress`` hears of each batch as it is done. Once
+        ``search.stop`` is set, the search raises ``captured.SearchStopped`` at its next
+        step."""
         out: list[list[Hypothesis]] = [[] for _ in src_ids]
         lengths = [len(s) for s in src_ids]
         batches = length_sorted_batches(lengths, decoding.batch_size, search.batch_tokens)
@@ -278,7 +280,14 @@ class Translator:
                 src_lengths = torch.tensor([len(s) for s in chunk], device=self.device)
                 if shortlists is None:
                     return beam_search(
-                        scorer, src, src_lengths, decoding, search.n_best, search.attention, part
+                        scorer,
+                        src,
+                        src_lengths,
+                        decoding,
+                        search.n_best,
+                        search.attention,
+                        part,
+                        search.stop,
                     )
                 return self._shortlisted(
                     shortlists, chunk, src, src_lengths, decoding, search, part
@@ -337,6 +346,7 @@ class Translator:
             search.n_best,
             search.attention,
             columns.steering(steering),
+            search.stop,
         )
         return [columns.hypotheses(hyps) for hyps in results]
 

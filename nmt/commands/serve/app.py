@@ -5,8 +5,9 @@ Every error is JSON, ``{"error": "<one line>"}``: 400 for options that cannot go
 text the model cannot take (nmt's ConfigError and DataError), 404 for an unknown model or
 path, 413 for a request past a limit (``Limits``), 422 for malformed JSON (or a body JSON
 cannot read: ``unreadable_body``) or a field of the wrong type, a missing or an unknown one,
-or one it cannot take (text that is not valid Unicode), and 500 for anything unexpected
-while decoding (the server goes on serving).
+or one it cannot take (text that is not valid Unicode), 500 for anything unexpected
+while decoding (the server goes on serving), and 503 for a request still waiting or decoding
+when the server shuts down (``Batcher.close``, which ``app.state.batcher`` is for).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nmt import __version__
-from nmt.commands.serve.batching import Batcher, Batching, elapsed_ms
+from nmt.commands.serve.batching import Batcher, Batching, ShuttingDown, elapsed_ms
 from nmt.commands.serve.jobs import align_job, score_job, translate_job
 from nmt.commands.serve.limits import LimitError, Limits
 from nmt.commands.serve.models import ServedModel
@@ -59,6 +60,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (413, "a limit passed: body size, sentences, characters or beam"),
         (422, "malformed JSON, or a field of the wrong type, missing, unknown or not valid"),
         (500, "an unexpected error while decoding"),
+        (503, "the server is shutting down"),
     )
 }
 
@@ -89,6 +91,7 @@ def create_app(
         lifespan=lifespan,
         redoc_url=None,
     )
+    app.state.batcher = batcher
     app.add_middleware(BodyLimit, limits=limits)
     app.add_middleware(HeadAsGet)
     _add_error_handlers(app)
@@ -194,6 +197,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(NMTError)
     async def nmt_error(request: Request, exc: NMTError) -> JSONResponse:
         return _error(413 if isinstance(exc, LimitError) else 400, str(exc))
+
+    @app.exception_handler(ShuttingDown)
+    async def shutting_down(request: Request, exc: ShuttingDown) -> JSONResponse:
+        return _error(503, "the server is shutting down; send the request again")
 
     @app.exception_handler(NotFound)
     async def not_found(request: Request, exc: NotFound) -> JSONResponse:

@@ -10,11 +10,16 @@ process decodes, one group at a time.
 
 An exception in a group's decoding is retried job by job, so that it reaches only the request
 that causes it; the collector and the thread go on serving.
+
+Closing the batcher (the server shutting down) fails every job still waiting or decoding with
+``ShuttingDown`` at once and sets the stop event its group was handed, so that the search in
+the thread ends at its next step rather than decoding to the end for no one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
@@ -33,16 +38,21 @@ class Batching:
     no_batching: bool = False
 
 
+class ShuttingDown(Exception):
+    """The batcher was closed before the job's result: the server is shutting down."""
+
+
 @dataclass
 class Job:
-    """One request's work: ``run`` decodes the items of the jobs grouped with it (all of
-    ``key``, so all of one ``run``) and returns one result per item; ``size``: its
+    """One request's work: ``run(items, stop)`` decodes the items of the jobs grouped with
+    it (all of ``key``, so all of one ``run``) and returns one result per item, or raises
+    once the event ``stop`` is set (no one waits for the result any more); ``size``: its
     sentences. Jobs whose key is None are decoded alone."""
 
     key: Hashable | None
     size: int
     item: Any
-    run: Callable[[list[Any]], list[Any]]
+    run: Callable[[list[Any], threading.Event], list[Any]]
 
 
 @dataclass
@@ -68,6 +78,8 @@ class Batcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[_Entry] | None = None
         self._waiting: deque[_Entry] = deque()  # taken off the queue, not yet decoded
+        self._decoding: list[_Entry] = []  # the group in the thread
+        self._stop = threading.Event()  # handed to each group; set (and replaced) on close
         self._collector: asyncio.Task[None] | None = None
         self._thread: ThreadPoolExecutor | None = None  # started with the first group
 
@@ -83,8 +95,18 @@ class Batcher:
         return await future
 
     async def close(self) -> None:
-        """Stop collecting (jobs still waiting are cancelled) and let the thread finish its
-        group; a later job starts both again."""
+        """Stop: every job waiting or decoding fails with ShuttingDown, the group in the
+        thread is told to stop (its search ends at its next step) and the collector ends;
+        a later job starts it again."""
+        self._stop.set()
+        self._stop = threading.Event()
+        while self._queue is not None and not self._queue.empty():
+            self._waiting.append(self._queue.get_nowait())
+        for entry in [*self._decoding, *self._waiting]:
+            if not entry.future.done():
+                entry.future.set_exception(ShuttingDown())
+        self._decoding = []
+        self._waiting.clear()
         if self._collector is not None:
             self._collector.cancel()
             try:
@@ -92,11 +114,6 @@ class Batcher:
             except asyncio.CancelledError:
                 pass
             self._collector = None
-        while self._queue is not None and not self._queue.empty():
-            self._waiting.append(self._queue.get_nowait())
-        for entry in self._waiting:
-            entry.future.cancel()
-        self._waiting.clear()
         if self._thread is not None:
             self._thread.shutdown(wait=False, cancel_futures=True)
             self._thread = None
@@ -153,14 +170,13 @@ class Batcher:
         jobs = [entry.job for entry in group]
         if self._thread is None:
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-decode")
+        self._decoding = group
         try:
-            outcomes = await loop.run_in_executor(self._thread, _run_group, jobs)
-        except asyncio.CancelledError:  # closed while decoding
-            for entry in group:
-                entry.future.cancel()
-            raise
+            outcomes = await loop.run_in_executor(self._thread, _run_group, jobs, self._stop)
         except Exception as exc:  # the thread could not run it at all
             outcomes = [(exc, job.size) for job in jobs]
+        finally:
+            self._decoding = []
         for entry, (outcome, together) in zip(group, outcomes, strict=True):
             if entry.future.done():
                 continue
@@ -170,20 +186,20 @@ class Batcher:
                 entry.future.set_result(Done(outcome, together))
 
 
-def _run_group(jobs: Sequence[Job]) -> list[tuple[Any, int]]:
+def _run_group(jobs: Sequence[Job], stop: threading.Event) -> list[tuple[Any, int]]:
     """In the decode thread: the group's results (or exceptions) and the sentences each was
-    decoded with; a group that fails is decoded again job by job."""
+    decoded with; a group that fails is decoded again job by job, unless it was stopped."""
     size = sum(job.size for job in jobs)
     try:
-        results = jobs[0].run([job.item for job in jobs])
+        results = jobs[0].run([job.item for job in jobs], stop)
         return [(result, size) for result in results]
     except Exception as exc:
-        if len(jobs) == 1:
-            return [(exc, size)]
+        if len(jobs) == 1 or stop.is_set():
+            return [(exc, size) for _ in jobs]
     outcomes: list[tuple[Any, int]] = []
     for job in jobs:
         try:
-            (result,) = job.run([job.item])
+            (result,) = job.run([job.item], stop)
             outcomes.append((result, job.size))
         except Exception as exc:
             outcomes.append((exc, job.size))

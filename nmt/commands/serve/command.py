@@ -6,11 +6,16 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nmt.commands.common import Models
 from nmt.commands.serve.batching import Batching
 from nmt.commands.serve.limits import Limits
 from nmt.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
 
 INSTALL = "pip install -e '.[serve]'"
 
@@ -57,13 +62,28 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def stopping_server(app: FastAPI) -> uvicorn.Server:
+    """uvicorn's server over ``app``, whose shutdown (Ctrl-C, SIGTERM) first closes the
+    app's batcher: the requests still waiting or decoding get their 503 at once and the
+    search in the decode thread stops at its next step, so the server neither waits out its
+    graceful timeout nor exits after the decoding ends."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            await app.state.batcher.close()
+            await super().shutdown(sockets)
+            if self.force_exit:  # a second Ctrl-C: uvicorn skips the app's own shutdown,
+                await self.lifespan.shutdown()  # whose task, cancelled at exit, logs an error
+
+    return Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5))
+
+
 def serve_command(request: ServeRequest, ready: Callable[[str], None] = lambda m: None) -> None:
     """`nmt serve`: every error (a missing extra, a bad model path or checkpoint, an address
     in use) is raised before the server listens; ``ready`` is called with the address once
     the models are loaded. Returns when the server is stopped (Ctrl-C, SIGTERM)."""
     require_extra()
-    import uvicorn
-
     from nmt.commands.serve.app import create_app
     from nmt.commands.serve.models import load_models
 
@@ -74,7 +94,7 @@ def serve_command(request: ServeRequest, ready: Callable[[str], None] = lambda m
     names = ", ".join(model.name for model in served)
     ready(f"serving {names} at http://{shown}:{port}/ (the API: /docs); Ctrl-C stops it")
     app = create_app(served, request.limits, request.batching)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5))
+    server = stopping_server(app)
     try:
         server.run(sockets=[sock])
     finally:

@@ -9,8 +9,9 @@ constraints. Score and align jobs are decoded alone."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from torch import Tensor
@@ -95,14 +96,17 @@ def translate_job(model: ServedModel, body: TranslateBody, limits: Limits) -> Jo
     return Job(key, len(lines), work, translate_together)
 
 
-def translate_together(works: list[TranslateWork]) -> list[list[TranslatedLine]]:
+def translate_together(
+    works: list[TranslateWork], stop: threading.Event
+) -> list[list[TranslatedLine]]:
     """Requests of one model and options in one ``Translator.translate`` call: each
-    request's translations, line for line."""
+    request's translations, line for line; once ``stop`` is set, the search stops."""
     first = works[0]
     translator = first.model.translator
     lines = [line for work in works for line in work.lines]
     steering = joined_steering([(work.steering, len(work.lines)) for work in works])
-    results = translator.translate(lines, first.decoding, first.search, steering=steering)
+    search = replace(first.search, stop=stop)
+    results = translator.translate(lines, first.decoding, search, steering=steering)
     out, start = [], 0
     for work in works:
         part = results[start : start + len(work.lines)]
@@ -201,8 +205,9 @@ class PairWork(Generic[PairBody, PairOptions]):
 def _alone(
     work: PairWork[PairBody, PairOptions], pairs: Callable[[PairWork[PairBody, PairOptions]], Any]
 ) -> Job:
-    """A score or align request's job, decoded alone: ``pairs`` gives its reply."""
-    return Job(None, len(work.body.sources), work, lambda works: [pairs(w) for w in works])
+    """A score or align request's job, decoded alone: ``pairs`` gives its reply (forced, in
+    one pass: no steps to stop between)."""
+    return Job(None, len(work.body.sources), work, lambda works, _: [pairs(w) for w in works])
 
 
 def score_job(model: ServedModel, body: ScoreBody, limits: Limits) -> Job:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from nmt.commands.serve.batching import Batcher, Batching, Done, Job
+from nmt.commands.serve.batching import Batcher, Batching, Done, Job, ShuttingDown
 
 
 class Recorder:
@@ -22,7 +22,7 @@ class Recorder:
         self.groups: list[list[str]] = []
         self.threads: set[str] = set()
 
-    def __call__(self, items: list[str]) -> list[str]:
+    def __call__(self, items: list[str], stop: threading.Event) -> list[str]:
         self.groups.append(list(items))
         self.threads.add(threading.current_thread().name)
         if "bad" in items:
@@ -116,18 +116,51 @@ def test_the_window_waits_for_more_until_the_group_is_full() -> None:
     assert elapsed < 5.0
 
 
-def test_closing_cancels_the_waiting_jobs_and_a_later_job_starts_it_again() -> None:
+def test_closing_fails_the_waiting_jobs_and_a_later_job_starts_it_again() -> None:
     recorder = Recorder()
 
-    async def main() -> tuple[bool, Done]:
+    async def main() -> tuple[Any, Done]:
         batcher = Batcher(Batching(batch_window_ms=10_000, max_batch=8))
         waiting = asyncio.ensure_future(batcher.submit(Job("a", 1, "x", recorder)))
         await asyncio.sleep(0.05)  # in its window
         await batcher.close()
-        cancelled = await asyncio.gather(waiting, return_exceptions=True)
+        (failed,) = await asyncio.gather(waiting, return_exceptions=True)
         again = await batcher.submit(Job(None, 1, "y", recorder))
         await batcher.close()
-        return isinstance(cancelled[0], asyncio.CancelledError), again
+        return failed, again
 
-    cancelled, again = asyncio.run(main())
-    assert cancelled and again == Done("Y", 1) and recorder.groups == [["y"]]
+    failed, again = asyncio.run(main())
+    assert isinstance(failed, ShuttingDown)
+    assert again == Done("Y", 1) and recorder.groups == [["y"]]
+
+
+def test_closing_fails_the_job_decoding_and_stops_its_run_at_once() -> None:
+    """The job in the thread gets ShuttingDown without waiting for its run, which is told
+    to stop (its event set) and is not retried; a later job runs with a fresh event."""
+    started, stops = threading.Event(), []
+
+    def slow(items: list[str], stop: threading.Event) -> list[str]:
+        stops.append(stop)
+        started.set()
+        if not stop.wait(10):
+            return ["late" for _ in items]
+        raise RuntimeError("stopped")
+
+    async def main() -> tuple[Any, float, Done]:
+        loop = asyncio.get_running_loop()
+        batcher = Batcher(Batching(batch_window_ms=0))
+        decoding = asyncio.ensure_future(batcher.submit(Job("a", 1, "x", slow)))
+        other = asyncio.ensure_future(batcher.submit(Job("a", 1, "y", slow)))
+        await loop.run_in_executor(None, started.wait, 10)
+        begun = loop.time()
+        await batcher.close()
+        outcomes = await asyncio.gather(decoding, other, return_exceptions=True)
+        took = loop.time() - begun
+        again = await batcher.submit(Job(None, 1, "z", lambda items, stop: [stop.is_set()]))
+        await batcher.close()
+        return outcomes, took, again
+
+    outcomes, took, again = asyncio.run(main())
+    assert all(isinstance(outcome, ShuttingDown) for outcome in outcomes) and took < 1.0
+    assert len(stops) == 1 and stops[0].is_set()  # the group was not run again job by job
+    assert again == Done(False, 1)
