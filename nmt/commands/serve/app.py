@@ -3,9 +3,10 @@ body-size limit, and the page.
 
 Every error is JSON, ``{"error": "<one line>"}``: 400 for options that cannot go together or
 text the model cannot take (nmt's ConfigError and DataError), 404 for an unknown model or
-path, 413 for a request past a limit (``Limits``), 422 for malformed JSON (or a body JSON
-cannot read: ``unreadable_body``) or a field of the wrong type, a missing or an unknown one,
-or one it cannot take (text that is not valid Unicode), 500 for anything unexpected
+path, 405 for a method a path does not take (with its ``Allow`` header), 413 for a request
+past a limit (``Limits``), 422 for malformed JSON (or a body JSON cannot read:
+``unreadable_body``) or a field of the wrong type, a missing or an unknown one, or one it
+cannot take (text that is not valid Unicode), 500 for anything unexpected
 while decoding (the server goes on serving), and 503 for a request still waiting or decoding
 when the server shuts down (``Batcher.close``, which ``app.state.batcher`` is for).
 """
@@ -17,7 +18,7 @@ import mimetypes
 import re
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -186,9 +187,9 @@ def _page_file(name: str) -> FileResponse:
     return FileResponse(path, media_type=media)
 
 
-def _error(status: int, message: str) -> JSONResponse:
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
     one_line = " ".join(line.strip() for line in message.splitlines() if line.strip())
-    return JSONResponse({"error": one_line}, status_code=status)
+    return JSONResponse({"error": one_line}, status_code=status, headers=headers)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -223,7 +224,7 @@ def _add_error_handlers(app: FastAPI) -> None:
             message = f"{where}: not allowed; this endpoint takes {allowed}"
         else:
             message = f"{where}: {exc.detail}"
-        return _error(exc.status_code, message)
+        return _error(exc.status_code, message, exc.headers)  # a 405's Allow, which HTTP asks
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

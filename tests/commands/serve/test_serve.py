@@ -335,6 +335,16 @@ def test_head_elsewhere_and_under_uvicorn(server: str) -> None:
 
 # --- errors -------------------------------------------------------------------------------------
 
+
+def test_a_method_not_allowed_is_a_405_naming_the_allowed_ones_in_its_allow_header(
+    client: TestClient,
+) -> None:
+    """HTTP requires a 405's Allow header (RFC 9110, 15.5.6)."""
+    response = client.get("/api/translate")
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+    assert response.json() == {"error": "GET /api/translate: not allowed; this endpoint takes POST"}
+
+
 TOO_LONG = "sol " * 60  # 240 characters: past LIMITS.max_chars
 LONE = "\ud800"  # a lone surrogate: valid in JSON text (sent escaped), no Unicode character
 NOT_UNICODE = "not valid Unicode (a lone surrogate)"
