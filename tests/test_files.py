@@ -144,38 +144,40 @@ def test_standard_input_is_read_by_one_input_at_most(
     )
 
 
+def _closed_error(redirect: str, *args: str) -> str:
+    """The stderr of `nmt ARGS` started with a standard stream closed (``>&-``, ``<&-``),
+    which must be one line and exit status 2."""
+    command = [sys.executable, "-m", "nmt", *args]
+    result = subprocess.run(
+        ["sh", "-c", f'"$@" {redirect}', "sh", *command],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    return result.stderr
+
+
 def test_a_closed_standard_output_is_one_line(
     run: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Started with >&-, Python's sys.stdout is None: each command that writes there says so
     (before any work), exit status 2."""
-    closed = "error: standard output is closed (>&-): nowhere to write the output"
     source = str(corpus / "test.src")
     for args in (["translate", "-m", str(run), "-i", source], ["eval", source, "--ref", source]):
-        command = [sys.executable, "-m", "nmt", *args]
-        result = subprocess.run(
-            ["sh", "-c", '"$@" >&-', "sh", *command], capture_output=True, text=True, timeout=300
-        )
-        assert result.returncode == 2, result.stderr
-        assert result.stderr.startswith(closed) and len(result.stderr.splitlines()) == 1
+        error = _closed_error(">&-", *args)
+        assert error.startswith("error: standard output is closed (>&-): nowhere to write")
     monkeypatch.setattr(sys, "stdout", None)
     with pytest.raises(WriteError, match="standard output is closed"):
         write_lines("-", ["a line"])
 
 
-def test_a_closed_standard_input_is_one_line(
-    run: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_closed_standard_input_is_one_line(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Started with <&-, Python's sys.stdin is None: translate reading it (batch or line by
     line) and read_lines("-") say so, exit status 2."""
-    closed = "error: standard input is closed (<&-): nothing to read"
     for extra in ([], ["--unbuffered"]):
-        command = [sys.executable, "-m", "nmt", "translate", "-m", str(run), *extra]
-        result = subprocess.run(
-            ["sh", "-c", '"$@" <&-', "sh", *command], capture_output=True, text=True, timeout=300
-        )
-        assert result.returncode == 2, result.stderr
-        assert result.stderr.startswith(closed) and len(result.stderr.splitlines()) == 1
+        error = _closed_error("<&-", "translate", "-m", str(run), *extra)
+        assert error.startswith("error: standard input is closed (<&-): nothing to read")
     monkeypatch.setattr(sys, "stdin", None)
     with pytest.raises(DataError, match="standard input is closed"):
         read_lines("-")

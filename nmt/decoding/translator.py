@@ -279,16 +279,8 @@ class Translator:
                 src = pad(chunk).to(self.device)
                 src_lengths = torch.tensor([len(s) for s in chunk], device=self.device)
                 if shortlists is None:
-                    return beam_search(
-                        scorer,
-                        src,
-                        src_lengths,
-                        decoding,
-                        search.n_best,
-                        search.attention,
-                        part,
-                        search.stop,
-                    )
+                    options = (search.n_best, search.attention, part, search.stop)
+                    return beam_search(scorer, src, src_lengths, decoding, *options)
                 return self._shortlisted(
                     shortlists, chunk, src, src_lengths, decoding, search, part
                 )
@@ -338,16 +330,8 @@ class Translator:
         )
         columns = Columns(ids)
         scorer = self.ensemble(decoding).restricted(ids.to(self.device), allowed.to(self.device))
-        results = beam_search(
-            scorer,
-            src,
-            src_lengths,
-            decoding,
-            search.n_best,
-            search.attention,
-            columns.steering(steering),
-            search.stop,
-        )
+        options = (search.n_best, search.attention, columns.steering(steering), search.stop)
+        results = beam_search(scorer, src, src_lengths, decoding, *options)
         return [columns.hypotheses(hyps) for hyps in results]
 
     def translate(
