@@ -46,14 +46,16 @@ def require_extra() -> None:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host``:``port`` (0: any free port), or a DataError saying why
-    not."""
+    """A socket listening on ``host``:``port`` (0: any free port), or a DataError saying why
+    not: a client that connects once the address is printed waits for the server, rather
+    than being refused while the app starts."""
     try:
         info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         family, kind, _, _, address = info[0]
         sock = socket.socket(family, kind)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        sock.listen(socket.SOMAXCONN)  # connections wait from now, not from uvicorn's start
     except OSError as exc:
         raise DataError(
             f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc}); "
