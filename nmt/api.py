@@ -191,7 +191,7 @@ class Model:
         sources: str,
         targets: str,
         extract: str = "argmax",
-        threshold: float = 0.5,
+        threshold: float | None = None,
         attention: bool = False,
     ) -> list[Link]: ...
 
@@ -201,7 +201,7 @@ class Model:
         sources: Sequence[str],
         targets: Sequence[str],
         extract: str = "argmax",
-        threshold: float = 0.5,
+        threshold: float | None = None,
         attention: bool = False,
     ) -> list[list[Link]]: ...
 
@@ -210,7 +210,7 @@ class Model:
         sources: str | Sequence[str],
         targets: str | Sequence[str],
         extract: str = "argmax",
-        threshold: float = 0.5,
+        threshold: float | None = None,
         attention: bool = False,
     ) -> list[Link] | list[list[Link]]:
         """Word alignments of given translations (as `nmt align`): per pair a sorted list of

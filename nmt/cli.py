@@ -445,8 +445,9 @@ def align(
         ),
     ] = "argmax",
     threshold: Annotated[
-        float, typer.Option("--threshold", help="With --extract threshold: the least mass.")
-    ] = 0.5,
+        float | None,
+        typer.Option("--threshold", help="With --extract threshold: the least mass (default 0.5)."),
+    ] = None,
     attention: Annotated[
         bool,
         typer.Option(

@@ -323,8 +323,9 @@ def test_the_cli_names_its_flags(run: Path, pair: tuple[Path, Path]) -> None:
     assert result.error.startswith("error: --n-best 5 is larger than --beam 2;")
     assert "raise --beam or lower --n-best" in result.error
     result = nmt(
-        "align", "-m", str(run), "-i", str(pair[0]), "-t", str(pair[1]), "--threshold", "2"
-    )
+        "align", "-m", str(run), "-i", str(pair[0]), "-t", str(pair[1]),
+        "--extract", "threshold", "--threshold", "2",
+    )  # fmt: skip
     assert result.error.startswith("error: --threshold 2.0: expected a value in (0, 1]")
 
 

@@ -12,6 +12,7 @@ from nmt.commands.common import Models, check_writes, progress_bar
 from nmt.commands.score import read_pairs_given
 from nmt.decoding.alignment import (
     EXTRACTIONS,
+    THRESHOLD,
     AlignmentScores,
     ReferenceLinks,
     attention_links,
@@ -39,17 +40,30 @@ class Extraction:
     ``attention``, or as ``naming`` says (`nmt align`'s flags, a request's fields)."""
 
     method: str = "argmax"
-    threshold: float = 0.5
+    threshold: float | None = None  # None: THRESHOLD, for the threshold method alone
     attention: bool = False
 
     def check(self, naming: Naming = KEYS) -> None:
-        """A known method, and a threshold in (0, 1] (NaN is not)."""
+        """A known method, and a threshold in (0, 1] (NaN is not), given with the threshold
+        method alone (no other reads it)."""
         if self.method not in EXTRACTIONS:
             raise ConfigError(
                 f"{naming('extract')} {self.method!r}: expected one of {', '.join(EXTRACTIONS)}"
             )
+        if self.threshold is None:
+            return
+        if self.method != "threshold":
+            raise ConfigError(
+                f"{naming('threshold')} {self.threshold}: only {naming('extract')} threshold "
+                f"reads it (not {self.method}); give both, or neither"
+            )
         if not 0.0 < self.threshold <= 1.0:
             raise ConfigError(f"{naming('threshold')} {self.threshold}: expected a value in (0, 1]")
+
+    @property
+    def mass(self) -> float:
+        """The least attention mass of a threshold link: as given, else THRESHOLD."""
+        return THRESHOLD if self.threshold is None else self.threshold
 
     def check_head(self, translator: Translator, naming: Naming = KEYS) -> None:
         """``next`` reads the attention's following step; a head aligns each word at its own
@@ -94,7 +108,7 @@ def align_pairs(
         targets,
         translator.config.decoding,
         extraction.method,
-        extraction.threshold,
+        extraction.mass,
         progress,
         extraction.attention,
     )

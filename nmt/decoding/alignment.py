@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 Link = tuple[int, int]
 EXTRACTIONS = ("argmax", "threshold", "next", "intersect", "gdfa")
+THRESHOLD = 0.5  # the threshold method's least mass, where none is given
 
 
 def link_cells(
@@ -89,7 +90,7 @@ def extract_links(
     src_words: Sequence[int],
     trg_words: Sequence[int],
     method: str = "argmax",
-    threshold: float = 0.5,
+    threshold: float = THRESHOLD,
 ) -> list[tuple[int, int]]:
     """Word links (source word, target word) from one sentence's attention (see above)."""
     if not src_words or not trg_words:
@@ -149,7 +150,7 @@ def hypothesis_links(
     tokens: Sequence[int],
     alphas: Tensor | None,
     method: str = "argmax",
-    threshold: float = 0.5,
+    threshold: float = THRESHOLD,
 ) -> list[tuple[int, int]]:
     """Links between the source's words and an output's words (``tokens``, its attention
     ``alphas``; the words as ``output_words`` reads them)."""
@@ -176,7 +177,7 @@ def attention_links(
     targets: Sequence[str],
     decoding: DecodingConfig,
     method: str = "argmax",
-    threshold: float = 0.5,
+    threshold: float = THRESHOLD,
     progress: Callable[[int], None] | None = None,
     use_attention: bool = False,
 ) -> tuple[list[list[Link]], list[Scored | None]]:

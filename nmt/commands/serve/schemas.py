@@ -68,7 +68,9 @@ class AlignBody(_Body):
     sources: list[Text]
     targets: list[Text]
     extract: Text = Field("argmax", description="argmax, threshold, next, intersect or gdfa")
-    threshold: float = Field(0.5, description="with extract threshold: the least mass")
+    threshold: float | None = Field(
+        None, description="with extract threshold: the least mass (null: 0.5)"
+    )
     use_attention: bool = Field(
         False, description="align with the attention even where the model has an alignment head"
     )

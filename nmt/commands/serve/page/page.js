@@ -71,7 +71,7 @@ async function askModel(model, sentences, references, beam, nBest) {
     : null;
   const aligning = rows.length
     ? api("api/align", {
-        model, sources, targets, extract: "argmax", threshold: 0.5, use_attention: false,
+        model, sources, targets, extract: "argmax", use_attention: false,
       })
     : null;
   const [translated, scored, aligned] = await Promise.all([translating, scoring, aligning]);
