@@ -94,6 +94,11 @@ def load(
                 f"{path}: refused: it holds a Python object ({refused}) that no nmt checkpoint "
                 f"holds, and loading it could run code; use a checkpoint written by nmt train"
             ) from None
+        if _archive_head(path) is False:
+            raise CheckpointError(
+                f"{path}: not a checkpoint (not the archive torch.save writes); give a run "
+                f"directory or one of its best.pt, last.pt, step-*.pt"
+            ) from None
         raise CheckpointError(
             f"{path}: cannot read checkpoint ({type(exc).__name__}); the file is truncated or "
             f"damaged: {instead}"
@@ -111,6 +116,17 @@ def load(
         raise CheckpointError(f"{path}: not a complete nmt checkpoint (no {', '.join(missing)})")
     _check_weights(path, state["model"], instead)
     return state
+
+
+def _archive_head(path: Path) -> bool | None:
+    """Whether ``path`` starts as torch.save's zip archive does (a cut-off checkpoint still
+    does); None where it is empty or unreadable (nothing to tell by)."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return None
+    return head == b"PK\x03\x04" if head else None
 
 
 def _check_weights(path: Path, weights: Any, instead: str) -> None:

@@ -132,6 +132,19 @@ def test_a_plain_pickle_is_one_line_without_torchs_warning(tmp_path: Path) -> No
     result = nmt_process("translate", "-m", str(plain), input="sol luna\n")
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        f"error: {plain}: cannot read checkpoint (UnpicklingError); the file is truncated or "
-        f"damaged: use another checkpoint of the run (best.pt, last.pt, step-*.pt)"
+        f"error: {plain}: not a checkpoint (not the archive torch.save writes); give a run "
+        f"directory or one of its best.pt, last.pt, step-*.pt"
     ]
+
+
+def test_a_file_that_is_no_archive_is_not_a_checkpoint(tmp_path: Path, run: Path) -> None:
+    """A text file is not a checkpoint; a checkpoint cut short still starts as one (the zip
+    archive torch.save writes), so it is a damaged one."""
+    text = tmp_path / "notes.pt"
+    text.write_text("a checkpoint, honest\n", encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"notes.pt: not a checkpoint \(not the archive"):
+        checkpoint.load(text)
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes((run / "last.pt").read_bytes()[:4096])
+    with pytest.raises(CheckpointError, match=r"cut.pt: cannot read checkpoint .* truncated"):
+        checkpoint.load(cut)
