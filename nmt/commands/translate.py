@@ -7,6 +7,7 @@ the output format here are shared with the Python API (nmt.api) and the server
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -227,17 +228,20 @@ def format_translation(
     translator: Translator, index: int, item: Translation, n_best: int, scores: bool
 ) -> list[str]:
     """Line ``index``'s output: its text (``scores``: after its score and a tab), or with
-    ``n_best`` > 1 a row per hypothesis: line, rank, score, text."""
+    ``n_best`` > 1 a row per hypothesis: line, rank, score, text. A line without a
+    hypothesis scores 0 where it is empty (nothing to translate) and -inf where search found
+    none (constraints no output meets)."""
+    none = f"{-math.inf if item.src_ids else 0.0:.4f}"
     if n_best > 1:
         rows = [
             f"{index}\t{rank}\t{hyp.score:.4f}\t{translator.detokenize(hyp)}"
             for rank, hyp in enumerate(item.hypotheses, start=1)
         ]
-        return rows or [f"{index}\t1\t0.0000\t"]
+        return rows or [f"{index}\t1\t{none}\t"]
     text = translator.best_text(item)
     if scores:
         best = item.best
-        return [f"{best.score if best is not None else 0.0:.4f}\t{text}"]
+        return [f"{f'{best.score:.4f}' if best is not None else none}\t{text}"]
     return [text]
 
 

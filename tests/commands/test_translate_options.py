@@ -271,6 +271,23 @@ def test_a_prefix_or_phrase_that_no_repeat_ngram_forbids(
     assert allowed.out.split("\n")[1].startswith("LUNA LUNA")
 
 
+def test_a_line_no_output_can_meet_scores_minus_infinity(
+    run: Path, source: Path, tmp_path: Path
+) -> None:
+    """Two phrases that no_repeat_ngram 1 forbids together: line 1 has no hypothesis, so its
+    score is -inf (not 0, the best there is), with a warning naming it; the empty line 3
+    scores 0, as ever; n-best rows alike."""
+    phrases = _write(tmp_path / "c.jsonl", ['["SOL", "SOL"]', "", "", "", ""])
+    steer = ["--constraints", str(phrases), "--no-repeat-ngram", "1", "--beam", "3"]
+    result = nmt("translate", "-m", str(run), "-i", str(source), *steer, "--scores")
+    assert result.code == 0, result.err
+    lines = result.out.split("\n")[:-1]
+    assert lines[0] == "-inf\t" and lines[2] == "0.0000\t"
+    assert "input line 1: no output meets all its constraints" in result.err
+    rows = nmt("translate", "-m", str(run), "-i", str(source), *steer, "--n-best", "2")
+    assert rows.out.split("\n")[0] == "0\t1\t-inf\t"
+
+
 @pytest.mark.parametrize("text", ["\u4e2d\u6587", "LUNA \U0001f600"])
 def test_prefix_with_characters_the_vocabulary_lacks(
     run: Path, source: Path, previous: Path, tmp_path: Path, text: str
