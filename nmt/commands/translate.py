@@ -241,7 +241,8 @@ def format_translation(
     text = translator.best_text(item)
     if scores:
         best = item.best
-        return [f"{f'{best.score:.4f}' if best is not None else none}\t{text}"]
+        score = f"{best.score:.4f}" if best is not None else none
+        return [f"{score}\t{text}"]
     return [text]
 
 
@@ -256,8 +257,8 @@ def translate_command(
     is raised before the output is touched; a file output is replaced atomically, so a failed
     run leaves an existing file as it was. A line whose constraints no output could meet
     gets an empty output line and a call of ``warn``; so, at the end, do the outputs that
-    search ended at their length limit (cut short, or repeating). Line by line (each output written and
-    flushed as its line arrives): ``unbuffered``, or input from a terminal. ``alignments``:
+    search ended at their length limit (cut short, or repeating). Line by line (each output
+    written and flushed as its line arrives): ``unbuffered``, or input from a terminal. ``alignments``:
     a file for the word alignment of each output (Pharaoh, from its attention), written at
     the end. ``say`` hears, at the end, the decoding plan the search ran by (its line,
     as ``nmt eval`` prints it: ``nmt.decoding.plan``).
